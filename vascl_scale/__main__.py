@@ -1,0 +1,3 @@
+from vascl_scale.cli import main
+
+main()

@@ -1,0 +1,43 @@
+"""The ``vascl-scale`` command line: a thin layer over the importable library."""
+
+from __future__ import annotations
+
+import typer
+
+from vascl_scale import __version__
+from vascl_scale.log import setup_logging
+
+app = typer.Typer(
+    name="vascl-scale",
+    help="Train VaSCL / SimCSE sentence encoders over a global batch, and evaluate them.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"vascl-scale {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True),
+) -> None:
+    try:
+        setup_logging(log_level)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--log-level") from err
+
+
+# Sub-commands register here, one line each.
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""Sentence encoder: a Hugging Face encoder, masked mean pooling, and the VaSCL projection head.
+
+One ``nn.Module`` holds both parts so accelerate and DeepSpeed wrap, shard and checkpoint
+them together. ``forward`` returns pooled embeddings e (B, d); the head h is applied by the
+loss through ``model.head`` (Appendix A: Linear d->d, ReLU, Linear d->128, no biases).
+Evaluation uses :meth:`SentenceEncoder.encode`, which never touches the head.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+logger = logging.getLogger(__name__)
+
+
+def mean_pool(last_hidden_state: Tensor, attention_mask: Tensor) -> Tensor:
+    """Attention-masked mean over tokens: (B, L, d), (B, L) -> (B, d).
+
+    Summed in float32 so bf16/fp16 encoders do not lose precision in long sums.
+    """
+    mask = attention_mask.unsqueeze(-1).to(torch.float32)  # (B, L, 1)
+    summed = (last_hidden_state.to(torch.float32) * mask).sum(dim=1)  # (B, d)
+    counts = mask.sum(dim=1).clamp_min(1.0)  # (B, 1): an all-padding row pools to zeros
+    return (summed / counts).to(last_hidden_state.dtype)
+
+
+def cls_pool(last_hidden_state: Tensor, attention_mask: Tensor) -> Tensor:
+    """First-token pooling: (B, L, d) -> (B, d)."""
+    del attention_mask
+    return last_hidden_state[:, 0]
+
+
+POOLERS = {"mean": mean_pool, "cls": cls_pool}
+
+
+class ProjectionHead(nn.Sequential):
+    """The contrastive head h of Appendix A: Linear(d, d) -> ReLU -> Linear(d, out_dim), no biases."""
+
+    def __init__(self, hidden_size: int, out_dim: int = 128) -> None:
+        if hidden_size < 1 or out_dim < 1:
+            raise ValueError(f"head sizes must be positive; got d={hidden_size}, out_dim={out_dim}")
+        super().__init__(
+            nn.Linear(hidden_size, hidden_size, bias=False),
+            nn.ReLU(),
+            nn.Linear(hidden_size, out_dim, bias=False),
+        )
+        self.hidden_size = hidden_size
+        self.out_dim = out_dim
+
+
+class SentenceEncoder(nn.Module):
+    """Any ``AutoModel`` encoder + pooling + projection head, as one module.
+
+    ``forward(input_ids, attention_mask, token_type_ids=None) -> e`` with e (B, d) the pooled
+    sentence embedding. The head is a submodule (``self.head``) so that ZeRO-3 shards it and
+    every rank calls it the same number of times.
+    """
+
+    def __init__(
+        self,
+        encoder: nn.Module,
+        tokenizer=None,
+        pooling: str = "mean",
+        head_dim: int = 128,
+    ) -> None:
+        super().__init__()
+        if pooling not in POOLERS:
+            raise ValueError(f"pooling must be one of {sorted(POOLERS)}; got {pooling!r}")
+        self.encoder = encoder
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.head = ProjectionHead(encoder.config.hidden_size, head_dim)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        pooling: str = "mean",
+        head_dim: int = 128,
+        trust_remote_code: bool = False,
+        attn_implementation: str | None = None,
+    ) -> "SentenceEncoder":
+        """Load a local Hugging Face encoder directory (and its tokenizer); a fresh head."""
+        from transformers import AutoModel, AutoTokenizer
+
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"{path} is not a Hugging Face model directory (no config.json); pass the directory "
+                "that holds config.json, the weights and the tokenizer files"
+            )
+        kwargs = {"trust_remote_code": trust_remote_code}
+        if attn_implementation is not None:
+            kwargs["attn_implementation"] = attn_implementation
+        encoder = AutoModel.from_pretrained(str(path), **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        model = cls(encoder, tokenizer, pooling=pooling, head_dim=head_dim)
+        head_file = path / "head.safetensors"
+        if head_file.is_file():
+            from safetensors.torch import load_file
+
+            model.head.load_state_dict(load_file(str(head_file)))
+            logger.info("loaded the projection head from %s", head_file)
+        return model
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.encoder.config.hidden_size)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        token_type_ids: Tensor | None = None,
+    ) -> Tensor:
+        """Token ids (B, L) -> pooled sentence embeddings e (B, d)."""
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        hidden = self.encoder(**kwargs).last_hidden_state  # (B, L, d)
+        return POOLERS[self.pooling](hidden, attention_mask)
+
+    @torch.no_grad()
+    def encode(
+        self,
+        texts: Sequence[str],
+        batch_size: int = 64,
+        max_length: int = 256,
+        normalize: bool = False,
+    ) -> np.ndarray:
+        """Pooled embeddings (N, d) without the head, in eval mode, float32, input order.
+
+        Texts are batched by length so that padding stays short; the order is restored.
+        """
+        if self.tokenizer is None:
+            raise ValueError("this SentenceEncoder has no tokenizer; load it with from_pretrained")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+        was_training = self.training
+        self.eval()
+        device = next(self.parameters()).device
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+        out = np.zeros((len(texts), self.hidden_size), dtype=np.float32)
+        try:
+            for start in range(0, len(order), batch_size):
+                idx = order[start : start + batch_size]
+                batch = self.tokenizer(
+                    [texts[i] for i in idx],
+                    padding=True,
+                    truncation=True,
+                    max_length=max_length,
+                    return_tensors="pt",
+                ).to(device)
+                emb = self(**{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")})
+                if normalize:
+                    emb = torch.nn.functional.normalize(emb.float(), dim=-1)
+                out[idx] = emb.float().cpu().numpy()
+        finally:
+            self.train(was_training)
+        return out
