@@ -33,6 +33,9 @@ def _root(
 
 
 # Sub-commands register here, one line each.
+from vascl_scale.bench.cli import app as bench_app  # noqa: E402
+
+app.add_typer(bench_app, name="bench")
 
 
 def main() -> None:
