@@ -22,10 +22,11 @@ logger = logging.getLogger(__name__)
 def mean_pool(last_hidden_state: Tensor, attention_mask: Tensor) -> Tensor:
     """Attention-masked mean over tokens: (B, L, d), (B, L) -> (B, d).
 
-    Summed in float32 so bf16/fp16 encoders do not lose precision in long sums.
+    Summed in float32 (or wider) so bf16/fp16 encoders do not lose precision in long sums.
     """
-    mask = attention_mask.unsqueeze(-1).to(torch.float32)  # (B, L, 1)
-    summed = (last_hidden_state.to(torch.float32) * mask).sum(dim=1)  # (B, d)
+    dtype = torch.promote_types(last_hidden_state.dtype, torch.float32)
+    mask = attention_mask.unsqueeze(-1).to(dtype)  # (B, L, 1)
+    summed = (last_hidden_state.to(dtype) * mask).sum(dim=1)  # (B, d)
     counts = mask.sum(dim=1).clamp_min(1.0)  # (B, 1): an all-padding row pools to zeros
     return (summed / counts).to(last_hidden_state.dtype)
 
@@ -73,6 +74,12 @@ class SentenceEncoder(nn.Module):
         if pooling not in POOLERS:
             raise ValueError(f"pooling must be one of {sorted(POOLERS)}; got {pooling!r}")
         self.encoder = encoder
+        # The encoder's own pooler (BERT's tanh layer over [CLS]) is not on the path of the
+        # sentence embedding and would never receive a gradient: DDP would stall on it and
+        # Adam would carry dead state. Freeze it; it is still saved, so exports load cleanly.
+        pooler = getattr(encoder, "pooler", None)
+        if isinstance(pooler, nn.Module):
+            pooler.requires_grad_(False)
         self.tokenizer = tokenizer
         self.pooling = pooling
         self.head = ProjectionHead(encoder.config.hidden_size, head_dim)

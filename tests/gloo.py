@@ -1,0 +1,59 @@
+"""Run a function on W real gloo ranks (separate processes) and collect each rank's result."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import tempfile
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+
+def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, init_file: str, results, args) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+        try:
+            results.put((rank, "ok", fn(rank, world_size, *args)))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # report any failure to the test instead of hanging it
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 180.0) -> list[Any]:
+    """fn(rank, world_size, *args) on each of ``world_size`` spawned gloo processes.
+
+    ``fn`` must be importable (module level). Returns the results in rank order; raises
+    with the worker's traceback if any rank fails, and kills every rank after ``timeout``.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        procs = [
+            ctx.Process(target=_rank_main, args=(fn, rank, world_size, init_file, results, args))
+            for rank in range(world_size)
+        ]
+        for proc in procs:
+            proc.start()
+        collected: dict[int, Any] = {}
+        try:
+            for _ in range(world_size):
+                rank, status, payload = results.get(timeout=timeout)
+                if status == "error":
+                    raise RuntimeError(f"rank {rank} of {world_size} failed:\n{payload}")
+                collected[rank] = payload
+        except queue.Empty as err:
+            raise TimeoutError(f"gloo ranks did not finish within {timeout} s") from err
+        finally:
+            for proc in procs:
+                proc.join(timeout=10)
+                if proc.is_alive():
+                    proc.kill()
+    return [collected[rank] for rank in range(world_size)]

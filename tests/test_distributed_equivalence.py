@@ -1,0 +1,131 @@
+"""Many ranks = one process: the global-batch objectives on real gloo ranks (W = 2 and 4).
+
+One fixed global batch of 12 sentences is split across ranks; each rank pads its slice to
+its own longest sentence (as dynamic padding does), so the slices differ in shape and
+content. Loss (mean over ranks), neighbour indices, perturbations and rank-averaged
+parameter gradients must equal one process on the whole batch, in float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.gloo import run_on_ranks
+from tests.tiny import tiny_encoder, token_batch
+from vascl_scale.losses import simcse_loss, vascl_objective
+from vascl_scale.losses.vascl import project
+
+GLOBAL_BATCH = 12
+SEQ_LEN = 7
+K = 3
+CASES = ("vascl_detach", "vascl_literal", "simcse")
+
+
+def _slice_batch(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Trim a slice to its own longest row, as the data loader's dynamic padding does."""
+    longest = int(mask.sum(dim=1).max())
+    return ids[:, :longest], mask[:, :longest]
+
+
+def objective_on_slice(rank: int, world_size: int) -> dict[str, dict[str, np.ndarray]]:
+    """Every case on this rank's slice; world_size 1 (no process group) is the reference."""
+    model = tiny_encoder(seed=0)
+    ids1, mask1 = token_batch(GLOBAL_BATCH, SEQ_LEN, seed=1)
+    ids2, mask2 = token_batch(GLOBAL_BATCH, SEQ_LEN, seed=2)  # a different "view" per row
+    init_dir = torch.rand(GLOBAL_BATCH, model.hidden_size, generator=torch.Generator().manual_seed(3)) - 0.5
+    rows = GLOBAL_BATCH // world_size
+    own = slice(rank * rows, (rank + 1) * rows)
+
+    results = {}
+    for case in CASES:
+        model.zero_grad(set_to_none=False)
+        e1 = model(*_slice_batch(ids1[own], mask1[own]))  # (b, d)
+        e2 = model(*_slice_batch(ids2[own], mask2[own]))
+        extras = {}
+        if case == "simcse":
+            loss = simcse_loss(project(model.head, e1), project(model.head, e2), temperature=0.1)
+        else:
+            out = vascl_objective(
+                e1,
+                e2,
+                model.head,
+                k=K,
+                temperature=0.1,
+                xi=2.0,
+                eps=3.0,
+                power_iters=2,
+                detach=case == "vascl_detach",
+                init_dir=init_dir[own].double(),
+            )
+            loss = out.loss
+            extras = {"neighbours": out.neighbours.numpy(), "delta": out.delta.detach().numpy()}
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])
+        mean_loss = loss.detach().clone()
+        if world_size > 1:
+            # What DDP and ZeRO do with parameter gradients: average over ranks.
+            dist.all_reduce(grads)
+            dist.all_reduce(mean_loss)
+            grads /= world_size
+            mean_loss /= world_size
+        results[case] = {"loss": mean_loss.numpy(), "grads": grads.numpy(), **extras}
+    return results
+
+
+def unequal_rows(rank: int, world_size: int) -> str:
+    """Rank r holds 3 + r rows: both losses must refuse with a clear message."""
+    e = torch.randn(3 + rank, 8, dtype=torch.float64)
+    head = torch.nn.Linear(8, 4).double()
+    messages = []
+    for call in (
+        lambda: simcse_loss(torch.nn.functional.normalize(e, dim=-1), torch.nn.functional.normalize(e, dim=-1)),
+        lambda: vascl_objective(e, e, head, k=1),
+    ):
+        try:
+            call()
+            messages.append("no error")
+        except ValueError as err:
+            messages.append(str(err))
+    return " | ".join(messages)
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, dict[str, np.ndarray]]:
+    return objective_on_slice(rank=0, world_size=1)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_many_ranks_equal_one_process(world_size: int, reference) -> None:
+    per_rank = run_on_ranks(objective_on_slice, world_size)
+    for case in CASES:
+        expected = reference[case]
+        for rank, got in enumerate(per_rank):
+            # Every rank holds the same rank-averaged loss and gradients.
+            torch.testing.assert_close(torch.from_numpy(got[case]["loss"]), torch.from_numpy(expected["loss"]))
+            torch.testing.assert_close(torch.from_numpy(got[case]["grads"]), torch.from_numpy(expected["grads"]))
+        if case == "simcse":
+            continue
+        neighbours = np.concatenate([got[case]["neighbours"] for got in per_rank])
+        np.testing.assert_array_equal(neighbours, expected["neighbours"])
+        delta = np.concatenate([got[case]["delta"] for got in per_rank])
+        torch.testing.assert_close(torch.from_numpy(delta), torch.from_numpy(expected["delta"]))
+    # The check is only meaningful if neighbourhoods really span several ranks' slices.
+    rows = GLOBAL_BATCH // world_size
+    owner_of_anchor = np.arange(GLOBAL_BATCH)[:, None] // rows
+    assert (reference["vascl_detach"]["neighbours"] // rows != owner_of_anchor).any()
+
+
+def test_detach_modes_differ(reference) -> None:
+    """The two gradient modes must give different gradients, or the test above proves less."""
+    assert not np.allclose(reference["vascl_detach"]["grads"], reference["vascl_literal"]["grads"])
+
+
+def test_unequal_rows_are_refused() -> None:
+    for message in run_on_ranks(unequal_rows, 2):
+        parts = message.split(" | ")
+        assert len(parts) == 2
+        for part in parts:
+            assert "same number of rows" in part and "[3, 4]" in part

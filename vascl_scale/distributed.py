@@ -1,0 +1,93 @@
+"""All of vascl-scale's collective communication, in one place.
+
+Everything here is the identity at world size 1 (or when torch.distributed is not
+initialised), so the loss code calls it unconditionally and a single process needs no
+process group. The loss maths in :mod:`vascl_scale.losses` takes tensors and a row offset
+and never imports ``torch.distributed`` itself.
+
+Gradient convention of :func:`all_gather_with_grad`: each rank's loss is a mean over its
+own anchors, scored against gathered candidates. The backward pass sums, over all ranks,
+the gradient that each rank's loss sends to a row, and delivers it to the rank that owns
+the row. DDP and ZeRO then *average* parameter gradients over the W ranks, so the result is
+d/dtheta of (1/W) sum_r loss_r, the gradient of the single-process loss on the concatenated
+global batch (that loss is the mean of the per-rank means because every rank holds the same
+number of rows). No extra factor of W is needed anywhere.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+def world() -> tuple[int, int]:
+    """(rank, world_size) of the default process group; (0, 1) when not distributed."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _gather_rows(local: Tensor, world_size: int) -> Tensor:
+    """Concatenate every rank's ``local`` (b, ...) along dim 0, rank-major: (W * b, ...)."""
+    parts = [torch.empty_like(local) for _ in range(world_size)]
+    dist.all_gather(parts, local.contiguous())
+    return torch.cat(parts, dim=0)
+
+
+class _AllGatherWithGrad(torch.autograd.Function):
+    """All-gather whose backward returns to each rank the summed gradient of its own rows."""
+
+    @staticmethod
+    def forward(ctx, local: Tensor) -> Tensor:  # (b, ...) -> (W * b, ...)
+        rank, world_size = world()
+        ctx.rank, ctx.rows = rank, local.shape[0]
+        return _gather_rows(local, world_size)
+
+    @staticmethod
+    def backward(ctx, grad_global: Tensor) -> Tensor:  # (W * b, ...) -> (b, ...)
+        # Every rank holds the gradient of its own loss with respect to all W * b rows; the
+        # owner of a row needs the sum over ranks. gloo has no reduce_scatter, so all-reduce
+        # and slice (the embeddings are small next to the parameter gradients).
+        summed = grad_global.contiguous().clone()
+        dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+        start = ctx.rank * ctx.rows
+        return summed[start : start + ctx.rows]
+
+
+def all_gather_with_grad(local: Tensor) -> Tensor:
+    """(b, ...) on each rank -> (W * b, ...) on every rank, rows in rank order.
+
+    Autograd-aware: gradient reaching any gathered row flows back to the rank that owns
+    it (see the module docstring for why no rescaling is needed). Requires the same b on
+    every rank; call :func:`require_equal_rows` once per step to get a clear error.
+    """
+    _, world_size = world()
+    if world_size == 1:
+        return local
+    return _AllGatherWithGrad.apply(local)
+
+
+def all_gather_no_grad(local: Tensor) -> Tensor:
+    """Like :func:`all_gather_with_grad` for values used without gradient (neighbour search)."""
+    _, world_size = world()
+    if world_size == 1:
+        return local.detach()
+    with torch.no_grad():
+        return _gather_rows(local.detach(), world_size)
+
+
+def require_equal_rows(rows: int, what: str = "per-rank batch") -> None:
+    """Raise ``ValueError`` unless every rank passes the same ``rows`` (one tiny all-gather)."""
+    _, world_size = world()
+    if world_size == 1:
+        return
+    # Where the backend can only move device tensors (NCCL), the count must live there.
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    counts = _gather_rows(torch.tensor([rows], dtype=torch.long, device=device), world_size).tolist()
+    if len(set(counts)) != 1:
+        raise ValueError(
+            f"every rank must hold the same number of rows in the {what} (the global batch is "
+            f"gathered rank by rank); got {counts} across {world_size} ranks. Make the global "
+            "batch size a multiple of the world size and drop incomplete last batches."
+        )

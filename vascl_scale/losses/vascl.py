@@ -1,0 +1,263 @@
+"""VaSCL (Zhang et al., Findings of ACL 2022): Eq. 6 over the global batch.
+
+Per step, for the b sentences on this rank (B = W * b over all ranks):
+
+1. z1, z2 = normalise(h(e1)), normalise(h(e2)): features of the two dropout views; the
+   SimCSE term is Eq. 1 in both directions over the global batch.
+2. N(i): the k nearest neighbours of e1_i among the other B - 1 embeddings of the global
+   batch, by raw inner product e1 @ e1.T (the authors' choice, not cosine).
+3. Virtual augmentation (Eq. 2-4): a direction d_i starts uniform in [-0.5, 0.5) per
+   element, L2-normalised per row; each power iteration replaces it by the row-normalised
+   gradient, with respect to d_i only, of Eq. 2 at h(e_i + xi * d_i) against the clean
+   features (no gradient) of i (positive) and of N(i) (negatives). delta_i = eps * d_i,
+   so ||delta_i|| = eps, the paper's Delta. delta is a constant afterwards (Danskin).
+4. Eq. 5 for anchor i in both directions: (z_i*, z_i) and (z_i, z_i*), each against the
+   clean and augmented features of its k neighbours (2k negatives), z_i* = h(e_i + delta_i).
+5. Loss = SimCSE mean over the 2B anchors + mean over the 2B anchors of the two Eq. 5
+   directions, i.e. Eq. 6.
+
+``detach=True`` (the authors' code): the neighbourhood term uses e1.detach(), and its
+clean features carry no gradient, so it trains the head only, through z* = h(e + delta).
+``detach=False`` is the paper read literally: gradient also flows through e1, z and z*.
+
+Distributed: each rank scores its own anchors; neighbours, their clean and augmented
+features and the SimCSE candidates come from the whole global batch through the gathers
+of :mod:`vascl_scale.distributed`. The mean over ranks of the loss equals the single-process
+loss of the concatenated batch, and so do averaged parameter gradients. The head is called
+the same number of times on every rank (ZeRO-3 gathers its shards per call).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vascl_scale import distributed
+from vascl_scale.losses.contrastive import (
+    check_features,
+    check_temperature,
+    full_precision,
+    neighbourhood_nll,
+)
+from vascl_scale.losses.simcse import simcse_from_gathered
+
+Head = Callable[[Tensor], Tensor]
+
+
+@dataclass
+class VaSCLOutput:
+    """Everything one VaSCL loss call computed on this rank."""
+
+    loss: Tensor  # scalar: simcse + neighbourhood
+    simcse: Tensor  # scalar: Eq. 1 mean over this rank's 2b anchors
+    neighbourhood: Tensor  # scalar: Eq. 5 mean over this rank's 2b anchors
+    neighbours: Tensor  # (b, k) global row indices of N(i)
+    delta: Tensor  # (b, d) the virtual augmentation, ||delta_i|| = eps
+    stats: dict[str, float]
+
+
+def project(head: Head, embeddings: Tensor) -> Tensor:
+    """Contrastive features z = L2-normalise(h(e)): (n, d) -> (n, D)."""
+    return F.normalize(head(embeddings), dim=-1)
+
+
+def nearest_neighbours(queries: Tensor, keys: Tensor, k: int, query_offset: int) -> Tensor:
+    """Top-k rows of ``keys`` (B, d) by raw inner product with ``queries`` (b, d), self excluded.
+
+    Query j is row ``query_offset + j`` of keys, and is never its own neighbour.
+    Returns (b, k) indices into keys, most similar first.
+    """
+    with torch.no_grad(), full_precision(queries) as dtype:
+        scores = queries.to(dtype) @ keys.to(dtype).T  # (b, B)
+        rows = torch.arange(queries.shape[0], device=queries.device)
+        scores[rows, query_offset + rows] = float("-inf")
+        return scores.topk(k, dim=1).indices
+
+
+def adversarial_direction(
+    embeddings: Tensor,
+    head: Head,
+    positive: Tensor,
+    negatives: Tensor,
+    *,
+    init_dir: Tensor,
+    xi: float,
+    power_iters: int,
+    temperature: float,
+) -> Tensor:
+    """Unit-norm direction per row that increases Eq. 2 (power iteration, Eq. 3).
+
+    embeddings (b, d) without gradient; positive (b, D) and negatives (b, k, D) are clean
+    features without gradient; init_dir (b, d). Returns (b, d), rows of norm 1 (a row whose
+    gradient vanishes stays 0). Only the direction is differentiated (autograd.grad), so no
+    parameter gradient or DDP/ZeRO gradient hook is touched.
+    """
+    direction = F.normalize(init_dir, dim=-1)
+    for _ in range(power_iters):
+        direction = direction.detach().requires_grad_(True)
+        with torch.enable_grad():
+            perturbed = project(head, embeddings + xi * direction)  # (b, D)
+            nll = neighbourhood_nll(perturbed, positive, negatives, temperature).sum()
+            (grad,) = torch.autograd.grad(nll, direction)
+        direction = F.normalize(grad, dim=-1)
+    return direction.detach()
+
+
+def _check_arguments(
+    e1: Tensor,
+    e2: Tensor,
+    k: int,
+    temperature: float,
+    xi: float,
+    eps: float,
+    power_iters: int,
+    init_dir: Tensor | None,
+    global_batch: int,
+) -> None:
+    check_features("e1", e1, "e2", e2)
+    check_temperature(temperature)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k (neighbours per instance) must be an integer >= 1; got {k!r}")
+    if k >= global_batch - 1:
+        raise ValueError(
+            f"k = {k} neighbours needs a global batch of at least k + 2 = {k + 2} sentences "
+            f"(each instance has B - 1 others and k must be smaller); got B = {global_batch}. "
+            "Lower loss.k or raise the global batch size."
+        )
+    if not xi > 0:
+        raise ValueError(f"xi (the probing step of the power iteration) must be > 0; got {xi}")
+    if not eps >= 0:
+        raise ValueError(f"eps (the perturbation norm Delta) must be >= 0; got {eps}")
+    if isinstance(power_iters, bool) or not isinstance(power_iters, int) or power_iters < 1:
+        raise ValueError(f"power_iters must be an integer >= 1; got {power_iters!r}")
+    if init_dir is not None and init_dir.shape != e1.shape:
+        raise ValueError(
+            f"init_dir must have the shape of e1 {tuple(e1.shape)} (one direction per local row); "
+            f"got {tuple(init_dir.shape)}"
+        )
+
+
+def vascl_objective(
+    e1: Tensor,
+    e2: Tensor,
+    head: Head,
+    *,
+    k: int = 16,
+    temperature: float = 0.05,
+    xi: float = 15.0,
+    eps: float = 15.0,
+    power_iters: int = 1,
+    detach: bool = True,
+    init_dir: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> VaSCLOutput:
+    """Eq. 6 for this rank's slice; see the module docstring. Returns all intermediate results."""
+    rank, world_size = distributed.world()
+    rows = e1.shape[0] if e1.dim() == 2 else 0
+    _check_arguments(e1, e2, k, temperature, xi, eps, power_iters, init_dir, rows * world_size)
+    distributed.require_equal_rows(rows)
+    offset = rank * rows
+
+    # Both views through the head in one call: z (2b, D) = [z1; z2].
+    local_features = project(head, torch.cat([e1, e2], dim=0))
+    gathered_features = distributed.all_gather_with_grad(local_features)  # (W * 2b, D)
+    simcse = simcse_from_gathered(local_features, gathered_features, rank, temperature)
+
+    # Neighbourhood over the global batch, by raw inner product of the first view.
+    anchors = e1.detach() if detach else e1  # (b, d)
+    global_embeddings = distributed.all_gather_no_grad(e1)  # (B, d)
+    neighbours = nearest_neighbours(e1.detach(), global_embeddings, k, offset)  # (b, k) in [0, B)
+    # Global row g sits in rank g // b's block [z1; z2] at position g % b of its z1 half.
+    view1_rows = (neighbours // rows) * (2 * rows) + neighbours % rows  # (b, k)
+    own_rows = torch.arange(rows, device=e1.device)
+
+    z_clean = local_features[:rows]  # (b, D)
+    neighbour_clean = gathered_features[view1_rows]  # (b, k, D)
+    if detach:
+        z_clean, neighbour_clean = z_clean.detach(), neighbour_clean.detach()
+
+    if init_dir is None:
+        draw_device = generator.device if generator is not None else e1.device
+        init_dir = torch.rand(e1.shape, generator=generator, device=draw_device).to(e1) - 0.5
+    direction = adversarial_direction(
+        e1.detach(),
+        head,
+        local_features[:rows].detach(),
+        neighbour_clean.detach(),
+        init_dir=init_dir.to(e1),
+        xi=xi,
+        power_iters=power_iters,
+        temperature=temperature,
+    )
+    delta = eps * direction  # (b, d), ||delta_i|| = eps
+
+    z_aug = project(head, anchors + delta)  # (b, D): z_i* of Eq. 5
+    global_aug = distributed.all_gather_with_grad(z_aug)  # (B, D)
+    negatives = torch.cat([neighbour_clean, global_aug[neighbours]], dim=1)  # (b, 2k, D)
+    aug_to_clean = neighbourhood_nll(z_aug, z_clean, negatives, temperature)  # (b,)
+    clean_to_aug = neighbourhood_nll(z_clean, z_aug, negatives, temperature)  # (b,)
+    neighbourhood = 0.5 * (aug_to_clean.mean() + clean_to_aug.mean())
+    loss = simcse + neighbourhood
+
+    with torch.no_grad():
+        embedding_norm = e1.detach().float().norm(dim=-1)  # (b,)
+        delta_norm = delta.float().norm(dim=-1)  # (b,)
+        values = torch.stack(
+            [
+                loss.detach().float(),
+                simcse.detach().float(),
+                neighbourhood.detach().float(),
+                delta_norm.mean(),
+                embedding_norm.mean(),
+                (delta_norm / embedding_norm.clamp_min(1e-12)).mean(),
+                (z_clean.detach() * z_aug.detach()).sum(-1).float().mean(),
+                (neighbours == offset + own_rows[:, None]).any().float(),
+            ]
+        ).tolist()
+    *metric_values, self_selected = values
+    assert self_selected == 0.0, "an instance was selected as its own neighbour"
+    names = ("loss", "simcse", "neighbourhood", "delta_norm", "embedding_norm", "delta_to_embedding", "augmentation_cosine")
+    stats = dict(zip(names, metric_values))
+    return VaSCLOutput(loss, simcse, neighbourhood, neighbours, delta, stats)
+
+
+def vascl_loss(
+    e1: Tensor,
+    e2: Tensor,
+    head: Head,
+    *,
+    k: int = 16,
+    temperature: float = 0.05,
+    xi: float = 15.0,
+    eps: float = 15.0,
+    power_iters: int = 1,
+    detach: bool = True,
+    init_dir: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """VaSCL loss (Eq. 6) of this rank's slice and a dict of float statistics.
+
+    e1, e2: (b, d) mean-pooled embeddings of the two dropout views of the same b sentences;
+    head: the projection module h. Stats: ``loss``, ``simcse``, ``neighbourhood`` (this
+    rank's terms), ``delta_norm`` (mean ||delta||), ``embedding_norm`` (mean ||e1||),
+    ``delta_to_embedding`` (mean ||delta|| / ||e||) and ``augmentation_cosine`` (mean
+    cos(z_i, z_i*)). See :func:`vascl_objective` for the neighbours and delta themselves.
+    """
+    out = vascl_objective(
+        e1,
+        e2,
+        head,
+        k=k,
+        temperature=temperature,
+        xi=xi,
+        eps=eps,
+        power_iters=power_iters,
+        detach=detach,
+        init_dir=init_dir,
+        generator=generator,
+    )
+    return out.loss, out.stats
