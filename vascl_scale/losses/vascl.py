@@ -182,7 +182,8 @@ def vascl_objective(
 
     if init_dir is None:
         draw_device = generator.device if generator is not None else e1.device
-        init_dir = torch.rand(e1.shape, generator=generator, device=draw_device).to(e1) - 0.5
+        # Drawn in float32 whatever the default dtype, so a seed gives the same draw everywhere.
+        init_dir = torch.rand(e1.shape, generator=generator, device=draw_device, dtype=torch.float32).to(e1) - 0.5
     direction = adversarial_direction(
         e1.detach(),
         head,

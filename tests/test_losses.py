@@ -1,0 +1,376 @@
+"""Known answers, an independent loop-by-loop reference, gradient checks and bad inputs."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vascl_scale.losses import nearest_neighbours, neighbourhood_nll, nt_xent, simcse_loss, vascl_loss, vascl_objective
+from vascl_scale.losses.vascl import project
+from vascl_scale.model import ProjectionHead
+
+
+
+@pytest.fixture(autouse=True)
+def _float64_by_default():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    return F.normalize(x, dim=-1)
+
+
+# ---------------------------------------------------------------- known answers
+
+
+@pytest.mark.parametrize("rows,temperature", [(2, 1.0), (3, 0.5), (5, 0.05)])
+def test_simcse_known_answer_orthonormal(rows: int, temperature: float) -> None:
+    """Identical views of orthonormal rows: positive cosine 1, every negative 0.
+
+    Each of the 2B anchors sees e^{1/tau} against 2B - 2 negatives of e^0, so the loss is
+    log(1 + (2B - 2) e^{-1/tau}).
+    """
+    z = torch.eye(8)[:rows]
+    expected = math.log1p((2 * rows - 2) * math.exp(-1.0 / temperature))
+    torch.testing.assert_close(simcse_loss(z, z.clone(), temperature), torch.tensor(expected))
+
+
+def test_simcse_known_answer_swapped_views() -> None:
+    """B = 2 with the second views swapped: each anchor's positive is orthogonal to it and
+    one negative (the other sentence's second view) is identical to it."""
+    z1 = torch.eye(2)
+    z2 = torch.eye(2).flip(0)
+    # Anchor z1_0 = e0: candidates z1_1 = e1 (0), z2_0 = e1 (positive, 0), z2_1 = e0 (1).
+    expected = -math.log(math.exp(0) / (math.exp(0) + math.exp(0) + math.exp(1)))
+    torch.testing.assert_close(simcse_loss(z1, z2, 1.0), torch.tensor(expected))
+
+
+def test_neighbourhood_nll_known_answer() -> None:
+    anchor = torch.tensor([[1.0, 0.0]])
+    positive = torch.tensor([[1.0, 0.0]])
+    negatives = torch.tensor([[[0.0, 1.0], [-1.0, 0.0]]])  # cosines 0 and -1
+    expected = -math.log(math.e / (math.e + 1 + math.exp(-1)))
+    torch.testing.assert_close(neighbourhood_nll(anchor, positive, negatives, 1.0), torch.tensor([expected]))
+
+
+def test_neighbours_use_raw_inner_product_not_cosine() -> None:
+    """For e0 = (1, 0): e1 = (3, 3) has the larger dot product (3 > 1), e2 = (1, 0.1) the larger cosine."""
+    e = torch.tensor([[1.0, 0.0], [3.0, 3.0], [1.0, 0.1], [-1.0, 0.0]])
+    neighbours = nearest_neighbours(e, e, k=2, query_offset=0)
+    assert neighbours[0].tolist() == [1, 2]
+    assert neighbours[1].tolist() == [2, 0]  # (3,3): dots 3.3 with e2, 3 with e0, -3 with e3
+    assert all(i not in row for i, row in enumerate(neighbours.tolist()))  # self never chosen
+
+
+def test_neighbours_respect_query_offset() -> None:
+    keys = torch.randn(10, 4)
+    queries = keys[6:9]
+    neighbours = nearest_neighbours(queries, keys, k=9, query_offset=6)  # every other row
+    for j, row in enumerate(neighbours.tolist()):
+        assert sorted(row) == [i for i in range(10) if i != 6 + j]
+
+
+# ---------------------------------------------------------------- independent reference
+
+
+def _nll(anchor, positive, negatives, temperature):
+    num = torch.exp(anchor @ positive / temperature)
+    den = num + sum(torch.exp(anchor @ n / temperature) for n in negatives)
+    return -torch.log(num / den)
+
+
+def reference_simcse(z1, z2, temperature):
+    """Eq. 1 both directions, anchor by anchor: each of 2B anchors against the 2B - 1 others."""
+    rows = z1.shape[0]
+    feats = list(z1) + list(z2)
+    terms = []
+    for a in range(2 * rows):
+        pos = (a + rows) % (2 * rows)
+        others = [feats[c] for c in range(2 * rows) if c not in (a, pos)]
+        terms.append(_nll(feats[a], feats[pos], others, temperature))
+    return sum(terms) / (2 * rows)
+
+
+def reference_vascl(e1, e2, head, k, temperature, xi, eps, power_iters, detach, init_dir):
+    """Eq. 6 written anchor by anchor with explicit exp/log sums (slow, float64, no batching)."""
+    rows = e1.shape[0]
+
+    def z(x):
+        return head(x) / head(x).norm()
+
+    def nll(anchor, positive, negatives):
+        return _nll(anchor, positive, negatives, temperature)
+
+    simcse = reference_simcse(
+        torch.stack([z(e1[i]) for i in range(rows)]), torch.stack([z(e2[i]) for i in range(rows)]), temperature
+    )
+
+    base = e1.detach()
+    neighbours = []
+    for i in range(rows):
+        dots = sorted(((float(base[i] @ base[j]), j) for j in range(rows) if j != i), reverse=True)
+        neighbours.append([j for _, j in dots[:k]])
+    clean = [z(base[i]).detach() for i in range(rows)]
+    deltas = []
+    for i in range(rows):
+        direction = init_dir[i] / init_dir[i].norm()
+        for _ in range(power_iters):
+            direction = direction.detach().requires_grad_(True)
+            loss_i = nll(z(base[i] + xi * direction), clean[i], [clean[j] for j in neighbours[i]])
+            (grad,) = torch.autograd.grad(loss_i, direction)
+            # A row whose gradient vanishes (e.g. one active ReLU unit: z cannot turn) stays ~0.
+            direction = grad / grad.norm().clamp_min(1e-12)
+        deltas.append(eps * direction.detach())
+
+    source = base if detach else e1
+    z_clean = [clean[i] if detach else z(e1[i]) for i in range(rows)]
+    z_aug = [z(source[i] + deltas[i]) for i in range(rows)]
+    terms = []
+    for i in range(rows):
+        negs = [z_clean[j] for j in neighbours[i]] + [z_aug[j] for j in neighbours[i]]
+        terms.append(nll(z_aug[i], z_clean[i], negs) + nll(z_clean[i], z_aug[i], negs))
+    neighbourhood = sum(terms) / (2 * rows)
+    return simcse + neighbourhood, torch.tensor(neighbours), torch.stack(deltas)
+
+
+@pytest.mark.parametrize("detach", [True, False])
+@pytest.mark.parametrize("power_iters", [1, 3])
+def test_vascl_matches_reference(detach: bool, power_iters: int) -> None:
+    torch.manual_seed(0)
+    rows, dim = 7, 16  # wide enough that no row's head has a single active ReLU unit
+    e1_leaf = torch.randn(rows, dim, requires_grad=True)
+    e2_leaf = torch.randn(rows, dim, requires_grad=True)
+    head = ProjectionHead(dim, 4)
+    init_dir = torch.rand(rows, dim) - 0.5
+    settings = dict(k=3, temperature=0.2, xi=0.7, eps=1.3, power_iters=power_iters, detach=detach)
+
+    out = vascl_objective(e1_leaf, e2_leaf, head, init_dir=init_dir, **settings)
+    grads = torch.autograd.grad(out.loss, [e1_leaf, e2_leaf, *head.parameters()])
+    ref_loss, ref_neighbours, ref_delta = reference_vascl(e1_leaf, e2_leaf, head, init_dir=init_dir, **settings)
+    ref_grads = torch.autograd.grad(ref_loss, [e1_leaf, e2_leaf, *head.parameters()])
+
+    torch.testing.assert_close(out.loss, ref_loss)
+    assert out.neighbours.tolist() == ref_neighbours.tolist()
+    torch.testing.assert_close(out.delta, ref_delta)
+    for got, expected in zip(grads, ref_grads):
+        torch.testing.assert_close(got, expected)
+
+
+def test_simcse_matches_reference_on_random_features() -> None:
+    torch.manual_seed(1)
+    z1, z2 = _unit(torch.randn(5, 3)), _unit(torch.randn(5, 3))
+    torch.testing.assert_close(simcse_loss(z1, z2, 0.3), reference_simcse(z1, z2, 0.3))
+
+
+def test_eps_zero_makes_the_augmentation_the_clean_feature() -> None:
+    torch.manual_seed(1)
+    e1, e2 = torch.randn(5, 16), torch.randn(5, 16)
+    head = ProjectionHead(16, 4)
+    out = vascl_objective(e1, e2, head, k=1, temperature=0.3, xi=1.0, eps=0.0, init_dir=torch.rand(5, 16) - 0.5)
+    torch.testing.assert_close(out.simcse, simcse_loss(project(head, e1), project(head, e2), 0.3))
+    torch.testing.assert_close(out.delta, torch.zeros_like(out.delta))
+    assert out.stats["augmentation_cosine"] == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------- gradients
+
+
+def test_gradcheck_nt_xent_and_neighbourhood_nll() -> None:
+    torch.manual_seed(2)
+    anchors = torch.randn(4, 3, requires_grad=True)
+    candidates = torch.randn(6, 3, requires_grad=True)
+    positive = torch.tensor([1, 2, 3, 0])
+    own = torch.tensor([0, 5, 4, 1])
+    assert torch.autograd.gradcheck(
+        lambda a, c: nt_xent(_unit(a), _unit(c), positive, own, 0.5), (anchors, candidates)
+    )
+    pos = torch.randn(4, 3, requires_grad=True)
+    negs = torch.randn(4, 2, 3, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda a, p, n: neighbourhood_nll(_unit(a), _unit(p), _unit(n), 0.5), (anchors, pos, negs)
+    )
+
+
+def test_gradcheck_simcse_loss() -> None:
+    torch.manual_seed(3)
+    z1 = torch.randn(4, 5, requires_grad=True)
+    z2 = torch.randn(4, 5, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: simcse_loss(_unit(a), _unit(b), 0.3), (z1, z2))
+
+
+def test_head_gradient_is_that_of_eq6_at_fixed_delta() -> None:
+    """delta is a constant after the search (Danskin): the head's gradient is that of Eq. 6
+    with delta and the neighbours held fixed, and that function passes a finite-difference check."""
+    torch.manual_seed(4)
+    e1, e2 = torch.randn(6, 4), torch.randn(6, 4)
+    weights = (torch.randn(4, 4, requires_grad=True), torch.randn(3, 4, requires_grad=True))
+
+    def head_of(w1, w2):
+        return lambda x: F.relu(x @ w1.T) @ w2.T
+
+    # detach=False: no stop-gradient left once delta is fixed, so finite differences apply.
+    out = vascl_objective(
+        e1, e2, head_of(*weights), k=2, temperature=0.5, xi=1.0, eps=0.5, detach=False, init_dir=torch.rand(6, 4) - 0.5
+    )
+    delta, neighbours = out.delta, out.neighbours
+
+    def eq6_at_fixed_delta(w1, w2):
+        head = head_of(w1, w2)
+        clean, aug = _unit(head(e1)), _unit(head(e1 + delta))
+        negatives = torch.cat([clean[neighbours], aug[neighbours]], dim=1)
+        nbr = neighbourhood_nll(aug, clean, negatives, 0.5).mean() + neighbourhood_nll(clean, aug, negatives, 0.5).mean()
+        return simcse_loss(_unit(head(e1)), _unit(head(e2)), 0.5) + 0.5 * nbr
+
+    assert torch.autograd.gradcheck(eq6_at_fixed_delta, weights)
+    for got, expected in zip(torch.autograd.grad(out.loss, weights), torch.autograd.grad(eq6_at_fixed_delta(*weights), weights)):
+        torch.testing.assert_close(got, expected)
+
+
+# ---------------------------------------------------------------- behaviour
+
+
+def test_detach_true_trains_the_encoder_only_through_simcse() -> None:
+    torch.manual_seed(5)
+    e1 = torch.randn(8, 5, requires_grad=True)
+    e2 = torch.randn(8, 5, requires_grad=True)
+    head = ProjectionHead(5, 4)
+    init_dir = torch.rand(8, 5) - 0.5
+    out = vascl_objective(e1, e2, head, k=3, xi=1.0, eps=1.0, init_dir=init_dir, detach=True)
+    grad_e = torch.autograd.grad(out.loss, [e1, e2])
+    simcse_only = simcse_loss(project(head, e1), project(head, e2))
+    grad_simcse = torch.autograd.grad(simcse_only, [e1, e2])
+    for g, s in zip(grad_e, grad_simcse):
+        torch.testing.assert_close(g, s)
+    # ... while the head does learn from the neighbourhood term.
+    head_grad_nbr = torch.autograd.grad(out.neighbourhood, list(head.parameters()), allow_unused=True)
+    assert any(g is not None and g.abs().sum() > 0 for g in head_grad_nbr)
+    literal = vascl_objective(e1, e2, head, k=3, xi=1.0, eps=1.0, init_dir=init_dir, detach=False)
+    grad_literal = torch.autograd.grad(literal.loss, e1)[0]
+    assert not torch.allclose(grad_literal, grad_e[0])
+
+
+def test_delta_has_norm_eps_and_is_adversarial() -> None:
+    torch.manual_seed(6)
+    rows, dim = 16, 8
+    e1 = torch.randn(rows, dim)
+    head = ProjectionHead(dim, 6)
+    eps = 0.05
+    out = vascl_objective(e1, e1 + 0.01, head, k=4, xi=1e-3, eps=eps, init_dir=torch.rand(rows, dim) - 0.5)
+    torch.testing.assert_close(out.delta.norm(dim=-1), torch.full((rows,), eps))
+
+    def eq2(delta):
+        clean = project(head, e1)
+        return neighbourhood_nll(project(head, e1 + delta), clean, clean[out.neighbours], 0.05)
+
+    found = eq2(out.delta)  # (rows,)
+    random = torch.stack([eq2(eps * _unit(torch.randn(rows, dim))) for _ in range(64)])  # (64, rows)
+    # The power-iteration direction beats the best of 64 random ones for almost every row.
+    assert (found >= random.max(dim=0).values - 1e-9).float().mean() >= 0.9
+
+
+def test_generator_and_init_dir_agree() -> None:
+    torch.manual_seed(7)
+    e1, e2 = torch.randn(6, 16), torch.randn(6, 16)
+    head = ProjectionHead(16, 4)
+    a = vascl_objective(e1, e2, head, k=2, generator=torch.Generator().manual_seed(11))
+    b = vascl_objective(e1, e2, head, k=2, generator=torch.Generator().manual_seed(11))
+    drawn = torch.rand(e1.shape, generator=torch.Generator().manual_seed(11), dtype=torch.float32).to(e1) - 0.5
+    c = vascl_objective(e1, e2, head, k=2, init_dir=drawn)
+    torch.testing.assert_close(a.delta, b.delta)
+    torch.testing.assert_close(a.delta, c.delta)
+
+
+def test_head_called_the_same_number_of_times_every_step() -> None:
+    """ZeRO-3 needs each rank to call the head equally often: 1 (both views) + power_iters + 1."""
+    calls = []
+    head = ProjectionHead(4, 3)
+    head.register_forward_hook(lambda *_: calls.append(1))
+    e = torch.randn(6, 4)
+    vascl_loss(e, e + 0.1, head, k=2, power_iters=3)
+    assert len(calls) == 5
+
+
+def test_stats_are_floats_with_expected_values() -> None:
+    torch.manual_seed(8)
+    e1 = torch.randn(10, 16)
+    loss, stats = vascl_loss(e1, e1 + 0.1, ProjectionHead(16, 4), k=3, eps=2.5)
+    assert all(isinstance(v, float) for v in stats.values())
+    assert stats["loss"] == pytest.approx(loss.item())
+    assert stats["loss"] == pytest.approx(stats["simcse"] + stats["neighbourhood"])
+    assert stats["delta_norm"] == pytest.approx(2.5)
+    assert stats["embedding_norm"] == pytest.approx(e1.norm(dim=-1).mean().item())
+    assert stats["delta_to_embedding"] == pytest.approx((2.5 / e1.norm(dim=-1)).mean().item())
+    assert -1.0 <= stats["augmentation_cosine"] <= 1.0
+
+
+def test_logits_stay_float32_under_bf16_autocast() -> None:
+    torch.manual_seed(9)
+    head = ProjectionHead(8, 4).float()
+    e1, e2 = torch.randn(12, 8, dtype=torch.float32), torch.randn(12, 8, dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _ = vascl_loss(e1, e2, head, k=3)
+        z = project(head, e1)
+        simcse = simcse_loss(z, project(head, e2))
+    assert z.dtype == torch.bfloat16  # the head really ran in bf16 ...
+    assert loss.dtype == torch.float32 and simcse.dtype == torch.float32  # ... the loss did not
+    full, _ = vascl_loss(e1, e2, head, k=3, generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(full)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(k=5), "global batch of at least"),
+        (dict(k=6), "global batch of at least"),
+        (dict(k=0), "k \\(neighbours per instance\\)"),
+        (dict(k=2.5), "k \\(neighbours per instance\\)"),
+        (dict(temperature=0.0), "temperature must be > 0"),
+        (dict(temperature=-1.0), "temperature must be > 0"),
+        (dict(eps=-0.1), "eps .* must be >= 0"),
+        (dict(xi=0.0), "xi .* must be > 0"),
+        (dict(power_iters=0), "power_iters must be an integer >= 1"),
+        (dict(power_iters=1.5), "power_iters must be an integer >= 1"),
+        (dict(init_dir=torch.zeros(6, 3)), "init_dir must have the shape of e1"),
+    ],
+)
+def test_vascl_bad_input(kwargs, match) -> None:
+    e = torch.randn(6, 4)
+    with pytest.raises(ValueError, match=match):
+        vascl_loss(e, e, ProjectionHead(4, 3), **{"k": 2, **kwargs})
+
+
+def test_bad_shapes() -> None:
+    head = ProjectionHead(4, 3)
+    with pytest.raises(ValueError, match="same shape"):
+        vascl_loss(torch.randn(6, 4), torch.randn(5, 4), head, k=2)
+    with pytest.raises(ValueError, match="2-D"):
+        vascl_loss(torch.randn(6), torch.randn(6), head, k=2)
+    with pytest.raises(ValueError, match="same shape"):
+        simcse_loss(torch.randn(3, 4), torch.randn(3, 5))
+    with pytest.raises(ValueError, match="no rows"):
+        simcse_loss(torch.randn(0, 4), torch.randn(0, 4))
+    with pytest.raises(ValueError, match="temperature"):
+        simcse_loss(torch.randn(3, 4), torch.randn(3, 4), temperature=0)
+
+
+def test_loss_code_never_imports_torch_distributed() -> None:
+    losses_dir = Path(__file__).resolve().parents[1] / "vascl_scale" / "losses"
+    for source in losses_dir.glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{alias.name}" for alias in node.names]
+            assert not any(n.startswith("torch.distributed") for n in names), f"{source.name} imports {names}"
