@@ -21,7 +21,13 @@ from vascl_scale.losses.vascl import project
 GLOBAL_BATCH = 12
 SEQ_LEN = 7
 K = 3
-CASES = ("vascl_detach", "vascl_literal", "simcse")
+CASES = ("vascl_detach", "vascl_literal", "vascl_relative_cosine", "simcse")
+# Settings of each VaSCL case beyond the shared ones.
+VASCL_CASES = {
+    "vascl_detach": dict(detach=True),
+    "vascl_literal": dict(detach=False),
+    "vascl_relative_cosine": dict(detach=True, similarity="cosine", eps_mode="relative", xi_mode="relative", eps=0.8, xi=0.5),
+}
 
 
 def _slice_batch(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,18 +54,8 @@ def objective_on_slice(rank: int, world_size: int) -> dict[str, dict[str, np.nda
         if case == "simcse":
             loss = simcse_loss(project(model.head, e1), project(model.head, e2), temperature=0.1)
         else:
-            out = vascl_objective(
-                e1,
-                e2,
-                model.head,
-                k=K,
-                temperature=0.1,
-                xi=2.0,
-                eps=3.0,
-                power_iters=2,
-                detach=case == "vascl_detach",
-                init_dir=init_dir[own].double(),
-            )
+            settings = {"k": K, "temperature": 0.1, "xi": 2.0, "eps": 3.0, "power_iters": 2, **VASCL_CASES[case]}
+            out = vascl_objective(e1, e2, model.head, init_dir=init_dir[own].double(), **settings)
             loss = out.loss
             extras = {"neighbours": out.neighbours.numpy(), "delta": out.delta.detach().numpy()}
         loss.backward()

@@ -70,6 +70,32 @@ def test_neighbours_use_raw_inner_product_not_cosine() -> None:
     assert all(i not in row for i, row in enumerate(neighbours.tolist()))  # self never chosen
 
 
+def test_cosine_neighbours_ignore_the_norm() -> None:
+    e = torch.tensor([[1.0, 0.0], [3.0, 3.0], [1.0, 0.1], [-1.0, 0.0]])
+    assert nearest_neighbours(e, e, k=1, query_offset=0, similarity="cosine")[0].tolist() == [2]
+
+
+def test_relative_strengths_scale_with_the_mean_embedding_norm() -> None:
+    torch.manual_seed(10)
+    e1 = 7.0 * torch.randn(12, 16)
+    head = ProjectionHead(16, 4)
+    init_dir = torch.rand(12, 16) - 0.5
+    mean_norm = e1.norm(dim=-1).mean()
+    relative = vascl_objective(e1, e1 + 0.1, head, k=3, eps=0.5, xi=0.2, eps_mode="relative", xi_mode="relative", init_dir=init_dir)
+    torch.testing.assert_close(relative.delta.norm(dim=-1), torch.full((12,), 0.5 * mean_norm.item()))
+    absolute = vascl_objective(e1, e1 + 0.1, head, k=3, eps=0.5 * mean_norm.item(), xi=0.2 * mean_norm.item(), init_dir=init_dir)
+    torch.testing.assert_close(relative.delta, absolute.delta)
+    torch.testing.assert_close(relative.loss, absolute.loss)
+
+
+def test_near_duplicate_share_counts_copies_among_neighbours() -> None:
+    torch.manual_seed(11)
+    base = torch.randn(6, 16)
+    e1 = torch.cat([base, base + 1e-3])  # every sentence appears twice: its copy is its nearest neighbour
+    _, stats = vascl_loss(e1, e1, ProjectionHead(16, 4), k=2, eps=0.1, xi=0.1, similarity="cosine")
+    assert stats["near_duplicate_share"] == pytest.approx(0.5)
+
+
 def test_neighbours_respect_query_offset() -> None:
     keys = torch.randn(10, 4)
     queries = keys[6:9]
@@ -342,6 +368,9 @@ def test_logits_stay_float32_under_bf16_autocast() -> None:
         (dict(power_iters=0), "power_iters must be an integer >= 1"),
         (dict(power_iters=1.5), "power_iters must be an integer >= 1"),
         (dict(init_dir=torch.zeros(6, 3)), "init_dir must have the shape of e1"),
+        (dict(similarity="l2"), "similarity must be one of dot, cosine"),
+        (dict(eps_mode="scaled"), "eps_mode must be one of absolute, relative"),
+        (dict(xi_mode="per-batch"), "xi_mode must be one of absolute, relative"),
     ],
 )
 def test_vascl_bad_input(kwargs, match) -> None:

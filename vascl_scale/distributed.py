@@ -16,9 +16,33 @@ number of rows). No extra factor of W is needed anywhere.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+
+# (collective, bytes of the tensor this rank passes in, world size) of every collective issued
+# here while :func:`record_traffic` is active; ``vascl-scale bench comm`` reads it.
+_traffic: list[tuple[str, int, int]] | None = None
+
+
+@contextmanager
+def record_traffic() -> Iterator[list[tuple[str, int, int]]]:
+    """Record every collective this module issues (forward gathers and their backward reductions)."""
+    global _traffic
+    previous, _traffic = _traffic, []
+    try:
+        yield _traffic
+    finally:
+        _traffic = previous
+
+
+def _note(collective: str, tensor: Tensor, world_size: int) -> None:
+    if _traffic is not None:
+        _traffic.append((collective, tensor.numel() * tensor.element_size(), world_size))
 
 
 def world() -> tuple[int, int]:
@@ -31,6 +55,7 @@ def world() -> tuple[int, int]:
 def _gather_rows(local: Tensor, world_size: int) -> Tensor:
     """Concatenate every rank's ``local`` (b, ...) along dim 0, rank-major: (W * b, ...)."""
     parts = [torch.empty_like(local) for _ in range(world_size)]
+    _note("all_gather", local, world_size)
     dist.all_gather(parts, local.contiguous())
     return torch.cat(parts, dim=0)
 
@@ -50,6 +75,7 @@ class _AllGatherWithGrad(torch.autograd.Function):
         # owner of a row needs the sum over ranks. gloo has no reduce_scatter, so all-reduce
         # and slice (the embeddings are small next to the parameter gradients).
         summed = grad_global.contiguous().clone()
+        _note("all_reduce", summed, dist.get_world_size())
         dist.all_reduce(summed, op=dist.ReduceOp.SUM)
         start = ctx.rank * ctx.rows
         return summed[start : start + ctx.rows]

@@ -5,12 +5,15 @@ Per step, for the b sentences on this rank (B = W * b over all ranks):
 1. z1, z2 = normalise(h(e1)), normalise(h(e2)): features of the two dropout views; the
    SimCSE term is Eq. 1 in both directions over the global batch.
 2. N(i): the k nearest neighbours of e1_i among the other B - 1 embeddings of the global
-   batch, by raw inner product e1 @ e1.T (the authors' choice, not cosine).
+   batch, by raw inner product e1 @ e1.T (the authors' choice; ``similarity="cosine"`` is
+   the alternative).
 3. Virtual augmentation (Eq. 2-4): a direction d_i starts uniform in [-0.5, 0.5) per
    element, L2-normalised per row; each power iteration replaces it by the row-normalised
    gradient, with respect to d_i only, of Eq. 2 at h(e_i + xi * d_i) against the clean
    features (no gradient) of i (positive) and of N(i) (negatives). delta_i = eps * d_i,
    so ||delta_i|| = eps, the paper's Delta. delta is a constant afterwards (Danskin).
+   With ``eps_mode="relative"`` (and ``xi_mode``) eps and xi are multiples of the mean
+   ||e1|| over the global batch instead.
 4. Eq. 5 for anchor i in both directions: (z_i*, z_i) and (z_i, z_i*), each against the
    clean and augmented features of its k neighbours (2k negatives), z_i* = h(e_i + delta_i).
 5. Loss = SimCSE mean over the 2B anchors + mean over the 2B anchors of the two Eq. 5
@@ -47,6 +50,12 @@ from vascl_scale.losses.simcse import simcse_from_gathered
 
 Head = Callable[[Tensor], Tensor]
 
+SIMILARITIES = ("dot", "cosine")
+STRENGTH_MODES = ("absolute", "relative")
+# A neighbour whose embedding has at least this cosine with the anchor's counts as a
+# near-duplicate of it (the share is logged: a neighbourhood of copies teaches nothing).
+NEAR_DUPLICATE_COSINE = 0.95
+
 
 @dataclass
 class VaSCLOutput:
@@ -65,17 +74,27 @@ def project(head: Head, embeddings: Tensor) -> Tensor:
     return F.normalize(head(embeddings), dim=-1)
 
 
-def nearest_neighbours(queries: Tensor, keys: Tensor, k: int, query_offset: int) -> Tensor:
-    """Top-k rows of ``keys`` (B, d) by raw inner product with ``queries`` (b, d), self excluded.
+def nearest_neighbours(queries: Tensor, keys: Tensor, k: int, query_offset: int, similarity: str = "dot") -> Tensor:
+    """Top-k rows of ``keys`` (B, d) by similarity with ``queries`` (b, d), self excluded.
 
-    Query j is row ``query_offset + j`` of keys, and is never its own neighbour.
-    Returns (b, k) indices into keys, most similar first.
+    ``similarity``: "dot", the raw inner product (the authors' choice: it favours
+    neighbours of large norm), or "cosine". Query j is row ``query_offset + j`` of keys, and
+    is never its own neighbour. Returns (b, k) indices into keys, most similar first.
     """
     with torch.no_grad(), full_precision(queries) as dtype:
-        scores = queries.to(dtype) @ keys.to(dtype).T  # (b, B)
+        queries, keys = queries.to(dtype), keys.to(dtype)
+        if similarity == "cosine":
+            queries, keys = F.normalize(queries, dim=-1), F.normalize(keys, dim=-1)
+        scores = queries @ keys.T  # (b, B)
         rows = torch.arange(queries.shape[0], device=queries.device)
         scores[rows, query_offset + rows] = float("-inf")
         return scores.topk(k, dim=1).indices
+
+
+def _near_duplicate_share(anchors: Tensor, neighbour_embeddings: Tensor) -> Tensor:
+    """Share of (anchor, neighbour) pairs with cosine >= NEAR_DUPLICATE_COSINE: (b, d), (b, k, d) -> ()."""
+    cosine = F.cosine_similarity(anchors.float()[:, None, :], neighbour_embeddings.float(), dim=-1)  # (b, k)
+    return (cosine >= NEAR_DUPLICATE_COSINE).float().mean()
 
 
 def adversarial_direction(
@@ -117,6 +136,9 @@ def _check_arguments(
     power_iters: int,
     init_dir: Tensor | None,
     global_batch: int,
+    similarity: str,
+    eps_mode: str,
+    xi_mode: str,
 ) -> None:
     check_features("e1", e1, "e2", e2)
     check_temperature(temperature)
@@ -134,6 +156,11 @@ def _check_arguments(
         raise ValueError(f"eps (the perturbation norm Delta) must be >= 0; got {eps}")
     if isinstance(power_iters, bool) or not isinstance(power_iters, int) or power_iters < 1:
         raise ValueError(f"power_iters must be an integer >= 1; got {power_iters!r}")
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"similarity must be one of {', '.join(SIMILARITIES)}; got {similarity!r}")
+    for name, mode in (("eps_mode", eps_mode), ("xi_mode", xi_mode)):
+        if mode not in STRENGTH_MODES:
+            raise ValueError(f"{name} must be one of {', '.join(STRENGTH_MODES)}; got {mode!r}")
     if init_dir is not None and init_dir.shape != e1.shape:
         raise ValueError(
             f"init_dir must have the shape of e1 {tuple(e1.shape)} (one direction per local row); "
@@ -154,11 +181,21 @@ def vascl_objective(
     detach: bool = True,
     init_dir: Tensor | None = None,
     generator: torch.Generator | None = None,
+    similarity: str = "dot",
+    eps_mode: str = "absolute",
+    xi_mode: str = "absolute",
 ) -> VaSCLOutput:
-    """Eq. 6 for this rank's slice; see the module docstring. Returns all intermediate results."""
+    """Eq. 6 for this rank's slice; see the module docstring. Returns all intermediate results.
+
+    ``eps_mode`` / ``xi_mode`` "relative" read eps / xi in units of the mean norm of e1 over
+    the global batch (the same number on every rank), so one setting transfers across
+    backbones whose embedding norms differ; "absolute" is the paper's Delta.
+    """
     rank, world_size = distributed.world()
     rows = e1.shape[0] if e1.dim() == 2 else 0
-    _check_arguments(e1, e2, k, temperature, xi, eps, power_iters, init_dir, rows * world_size)
+    _check_arguments(
+        e1, e2, k, temperature, xi, eps, power_iters, init_dir, rows * world_size, similarity, eps_mode, xi_mode
+    )
     distributed.require_equal_rows(rows)
     offset = rank * rows
 
@@ -170,7 +207,12 @@ def vascl_objective(
     # Neighbourhood over the global batch, by raw inner product of the first view.
     anchors = e1.detach() if detach else e1  # (b, d)
     global_embeddings = distributed.all_gather_no_grad(e1)  # (B, d)
-    neighbours = nearest_neighbours(e1.detach(), global_embeddings, k, offset)  # (b, k) in [0, B)
+    neighbours = nearest_neighbours(e1.detach(), global_embeddings, k, offset, similarity)  # (b, k) in [0, B)
+    # Relative strengths: multiples of the global batch's mean embedding norm (no extra gather).
+    wide = torch.promote_types(global_embeddings.dtype, torch.float32)
+    mean_norm = float(global_embeddings.to(wide).norm(dim=-1).mean()) if "relative" in (eps_mode, xi_mode) else 1.0
+    xi_abs = xi * mean_norm if xi_mode == "relative" else xi
+    eps_abs = eps * mean_norm if eps_mode == "relative" else eps
     # Global row g sits in rank g // b's block [z1; z2] at position g % b of its z1 half.
     view1_rows = (neighbours // rows) * (2 * rows) + neighbours % rows  # (b, k)
     own_rows = torch.arange(rows, device=e1.device)
@@ -190,11 +232,11 @@ def vascl_objective(
         local_features[:rows].detach(),
         neighbour_clean.detach(),
         init_dir=init_dir.to(e1),
-        xi=xi,
+        xi=xi_abs,
         power_iters=power_iters,
         temperature=temperature,
     )
-    delta = eps * direction  # (b, d), ||delta_i|| = eps
+    delta = eps_abs * direction  # (b, d), ||delta_i|| = eps (absolute)
 
     z_aug = project(head, anchors + delta)  # (b, D): z_i* of Eq. 5
     global_aug = distributed.all_gather_with_grad(z_aug)  # (B, D)
@@ -216,12 +258,22 @@ def vascl_objective(
                 embedding_norm.mean(),
                 (delta_norm / embedding_norm.clamp_min(1e-12)).mean(),
                 (z_clean.detach() * z_aug.detach()).sum(-1).float().mean(),
+                _near_duplicate_share(e1.detach(), global_embeddings[neighbours]),
                 (neighbours == offset + own_rows[:, None]).any().float(),
             ]
         ).tolist()
     *metric_values, self_selected = values
     assert self_selected == 0.0, "an instance was selected as its own neighbour"
-    names = ("loss", "simcse", "neighbourhood", "delta_norm", "embedding_norm", "delta_to_embedding", "augmentation_cosine")
+    names = (
+        "loss",
+        "simcse",
+        "neighbourhood",
+        "delta_norm",
+        "embedding_norm",
+        "delta_to_embedding",
+        "augmentation_cosine",
+        "near_duplicate_share",
+    )
     stats = dict(zip(names, metric_values))
     return VaSCLOutput(loss, simcse, neighbourhood, neighbours, delta, stats)
 
@@ -239,14 +291,19 @@ def vascl_loss(
     detach: bool = True,
     init_dir: Tensor | None = None,
     generator: torch.Generator | None = None,
+    similarity: str = "dot",
+    eps_mode: str = "absolute",
+    xi_mode: str = "absolute",
 ) -> tuple[Tensor, dict[str, float]]:
     """VaSCL loss (Eq. 6) of this rank's slice and a dict of float statistics.
 
     e1, e2: (b, d) mean-pooled embeddings of the two dropout views of the same b sentences;
     head: the projection module h. Stats: ``loss``, ``simcse``, ``neighbourhood`` (this
     rank's terms), ``delta_norm`` (mean ||delta||), ``embedding_norm`` (mean ||e1||),
-    ``delta_to_embedding`` (mean ||delta|| / ||e||) and ``augmentation_cosine`` (mean
-    cos(z_i, z_i*)). See :func:`vascl_objective` for the neighbours and delta themselves.
+    ``delta_to_embedding`` (mean ||delta|| / ||e||), ``augmentation_cosine`` (mean
+    cos(z_i, z_i*)) and ``near_duplicate_share`` (share of neighbours with embedding cosine
+    >= 0.95 to their anchor). ``similarity``, ``eps_mode`` and ``xi_mode``: see
+    :func:`vascl_objective`, which also returns the neighbours and delta themselves.
     """
     out = vascl_objective(
         e1,
@@ -260,5 +317,8 @@ def vascl_loss(
         detach=detach,
         init_dir=init_dir,
         generator=generator,
+        similarity=similarity,
+        eps_mode=eps_mode,
+        xi_mode=xi_mode,
     )
     return out.loss, out.stats
