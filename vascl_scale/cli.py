@@ -34,8 +34,10 @@ def _root(
 
 # Sub-commands register here, one line each.
 from vascl_scale.bench.cli import app as bench_app  # noqa: E402
+from vascl_scale.data.cli import app as data_app  # noqa: E402
 
 app.add_typer(bench_app, name="bench")
+app.add_typer(data_app, name="data")
 
 
 def main() -> None:

@@ -2,6 +2,132 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Optional
+
 import typer
 
 app = typer.Typer(help="Benchmarks: data loading, training steps, communication.", no_args_is_help=True)
+
+
+@app.command("data")
+def data(
+    shards: str = typer.Argument(..., help="Shard directory (with manifest.json), brace list of shards, or .txt[.gz]."),
+    workers: str = typer.Option("1,2", "--workers", help="Comma-separated DataLoader worker counts to measure."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer directory (default: the packaged MiniLM)."),
+    max_length: int = typer.Option(32, "--max-length", help="Truncation length."),
+    batch_size: int = typer.Option(64, "--batch-size", help="Per-device batch size."),
+    seconds: float = typer.Option(5.0, "--seconds", help="Length of each timed window."),
+    repeats: int = typer.Option(3, "--repeats", help="Timed windows per measurement; medians are reported."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Also write the result as JSON here."),
+) -> None:
+    """Tokenised sentences/s of the training stream per worker count vs the bare fast tokenizer."""
+    from vascl_scale.data.bench import results_table, run_data_bench
+    from vascl_scale.log import console
+
+    try:
+        counts = [int(part) for part in workers.split(",") if part.strip()]
+        result = run_data_bench(shards, counts, tokenizer, max_length, batch_size, seconds, repeats)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from err
+    console.print(results_table(result, f"bench data {shards} (batch {batch_size}, max length {max_length}, medians of {repeats})"))
+    if output is not None:
+        output.write_text(json.dumps(result.as_dict(), indent=2) + "\n", encoding="utf-8")
+
+
+@app.command("step")
+def step(
+    model: str = typer.Option(..., "--model", help="Model directory, or a Hugging Face config.json (random init)."),
+    global_batch: int = typer.Option(64, "--global-batch", help="Sentences per loss call over all ranks."),
+    objective: str = typer.Option("vascl,simcse", "--objective", help="vascl, simcse or both (the ratio needs both)."),
+    steps: int = typer.Option(10, "--steps", help="Timed steps per objective."),
+    warmup: int = typer.Option(2, "--warmup", help="Untimed steps per objective first."),
+    max_length: int = typer.Option(32, "--max-length", help="Tokens per sentence (every sentence is this long)."),
+    k: int = typer.Option(16, "--k", help="VaSCL neighbours."),
+    eps: float = typer.Option(15.0, "--eps", help="VaSCL perturbation norm (and xi)."),
+    precision: str = typer.Option("auto", "--precision", help="auto, no, bf16 or fp16 (as train.precision)."),
+    num_processes: int = typer.Option(1, "--num-processes", help="Ranks on this machine (through accelerate)."),
+    deepspeed: Optional[Path] = typer.Option(None, "--deepspeed", help="DeepSpeed JSON, e.g. configs/deepspeed/zero2.json."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Also write the result as JSON here."),
+) -> None:
+    """Median / p10 / p90 time of full training steps and the VaSCL / SimCSE ratio, in one run."""
+    from vascl_scale.bench.step import run_step_bench, save_result, step_table
+    from vascl_scale.log import console
+    from vascl_scale.train.launch import LaunchPlan, in_distributed_worker, launch_workers
+
+    if not in_distributed_worker() and (num_processes > 1 or deepspeed is not None):
+        raise typer.Exit(launch_workers(LaunchPlan(processes_per_machine=num_processes, deepspeed=deepspeed is not None)))
+    try:
+        result = run_step_bench(
+            model,
+            global_batch,
+            [o.strip() for o in objective.split(",") if o.strip()],
+            steps=steps,
+            warmup=warmup,
+            max_length=max_length,
+            k=k,
+            eps=eps,
+            precision=precision,
+            deepspeed=str(deepspeed) if deepspeed is not None else None,
+        )
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from err
+    if result["rank"] != 0:
+        return
+    console.print(step_table(result))
+    if "vascl_over_simcse" in result:
+        console.print(f"VaSCL / SimCSE median step time: {result['vascl_over_simcse']:.3f}")
+    console.print(f"peak resident memory of this process: {result['process_peak_rss_mb']:.0f} MiB")
+    if output is not None:
+        save_result(result, output)
+
+
+@app.command("comm")
+def comm(
+    model: str = typer.Option(..., "--model", help="Model directory, or a Hugging Face config.json (random init)."),
+    global_batch: int = typer.Option(1024, "--global-batch", help="Sentences per loss call over all ranks."),
+    world_size: int = typer.Option(8, "--world-size", help="Ranks of the deployment to compute traffic for."),
+    measure_processes: int = typer.Option(2, "--measure-processes", help="gloo ranks of the measured step (0: skip it)."),
+    k: int = typer.Option(16, "--k", help="VaSCL neighbours in the measured step."),
+    head_dim: int = typer.Option(128, "--head-dim", help="Output size of the projection head."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Also write the report as JSON here."),
+    worker_output: Optional[Path] = typer.Option(None, "--worker-output", hidden=True),
+) -> None:
+    """Bytes per step of the embedding gathers against DDP / ZeRO-2 / ZeRO-3 gradient traffic."""
+    import json
+    import tempfile
+
+    from vascl_scale.bench.comm import comm_report, comm_table, measure_step, save_report
+    from vascl_scale.log import console
+    from vascl_scale.train.launch import LaunchPlan, in_distributed_worker, launch_workers
+
+    if in_distributed_worker():  # a rank of the measured step
+        measured = measure_step(model, global_batch, k, head_dim)
+        if measured["rank"] == 0 and worker_output is not None:
+            worker_output.write_text(json.dumps(measured), encoding="utf-8")
+        return
+    if world_size < 1 or global_batch % world_size:
+        raise typer.BadParameter(f"--global-batch {global_batch} must be a multiple of --world-size {world_size}")
+    measured = None
+    if measure_processes > 0:
+        if measure_processes < 2 or global_batch % measure_processes:
+            raise typer.BadParameter("--measure-processes must be >= 2 and divide --global-batch (or 0 to skip)")
+        with tempfile.TemporaryDirectory() as tmp:
+            result_file = Path(tmp) / "measured.json"
+            argv = ["bench", "comm", "--model", model, "--global-batch", str(global_batch), "--world-size", str(world_size)]
+            argv += ["--k", str(k), "--head-dim", str(head_dim), "--worker-output", str(result_file)]
+            code = launch_workers(LaunchPlan(processes_per_machine=measure_processes), argv)
+            if code != 0 or not result_file.is_file():
+                raise typer.Exit(code or 1)
+            measured = json.loads(result_file.read_text(encoding="utf-8"))
+    report = comm_report(model, global_batch, world_size, head_dim, measured)
+    console.print(comm_table(report))
+    if measured is not None:
+        for objective, ratios in report["measured_vs_computed"].items():
+            console.print(
+                f"{objective}: measured / computed bytes on {measured['world_size']} gloo ranks: "
+                f"gathers {ratios['gathers']:.3f}, DDP gradients {ratios['ddp_gradients']:.3f}"
+            )
+    if output is not None:
+        save_report(report, output)

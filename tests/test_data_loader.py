@@ -1,0 +1,295 @@
+"""The training stream: coverage per epoch, never running dry, corrupt shards, resume, batches.
+
+Ranks are emulated in one process: one stream per rank with rank=0/1 and world_size=2, each
+with its own DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import signal
+from contextlib import contextmanager
+from itertools import islice
+
+import pytest
+import torch
+
+from tests.data_helpers import decode_rows, make_shards, minilm_tokenizer, sentences
+from vascl_scale.data.loader import CorruptShardError, build_train_stream
+
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return minilm_tokenizer()
+
+
+@contextmanager
+def time_limit(seconds: int):
+    """Fail instead of hanging: SIGALRM raises in the main thread after ``seconds``."""
+
+    def expire(signum, frame):
+        raise TimeoutError(f"the stream did not deliver within {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@contextmanager
+def captured_warnings(caplog):
+    """Route vascl_scale warnings to caplog even after the CLI made that logger non-propagating."""
+    logger = logging.getLogger("vascl_scale")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="vascl_scale"):
+            yield
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
+def _stream(source, tokenizer, rank=0, world_size=1, **options):
+    options = {"num_workers": 2, "seed": 5, "shuffle_buffer": 16, "max_length": 32, **options}
+    return build_train_stream(
+        str(source),
+        tokenizer=tokenizer,
+        per_device_batch_size=BATCH,
+        rank=rank,
+        world_size=world_size,
+        **options,
+    )
+
+
+def _texts(stream, tokenizer, batches: int) -> list[str]:
+    with time_limit(60):
+        return [text for batch in islice(iter(stream), batches) for text in decode_rows(tokenizer, batch)]
+
+
+def test_exact_mode_two_ranks_two_workers_cover_every_sample_once_per_epoch(tmp_path, tokenizer):
+    texts = sentences(128)
+    shards = make_shards(tmp_path, texts, shard_size=16)  # 8 shards: 2 per slot, 64 rows = 8 batches per rank
+    per_rank = [_texts(_stream(shards, tokenizer, rank, 2, mode="exact"), tokenizer, 16) for rank in (0, 1)]
+    for epoch in (0, 1):
+        seen = [text for rows in per_rank for text in rows[epoch * 64 : (epoch + 1) * 64]]
+        assert sorted(seen) == sorted(texts), f"epoch {epoch}"
+    assert per_rank[0][:64] != per_rank[0][64:]  # each epoch shuffles anew
+
+
+def test_text_file_source_two_ranks_cover_every_line_once(tmp_path, tokenizer):
+    texts = sentences(64)
+    path = tmp_path / "corpus.txt.gz"
+    with gzip.open(path, "wt") as handle:
+        handle.write("\n\n".join(texts) + "\n")  # empty lines are skipped
+    per_rank = [_texts(_stream(path, tokenizer, rank, 2), tokenizer, 4) for rank in (0, 1)]
+    assert sorted(per_rank[0] + per_rank[1]) == sorted(texts)
+
+
+@pytest.mark.parametrize("mode", ["resampled", "exact"])
+def test_uneven_shards_every_rank_keeps_yielding(tmp_path, tokenizer, mode):
+    shards = make_shards(tmp_path, sentences(50), shard_size=10)  # 5 shards over 2 ranks x 2 workers
+    streams = [_stream(shards, tokenizer, rank, 2, mode=mode) for rank in (0, 1)]
+    iterators = [iter(stream) for stream in streams]
+    with time_limit(90):
+        for _ in range(30):  # several epochs on both ranks, in lockstep like a trainer
+            for iterator in iterators:
+                assert next(iterator)["input_ids"].shape[0] == BATCH
+    assert [s.batches_yielded for s in streams] == [30, 30]
+    if mode == "resampled":
+        # ceil(5 / 4) = 2 shards of 10 per worker per epoch: 40 rows, 5 batches per rank and epoch.
+        # After 30 batches both ranks stand at the end of epoch 5.
+        assert [(s.state_dict()["epoch"], s.state_dict()["rows_into_epoch"]) for s in streams] == [(5, 40)] * 2
+
+
+def test_batches_are_dynamically_padded_long_tensors(tmp_path, tokenizer):
+    texts = [("word " * (index % 40 + 1)).strip() for index in range(64)]
+    shards = make_shards(tmp_path, texts, shard_size=16)
+    with time_limit(60):
+        for batch in islice(iter(_stream(shards, tokenizer, max_length=24)), 12):
+            assert set(batch) == {"input_ids", "attention_mask", "token_type_ids"}
+            lengths = batch["attention_mask"].sum(dim=1)
+            assert all(t.dtype == torch.long and t.shape == (BATCH, int(lengths.max())) for t in batch.values())
+            assert int(lengths.max()) <= 24
+
+
+def _truncate(path, keep_bytes: int) -> None:
+    path.write_bytes(path.read_bytes()[:keep_bytes])
+
+
+def test_truncated_and_corrupt_shards_are_skipped_and_counted(tmp_path, tokenizer):
+    shards = make_shards(tmp_path, sentences(64), shard_size=16)
+    _truncate(shards / "shard-000001.tar", 3 * 1024 + 700)  # inside the 4th sample
+    # Cut on a sample boundary: no end-of-archive block, so the 5th sample may be incomplete too.
+    _truncate(shards / "shard-000002.tar", 5 * 1024)
+    (shards / "shard-000003.tar").write_bytes(b"\x00\x01 not a tar at all" * 100)
+    stream = _stream(shards, tokenizer, num_workers=2, shuffle_buffer=0)
+    rows = _texts(stream, tokenizer, 7)  # 16 + 3 + 4 + 0 = 23 rows per epoch: into the third epoch
+    assert len(set(rows[:23])) == 23 and sorted(rows[:23]) == sorted(rows[23:46])
+    # Both finished epochs reported their 3 bad shards; the third may have reported some already.
+    assert 6 <= stream.corrupt_shards_skipped <= 9
+    assert sorted(set(stream.corrupt_shards)) == [str(shards / f"shard-00000{i}.tar") for i in (1, 2, 3)]
+
+
+def test_count_mismatch_with_manifest_is_corrupt_and_fail_option_raises(tmp_path, tokenizer, caplog):
+    shards = make_shards(tmp_path, sentences(32), shard_size=16)
+    manifest = json.loads((shards / "manifest.json").read_text())
+    manifest["shards"][1]["samples"] = 17
+    (shards / "manifest.json").write_text(json.dumps(manifest))
+    stream = _stream(shards, tokenizer, num_workers=0)
+    with captured_warnings(caplog):
+        _texts(stream, tokenizer, 4)
+    assert stream.corrupt_shards_skipped == 1
+    assert "manifest lists 17" in caplog.text
+    with pytest.raises(CorruptShardError, match="shard-000001.tar"):
+        _texts(_stream(shards, tokenizer, num_workers=0, on_corrupt="fail"), tokenizer, 4)
+
+
+def _batches(stream, count: int) -> list[dict]:
+    with time_limit(60):
+        return list(islice(iter(stream), count))
+
+
+def _assert_same_batches(left: list[dict], right: list[dict]) -> None:
+    assert len(left) == len(right)
+    for a, b in zip(left, right):
+        assert a.keys() == b.keys()
+        for key in a:
+            torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mode,cut", [("exact", 5), ("exact", 13), ("resampled", 13)])
+def test_resume_continues_exactly(tmp_path, tokenizer, mode, cut):
+    # 9 shards, the last short. Rank 1 reads about 48 rows per epoch: cut 5 resumes deep inside
+    # epoch 0 (whole pieces skipped without tokenising), cut 13 just after an epoch boundary.
+    shards = make_shards(tmp_path, sentences(100), shard_size=12)
+    reference = _batches(_stream(shards, tokenizer, 1, 2, mode=mode), cut + 10)
+    first = _stream(shards, tokenizer, 1, 2, mode=mode)
+    _assert_same_batches(_batches(first, cut), reference[:cut])
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["batches_yielded"] == cut and state["samples_yielded"] == cut * BATCH
+    resumed = _stream(shards, tokenizer, 1, 2, mode=mode)
+    resumed.load_state_dict(state)
+    _assert_same_batches(_batches(resumed, 10), reference[cut:])
+    # A state saved on rank 0 positions rank 1 too: all ranks share the batch count.
+    rank0 = _stream(shards, tokenizer, 0, 2, mode=mode)
+    _batches(rank0, cut)
+    from_rank0 = _stream(shards, tokenizer, 1, 2, mode=mode)
+    from_rank0.load_state_dict(rank0.state_dict())
+    _assert_same_batches(_batches(from_rank0, 10), reference[cut:])
+
+
+def test_resume_text_file_and_changed_layout(tmp_path, tokenizer, caplog):
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(sentences(40)) + "\n")
+    reference = _batches(_stream(path, tokenizer, num_workers=1), 9)
+    first = _stream(path, tokenizer, num_workers=1)
+    _batches(first, 6)
+    resumed = _stream(path, tokenizer, num_workers=1)
+    resumed.load_state_dict(first.state_dict())
+    _assert_same_batches(_batches(resumed, 3), reference[6:])
+    other_layout = _stream(path, tokenizer, num_workers=2)
+    with captured_warnings(caplog):
+        other_layout.load_state_dict(first.state_dict())
+    assert "layout changed (num_workers)" in caplog.text
+    assert other_layout.state_dict()["epoch"] == first.state_dict()["epoch"] == 1
+    assert other_layout.state_dict()["rows_into_epoch"] == 0
+
+
+def test_sources_and_options_are_validated(tmp_path, tokenizer):
+    shards = make_shards(tmp_path, sentences(30), shard_size=10)  # 3 shards
+    with pytest.raises(ValueError, match="at least world_size x workers"):
+        _stream(shards, tokenizer, 0, 2, mode="exact")
+    with pytest.raises(ValueError, match="allow_pipe"):
+        _stream(f"pipe:cat {shards}/shard-000000.tar", tokenizer)
+    with pytest.raises(ValueError, match="do not exist"):
+        _stream(f"{shards}/shard-{{000000..000005}}.tar", tokenizer)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        _stream(shards, tokenizer, mode="fast")
+    manifest = json.loads((shards / "manifest.json").read_text())
+    manifest["shards"][0]["name"] = "pipe:cat /etc/passwd"
+    (shards / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="not a plain file name"):
+        _stream(shards, tokenizer)
+
+
+def test_brace_list_and_pipe_sources(tmp_path, tokenizer):
+    texts = sentences(32)
+    shards = make_shards(tmp_path, texts, shard_size=8)
+    brace = _stream(f"{shards}/shard-{{000000..000003}}.tar", tokenizer, num_workers=1)
+    assert sorted(_texts(brace, tokenizer, 4)) == sorted(texts)
+    assert brace._dataset.source.total_samples == 32  # counts found in the manifest next to the shards
+    piped = _stream(f"pipe:cat {shards}/shard-{{000000..000003}}.tar", tokenizer, num_workers=1, allow_pipe=True)
+    assert sorted(_texts(piped, tokenizer, 4)) == sorted(texts)
+    assert piped.corrupt_shards_skipped == 0
+    failing_command = f"pipe:cat {shards}/shard-{{000000..000003}}.tar; exit 3"
+    failing = _stream(failing_command, tokenizer, num_workers=0, allow_pipe=True)
+    _texts(failing, tokenizer, 4)
+    assert failing.corrupt_shards_skipped == 4
+
+
+def test_stored_token_ids_give_the_same_batches(tmp_path, tokenizer):
+    from vascl_scale.data.prepare import PrepareOptions, prepare_shards
+
+    texts = [("word " * (index % 30 + 1)) + f"end {index}" for index in range(64)]
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    tokenizer.save_pretrained(tmp_path / "tok")
+    for name, stored in (("text", None), ("ids", str(tmp_path / "tok"))):
+        options = PrepareOptions(shard_size=16, tokenizer=stored, max_length=20)
+        prepare_shards([tmp_path / "in.txt"], tmp_path / name, options, show_progress=False)
+    with_ids = _stream(tmp_path / "ids", tokenizer, max_length=20)
+    assert with_ids._dataset.use_stored_ids
+    _assert_same_batches(_batches(with_ids, 12), _batches(_stream(tmp_path / "text", tokenizer, max_length=20), 12))
+    assert not _stream(tmp_path / "ids", tokenizer, max_length=16)._dataset.use_stored_ids
+
+
+def test_shards_written_by_webdataset_stream_too(tmp_path, tokenizer):
+    import webdataset as wds
+
+    texts = sentences(16)
+    for shard in range(2):
+        with wds.TarWriter(str(tmp_path / f"web-{shard}.tar")) as writer:
+            for index in range(8):
+                # Long keys with directories exercise the PAX path records of webdataset's writer.
+                key = f"nested/dir/{'k' * 120}{shard * 8 + index}"
+                writer.write({"__key__": key, "txt": texts[shard * 8 + index], "json": {"index": index}})
+    (tmp_path / "manifest.json").write_text('{"written by": "another tool"}')
+    stream = _stream(f"{tmp_path}/web-{{0..1}}.tar", tokenizer, num_workers=2)
+    assert stream._dataset.source.total_samples is None  # no manifest of ours: counts unknown
+    assert sorted(_texts(stream, tokenizer, 2)) == sorted(texts)
+
+
+def test_only_corrupt_shards_raise_instead_of_spinning(tmp_path, tokenizer):
+    shards = make_shards(tmp_path, sentences(8), shard_size=4)
+    for path in shards.glob("shard-*.tar"):
+        path.write_bytes(b"garbage" * 200)
+    with pytest.raises(RuntimeError, match="read no sample"):
+        _texts(_stream(shards, tokenizer, num_workers=0), tokenizer, 1)
+
+
+def _lockstep_steps(rank: int, world_size: int, source: str, mode: str, steps: int) -> dict:
+    """On a gloo rank: a trainer-like loop, one all_reduce per batch (a rank that ran dry would hang it)."""
+    import torch.distributed as dist
+
+    tokenizer = minilm_tokenizer()
+    stream = _stream(source, tokenizer, rank, world_size, mode=mode)
+    batches = iter(stream)
+    for _ in range(steps):
+        rows = torch.tensor([next(batches)["input_ids"].shape[0]])
+        dist.all_reduce(rows)
+        assert int(rows) == BATCH * world_size
+    return {"batches": stream.batches_yielded, "epoch": stream.epoch}
+
+
+def test_two_gloo_ranks_step_in_lockstep_over_uneven_shards(tmp_path):
+    from tests.gloo import run_on_ranks
+
+    shards = make_shards(tmp_path, sentences(50), shard_size=10)  # 5 shards for 2 ranks x 2 workers
+    results = run_on_ranks(_lockstep_steps, 2, str(shards), "resampled", 25, timeout=150)
+    assert [r["batches"] for r in results] == [25, 25]
+    assert all(r["epoch"] >= 3 for r in results)  # several epochs went by on every rank

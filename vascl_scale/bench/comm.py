@@ -1,0 +1,197 @@
+"""``vascl-scale bench comm``: bytes the embedding gathers move per step, against gradient traffic.
+
+Computed: per rank and step, with the ring algorithms NCCL and gloo use (an all-gather of
+n local bytes sends (W - 1) n; an all-reduce of N bytes sends 2 (W - 1) / W N; a
+reduce-scatter or an all-gather of a partitioned N-byte tensor sends (W - 1) / W N):
+
+* VaSCL gathers: the row-count check (W int64), e1 (b x d, no gradient) for the neighbour
+  search, the features [z1; z2] (2b x D) and z* (b x D), plus the backward all-reduces of
+  the last two (2B x D and B x D); SimCSE needs the count check and [z1; z2] with its backward.
+* Gradient traffic: DDP all-reduces every trainable gradient; ZeRO-2 reduce-scatters the
+  gradients and all-gathers the updated parameters; ZeRO-3 also all-gathers the parameters in
+  the forward and again in the backward.
+
+Measured: one training step on W real gloo ranks (DDP) counts the payload of every
+collective, the gathers through :func:`vascl_scale.distributed.record_traffic` and the
+gradient buckets through a DDP communication hook, then applies the same ring formulas.
+Bytes do not depend on the sequence length, so the measured step uses 4 tokens per sentence.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vascl_scale.bench.step import build_bench_model
+
+MEASURE_MAX_LENGTH = 4  # collective sizes do not depend on it; short sequences keep the run cheap
+
+
+def ring_bytes_sent(collective: str, payload: int, world_size: int) -> float:
+    """Bytes one rank sends for a collective whose per-rank input tensor has ``payload`` bytes."""
+    w = world_size
+    if collective == "all_gather":
+        return (w - 1) * payload
+    if collective == "all_reduce":
+        return 2 * (w - 1) / w * payload
+    if collective in ("reduce_scatter", "all_gather_partitioned"):
+        return (w - 1) / w * payload
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+def gather_collectives(objective: str, global_batch: int, world_size: int, hidden: int, head_dim: int, element_bytes: int) -> list[tuple[str, int]]:
+    """(collective, per-rank payload bytes) of one loss call of ``objective``."""
+    b = global_batch // world_size
+    calls = [("all_gather", 8)]  # the row-count check: one int64 per rank
+    features = 2 * b * head_dim * element_bytes
+    calls += [("all_gather", features), ("all_reduce", world_size * features)]
+    if objective == "vascl":
+        augmented = b * head_dim * element_bytes
+        calls += [("all_gather", b * hidden * element_bytes)]  # e1 for the neighbour search
+        calls += [("all_gather", augmented), ("all_reduce", world_size * augmented)]
+    return calls
+
+
+def computed_traffic(
+    trainable_params: int, hidden: int, head_dim: int, global_batch: int, world_size: int, element_bytes: int = 4, grad_bytes: int = 4, param_bytes: int = 4
+) -> dict[str, Any]:
+    """Bytes sent per rank and step by the gathers and by each gradient strategy."""
+    w = world_size
+    gradients = trainable_params * grad_bytes
+    parameters = trainable_params * param_bytes
+    strategies = {
+        "ddp": ring_bytes_sent("all_reduce", gradients, w),
+        "zero2": ring_bytes_sent("reduce_scatter", gradients, w) + ring_bytes_sent("all_gather_partitioned", parameters, w),
+        "zero3": ring_bytes_sent("reduce_scatter", gradients, w) + 3 * ring_bytes_sent("all_gather_partitioned", parameters, w),
+    }
+    gathers = {
+        objective: sum(ring_bytes_sent(c, n, w) for c, n in gather_collectives(objective, global_batch, w, hidden, head_dim, element_bytes))
+        for objective in ("vascl", "simcse")
+    }
+    return {"gathers": gathers, "gradients": strategies}
+
+
+def measure_step(model: str, global_batch: int, k: int, head_dim: int) -> dict[str, Any]:
+    """On every rank of a gloo job: one DDP step of VaSCL and one of SimCSE, counting collectives."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from vascl_scale.distributed import record_traffic
+    from vascl_scale.losses import simcse_loss, vascl_loss
+
+    torch.manual_seed(0)
+    encoder = build_bench_model(model, head_dim)
+    accelerator = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
+    world_size, rank = accelerator.num_processes, accelerator.process_index
+    if world_size < 2:
+        raise ValueError("the measured run needs at least 2 ranks")
+    if global_batch % world_size:
+        raise ValueError(f"--global-batch {global_batch} must be a multiple of the world size {world_size}")
+    rows = global_batch // world_size
+    ddp = accelerator.prepare(encoder)
+    gradient_payloads: list[int] = []
+
+    def counting_allreduce(state, bucket):
+        gradient_payloads.append(bucket.buffer().numel() * bucket.buffer().element_size())
+        return default_hooks.allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(dist.group.WORLD, counting_allreduce)
+    head = accelerator.unwrap_model(ddp).head
+    vocab = int(encoder.encoder.config.vocab_size)
+    ids = torch.randint(min(1000, vocab - 1), vocab, (2 * rows, MEASURE_MAX_LENGTH), generator=torch.Generator().manual_seed(rank))
+    measured: dict[str, Any] = {}
+    for objective in ("vascl", "simcse"):
+        gradient_payloads.clear()
+        with record_traffic() as gathers:
+            e = ddp(input_ids=ids, attention_mask=torch.ones_like(ids))  # (2b, d)
+            if objective == "vascl":
+                loss, _ = vascl_loss(e[:rows], e[rows:], head, k=k)
+            else:
+                loss = simcse_loss(F.normalize(head(e[:rows]), dim=-1), F.normalize(head(e[rows:]), dim=-1))
+            loss.backward()
+        ddp.zero_grad(set_to_none=True)
+        measured[objective] = {
+            "gathers": [{"collective": c, "payload": n} for c, n, _ in gathers],
+            "gather_bytes_sent": sum(ring_bytes_sent(c, n, w) for c, n, w in gathers),
+            "gradient_payload": sum(gradient_payloads),
+            "gradient_bytes_sent_ddp": sum(ring_bytes_sent("all_reduce", n, world_size) for n in gradient_payloads),
+        }
+    trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
+    return {
+        "rank": rank,
+        "world_size": world_size,
+        "trainable_params": trainable,
+        "hidden": int(encoder.hidden_size),
+        "head_dim": head_dim,
+        "measured": measured,
+    }
+
+
+def comm_report(model: str, global_batch: int, world_size: int, head_dim: int, measured: dict[str, Any] | None) -> dict[str, Any]:
+    """Computed traffic for ``world_size`` ranks (and the measured run when given), with ratios."""
+    if measured is not None:
+        trainable, hidden = measured["trainable_params"], measured["hidden"]
+    else:
+        encoder = build_bench_model(model, head_dim)
+        trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
+        hidden = int(encoder.hidden_size)
+    computed = computed_traffic(trainable, hidden, head_dim, global_batch, world_size)
+    ratios = {
+        objective: {strategy: computed["gathers"][objective] / sent for strategy, sent in computed["gradients"].items()}
+        for objective in ("vascl", "simcse")
+    }
+    report = {
+        "model": model,
+        "global_batch": global_batch,
+        "world_size": world_size,
+        "trainable_params": trainable,
+        "hidden": hidden,
+        "head_dim": head_dim,
+        "computed": computed,
+        "gather_share_of_gradient_traffic": ratios,
+    }
+    if measured is not None:
+        w = measured["world_size"]
+        report["measured"] = {"world_size": w, **measured["measured"]}
+        report["measured_vs_computed"] = {
+            objective: {
+                "gathers": measured["measured"][objective]["gather_bytes_sent"]
+                / sum(ring_bytes_sent(c, n, w) for c, n in gather_collectives(objective, global_batch, w, hidden, head_dim, 4)),
+                "ddp_gradients": measured["measured"][objective]["gradient_bytes_sent_ddp"]
+                / ring_bytes_sent("all_reduce", trainable * 4, w),
+            }
+            for objective in ("vascl", "simcse")
+        }
+    return report
+
+
+def comm_table(report: dict[str, Any]):
+    from rich.table import Table
+
+    mib = 2**20
+    table = Table(
+        title=f"bench comm: {report['trainable_params'] / 1e6:.1f}M trainable params, global batch "
+        f"{report['global_batch']}, {report['world_size']} ranks (MiB sent per rank and step)"
+    )
+    for column in ("traffic", "MiB per rank", "VaSCL gathers as share", "SimCSE gathers as share"):
+        table.add_column(column, justify="right")
+    gathers = report["computed"]["gathers"]
+    table.add_row("VaSCL gathers", f"{gathers['vascl'] / mib:.3f}", "", "")
+    table.add_row("SimCSE gathers", f"{gathers['simcse'] / mib:.3f}", "", "")
+    for strategy, sent in report["computed"]["gradients"].items():
+        shares = report["gather_share_of_gradient_traffic"]
+        table.add_row(
+            f"{strategy} gradients", f"{sent / mib:.1f}", f"{100 * shares['vascl'][strategy]:.2f}%", f"{100 * shares['simcse'][strategy]:.2f}%"
+        )
+    return table
+
+
+def save_report(report: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

@@ -1,0 +1,655 @@
+"""The training stream: shards -> tokenised, dynamically padded per-rank batches, forever.
+
+How the work is split
+    Each rank runs a ``DataLoader`` with ``num_workers`` workers (K = max(1, num_workers)).
+    Rank r's worker w is slot ``s = r * K + w`` of ``W * K`` slots (W = world size).
+    The stream is a sequence of *passes*; the main process sets the pass number (the epoch)
+    in shared memory before each pass, so every worker of every rank seeds with the same
+    epoch value (not a counter of its own).
+
+    exact mode      pass e: all shards permuted by a generator seeded with (seed, e), slot s
+                    reads permuted shards s, s + W*K, ...: across all ranks and workers every
+                    sample is read exactly once per pass. Needs at least W*K shards.
+    resampled mode  pass e: slot s draws ceil(S / (W*K)) shards *with replacement*, seeded
+                    with (seed, e, r, w). No shard count constraint; meant for many nodes.
+    text file       (a ``.txt``/``.txt.gz`` source): slot s reads non-empty lines s, s + W*K, ...
+                    of the file each pass; always exact.
+
+    Each worker shuffles its samples through a buffer seeded with (seed, e, r, w), cuts them
+    into pieces of ``per_device_batch_size`` texts and tokenises each piece with one batched
+    call of the fast tokenizer, padded to the piece's longest text. The main process
+    re-cuts pieces into batches of exactly ``per_device_batch_size`` rows, carrying the rows
+    left at the end of a pass into the next one, so no sample is dropped and every batch is
+    full. A rank never runs dry: passes follow each other forever, and the trainer stops at
+    its step budget.
+
+    Shards written with ``data prepare --tokenizer`` hold token ids; when the manifest's
+    tokenizer fingerprint and ``max_length`` match the loader's, workers pad the stored ids
+    instead of tokenising (same tensors, less CPU).
+
+Corrupt shards
+    A read error (truncated or corrupt tar, failed ``pipe:`` command) or a sample count that
+    differs from the manifest's ends that shard with a warning and a count
+    (``TrainStream.corrupt_shards_skipped``); samples read before the error are kept. With
+    ``on_corrupt="fail"`` it raises :class:`CorruptShardError` instead. A rank that reads no
+    sample in ``MAX_EMPTY_PASSES`` consecutive passes raises instead of looping forever.
+
+Resume (``state_dict`` / ``load_state_dict``)
+    The stream is a deterministic function of (source, mode, seed, W, K, batch size, shuffle
+    buffer) -- the *layout*. The state records the epoch, the rows of that epoch already
+    yielded on this rank, the batches yielded (equal on every rank) and the layout.
+    Same layout: the resumed stream continues *exactly* where the saved one stopped: the same
+    batches in the same order as an uninterrupted run, in both modes. Workers replay the
+    partly consumed epoch, tokenising only the last few pieces before the resume point
+    (cost: reading at most one epoch of this rank's shards). A state saved on another rank is
+    also exact when sample counts are known (a manifest, also one next to brace-listed shards,
+    or a text file), because positions are recomputed from the batch count, which all ranks
+    share; with unknown counts (``pipe:`` or foreign shards) each rank must load its own
+    state. Exactness also assumes that the same shards are corrupt as before.
+    Changed layout (other world size, workers, batch size, seed, mode or shards): the stream
+    restarts the saved epoch from its beginning under the new layout -- statistically
+    equivalent, not exact: in exact mode, samples seen before the checkpoint in that epoch
+    are seen again, none is missed. In resampled mode every continuation is statistically
+    equivalent anyway (shards drawn with replacement).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import logging
+import math
+import multiprocessing
+import os
+import random
+from collections import deque
+from typing import Iterator, TypeVar
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from vascl_scale.data.shards import ShardSource, ShardStream, iter_tar_samples, resolve_source, tokenizer_fingerprint
+
+logger = logging.getLogger(__name__)
+
+MODES = ("auto", "resampled", "exact")
+ON_CORRUPT = ("skip", "fail")
+TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+STATE_VERSION = 1
+# Consecutive passes without a single readable sample before a rank gives up (instead of spinning).
+MAX_EMPTY_PASSES = 10
+Sample = TypeVar("Sample")
+
+
+class CorruptShardError(RuntimeError):
+    """A shard could not be read and the stream was built with ``on_corrupt="fail"``."""
+
+
+def seeded_rng(*parts: object) -> random.Random:
+    """A generator seeded from the parts' text: the same in every process (no hash() salt)."""
+    digest = hashlib.sha256("/".join(str(part) for part in parts).encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "little"))
+
+
+def slot_shards(
+    num_shards: int, mode: str, seed: int, epoch: int, rank: int, world_size: int, workers: int, worker: int
+) -> list[int]:
+    """Indices of the shards that rank ``rank``'s worker ``worker`` reads in pass ``epoch``."""
+    slots = world_size * workers
+    if mode == "exact":
+        order = list(range(num_shards))
+        seeded_rng(seed, "shards", epoch).shuffle(order)
+        return order[rank * workers + worker :: slots]
+    assert mode == "resampled", mode
+    draw = seeded_rng(seed, "resample", epoch, rank, worker)
+    return [draw.randrange(num_shards) for _ in range(math.ceil(num_shards / slots))]
+
+
+def buffer_shuffle(items: Iterator[Sample], size: int, rng: random.Random) -> Iterator[Sample]:
+    """Shuffle a stream through a buffer of ``size`` items (0 or 1: no shuffle), then drain it."""
+    if size <= 1:
+        yield from items
+        return
+    buffer: list[Sample] = []
+    for item in items:
+        if len(buffer) < size:
+            buffer.append(item)
+            continue
+        index = rng.randrange(size)
+        buffer[index], item = item, buffer[index]
+        yield item
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def _as_is(piece: dict) -> dict:
+    return piece
+
+
+def _worker_init(worker_id: int) -> None:
+    # One worker = one core: the Rust tokenizer's own thread pool would oversubscribe them.
+    del worker_id
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+class _PieceDataset(IterableDataset):
+    """Runs in each DataLoader worker: one pass of this slot's samples as tokenised pieces.
+
+    A piece is a dict with ``rows`` (samples in it), ``corrupt`` (shards given up on since
+    the last piece), ``missing`` (samples lacking the field read: ``txt``, or ``ids``) and,
+    unless it is a placeholder for a piece skipped on resume, the tokenizer output as int64
+    NumPy arrays (rows, L_piece).
+    """
+
+    def __init__(
+        self,
+        source: ShardSource,
+        tokenizer,
+        batch_size: int,
+        max_length: int,
+        rank: int,
+        world_size: int,
+        workers: int,
+        seed: int,
+        mode: str,
+        shuffle_buffer: int,
+        on_corrupt: str,
+        use_stored_ids: bool,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.rank = rank
+        self.world_size = world_size
+        self.workers = workers
+        self.seed = seed
+        self.mode = mode
+        self.shuffle_buffer = shuffle_buffer
+        self.on_corrupt = on_corrupt
+        self.use_stored_ids = use_stored_ids
+        self.pad_token_id = tokenizer.pad_token_id
+        self.left_padding = getattr(tokenizer, "padding_side", "right") == "left"
+        self.with_token_types = "token_type_ids" in getattr(tokenizer, "model_input_names", ())
+        # Written by the main process before each pass, read by workers when the pass starts.
+        self.shared_epoch = multiprocessing.RawValue("q", 0)
+        self.shared_skip_pieces = multiprocessing.RawValue("q", 0)
+
+    def __iter__(self) -> Iterator[dict]:
+        info = get_worker_info()
+        worker = info.id if info is not None else 0
+        epoch = int(self.shared_epoch.value)
+        skip_pieces = int(self.shared_skip_pieces.value)
+        events = {"corrupt": [], "missing": 0}
+        samples = self._samples(epoch, worker, events)
+        buffer_rng = seeded_rng(self.seed, "buffer", epoch, self.rank, worker)
+        shuffled = buffer_shuffle(samples, self.shuffle_buffer, buffer_rng)
+        chunk: list = []
+        for sample in shuffled:
+            chunk.append(sample)
+            if len(chunk) == self.batch_size:
+                yield self._piece(chunk, events, placeholder=skip_pieces > 0)
+                skip_pieces -= 1
+                chunk = []
+        if chunk or events["corrupt"] or events["missing"]:
+            yield self._piece(chunk, events, placeholder=skip_pieces > 0)
+
+    def _piece(self, samples: list, events: dict, placeholder: bool) -> dict:
+        piece = {"rows": len(samples), "corrupt": list(events["corrupt"]), "missing": events["missing"]}
+        events["corrupt"].clear()
+        events["missing"] = 0
+        if not samples or placeholder:
+            return piece
+        if self.use_stored_ids:
+            piece.update(self._pad_stored_ids(samples))
+            return piece
+        # NumPy, not torch: small arrays pickle through the worker queue more cheaply than
+        # torch's shared-memory hand-over of every tensor.
+        encoded = self.tokenizer(
+            samples, padding="longest", truncation=True, max_length=self.max_length, return_tensors="np"
+        )
+        for key in TOKEN_KEYS:
+            if key in encoded:
+                piece[key] = encoded[key].astype(np.int64, copy=False)  # (rows, L_piece)
+        return piece
+
+    def _pad_stored_ids(self, samples: list[bytes]) -> dict[str, np.ndarray]:
+        """Token ids stored by ``data prepare --tokenizer`` -> the tokenizer's padded arrays."""
+        rows = [np.frombuffer(payload, dtype="<i4") for payload in samples]
+        width = max(len(row) for row in rows)
+        input_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)  # (rows, L_piece)
+        attention_mask = np.zeros((len(rows), width), dtype=np.int64)
+        for index, row in enumerate(rows):
+            columns = slice(width - len(row), width) if self.left_padding else slice(0, len(row))
+            input_ids[index, columns] = row
+            attention_mask[index, columns] = 1
+        tensors = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self.with_token_types:
+            tensors["token_type_ids"] = np.zeros_like(input_ids)  # one segment per sentence
+        return tensors
+
+    def _samples(self, epoch: int, worker: int, events: dict) -> Iterator[str | bytes]:
+        """This slot's samples of one pass: texts, or stored token id bytes."""
+        if self.source.text_file is not None:
+            yield from self._text_file_lines(worker)
+            return
+        shards = slot_shards(
+            len(self.source.urls), self.mode, self.seed, epoch, self.rank, self.world_size, self.workers, worker
+        )
+        for index in shards:
+            yield from self._shard_samples(self.source.urls[index], self.source.counts[index], events)
+
+    def _text_file_lines(self, worker: int) -> Iterator[str]:
+        slots = self.world_size * self.workers
+        slot = self.rank * self.workers + worker
+        opener = gzip.open if self.source.text_file.endswith(".gz") else open
+        with opener(self.source.text_file, "rb") as handle:
+            index = 0
+            for line in handle:
+                text = line.decode("utf-8", "replace").strip()
+                if not text:
+                    continue
+                if index % slots == slot:
+                    yield text
+                index += 1
+
+    def _shard_samples(self, url: str, expected: int | None, events: dict) -> Iterator[str | bytes]:
+        read = 0
+        field = "ids" if self.use_stored_ids else "txt"
+        try:
+            with ShardStream(url) as stream:
+                for _, fields in iter_tar_samples(stream):
+                    payload = fields.get(field)
+                    if payload is None:
+                        events["missing"] += 1
+                        continue
+                    read += 1
+                    yield payload if self.use_stored_ids else payload.decode("utf-8")
+        except (OSError, EOFError, ValueError) as err:  # ValueError: bad header or UTF-8
+            self._corrupt(url, f"{type(err).__name__}: {err} after {read} samples", events)
+            return
+        if expected is not None and read != expected:
+            self._corrupt(url, f"{read} samples where the manifest lists {expected} (truncated?)", events)
+
+    def _corrupt(self, url: str, reason: str, events: dict) -> None:
+        if self.on_corrupt == "fail":
+            raise CorruptShardError(f"corrupt shard {url}: {reason}; pass on_corrupt='skip' to skip such shards")
+        logger.warning("skipping the rest of corrupt shard %s: %s", url, reason)
+        events["corrupt"].append(url)
+
+
+class TrainStream:
+    """An infinite stream of per-rank batches; see the module docstring for the guarantees.
+
+    Iterate it once (one consumer). Each batch is a dict of LongTensors (b, L) with
+    b == ``per_device_batch_size`` and L the longest tokenised text in the batch
+    (<= ``max_length``): ``input_ids``, ``attention_mask`` and, when the tokenizer makes
+    them, ``token_type_ids``. Feed the same batch twice for the two dropout views.
+    """
+
+    def __init__(self, dataset: _PieceDataset, num_workers: int, pad_token_id: int, padding_side: str) -> None:
+        self._dataset = dataset
+        self._pad_token_id = pad_token_id
+        self._padding_side = padding_side
+        self._loader = DataLoader(
+            dataset,
+            batch_size=None,  # pieces are already batched and tokenised in the workers
+            num_workers=num_workers,
+            persistent_workers=num_workers > 0,
+            prefetch_factor=4 if num_workers > 0 else None,
+            worker_init_fn=_worker_init if num_workers > 0 else None,
+            collate_fn=_as_is,  # the default would turn the NumPy arrays into torch tensors in the worker
+        )
+        self.batch_size = dataset.batch_size
+        self.mode = dataset.mode
+        self.rank = dataset.rank
+        # Position of the next row to yield: (epoch, rows of that epoch already yielded).
+        self._epoch = 0
+        self._rows_into_epoch = 0
+        # Where this layout's stream began (moves when a state from another layout is loaded).
+        self._origin_epoch = 0
+        self._origin_batches = 0
+        self.batches_yielded = 0
+        self.corrupt_shards_skipped = 0
+        self.corrupt_shards: set[str] = set()
+        self.samples_missing_field = 0
+        self._text_file_lines: int | None = None  # counted once, only to resume from another rank's state
+        self._started = False
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def samples_yielded(self) -> int:
+        return self.batches_yielded * self.batch_size
+
+    def stats(self) -> dict:
+        """Counters for the training log."""
+        return {
+            "data_epoch": self._epoch,
+            "data_samples": self.samples_yielded,
+            "data_corrupt_shards_skipped": self.corrupt_shards_skipped,
+            "data_samples_missing_field": self.samples_missing_field,
+        }
+
+    def layout(self) -> dict:
+        """Everything that fixes the order of the stream; equal layouts resume exactly."""
+        d = self._dataset
+        return {
+            "source": d.source.fingerprint(),
+            "mode": d.mode,
+            "world_size": d.world_size,
+            "num_workers": d.workers,
+            "per_device_batch_size": d.batch_size,
+            "seed": d.seed,
+            "shuffle_buffer": d.shuffle_buffer,
+        }
+
+    def state_dict(self) -> dict:
+        """JSON-serialisable position after the last yielded batch."""
+        return {
+            "version": STATE_VERSION,
+            "mode": self.mode,
+            "epoch": self._epoch,
+            "rows_into_epoch": self._rows_into_epoch,
+            "rank": self.rank,
+            "batches_yielded": self.batches_yielded,
+            "samples_yielded": self.samples_yielded,
+            "origin_epoch": self._origin_epoch,
+            "origin_batches": self._origin_batches,
+            "corrupt_shards_skipped": self.corrupt_shards_skipped,
+            "layout": self.layout(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a position saved by :meth:`state_dict` (before iterating)."""
+        if self._started:
+            raise ValueError("load_state_dict must be called before iterating the TrainStream")
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(
+                f"data state version {state.get('version')!r} is not {STATE_VERSION}; it was saved by another "
+                "vascl-scale: start the data stream afresh"
+            )
+        self.batches_yielded = int(state["batches_yielded"])
+        self.corrupt_shards_skipped = int(state.get("corrupt_shards_skipped", 0))
+        if state["layout"] != self.layout():
+            changed = sorted(k for k, v in self.layout().items() if state["layout"].get(k) != v)
+            logger.warning(
+                "data layout changed (%s): restarting epoch %d under the new layout; statistically "
+                "equivalent, not an exact continuation",
+                ", ".join(changed),
+                state["epoch"],
+            )
+            self._epoch, self._rows_into_epoch = int(state["epoch"]), 0
+            self._origin_epoch, self._origin_batches = self._epoch, self.batches_yielded
+            return
+        self._origin_epoch, self._origin_batches = int(state["origin_epoch"]), int(state["origin_batches"])
+        if int(state["rank"]) == self.rank:
+            self._epoch, self._rows_into_epoch = int(state["epoch"]), int(state["rows_into_epoch"])
+        else:
+            position = self._position_from_batches()
+            if position is None:
+                logger.warning(
+                    "data state saved on rank %d, sample counts unknown: restarting epoch %d on rank %d "
+                    "(statistically equivalent); save and load each rank's own state for exact resume",
+                    state["rank"],
+                    state["epoch"],
+                    self.rank,
+                )
+                position = (int(state["epoch"]), 0)
+            self._epoch, self._rows_into_epoch = position
+        logger.info(
+            "data stream resumes at epoch %d, row %d of this rank's epoch (%d batches done)",
+            self._epoch,
+            self._rows_into_epoch,
+            self.batches_yielded,
+        )
+
+    def _rows_per_epoch(self, epoch: int) -> int | None:
+        """Samples this rank reads in pass ``epoch``, from known counts; None when unknown."""
+        d = self._dataset
+        if d.source.text_file is not None:
+            if self._text_file_lines is None:
+                self._text_file_lines = _count_nonempty_lines(d.source.text_file)
+            lines = self._text_file_lines
+            slots = d.world_size * d.workers
+            first = d.rank * d.workers
+            return sum(lines // slots + (1 if slot < lines % slots else 0) for slot in range(first, first + d.workers))
+        if d.source.total_samples is None:
+            return None
+        return sum(
+            d.source.counts[index]  # type: ignore[misc]
+            for worker in range(d.workers)
+            for index in slot_shards(len(d.source.urls), d.mode, d.seed, epoch, d.rank, d.world_size, d.workers, worker)
+        )
+
+    def _position_from_batches(self) -> tuple[int, int] | None:
+        """This rank's (epoch, rows into it) after ``batches_yielded``, from the shared batch count."""
+        remaining = (self.batches_yielded - self._origin_batches) * self.batch_size
+        epoch = self._origin_epoch
+        while True:
+            rows = self._rows_per_epoch(epoch)
+            if rows is None:
+                return None
+            if remaining < rows or rows == 0:
+                return epoch, remaining
+            remaining -= rows
+            epoch += 1
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        if self._started:
+            raise ValueError("a TrainStream can be iterated once; build another for a second consumer")
+        self._started = True
+        # Rows read but not yet yielded: [epoch, first row index in that epoch, tensors (rows, L), rows].
+        segments: deque[list] = deque()
+        pending = 0
+        epoch, skip_rows = self._epoch, self._rows_into_epoch
+        empty_passes = 0
+        while True:
+            self._dataset.shared_epoch.value = epoch
+            # Whole rounds of pieces that are certainly skipped: workers read them without tokenising.
+            self._dataset.shared_skip_pieces.value = skip_rows // self.batch_size // self._dataset.workers
+            epoch_rows = 0
+            for piece in self._loader:
+                self.corrupt_shards_skipped += len(piece["corrupt"])
+                self.corrupt_shards.update(piece["corrupt"])
+                self.samples_missing_field += piece["missing"]
+                rows = piece["rows"]
+                first = epoch_rows
+                epoch_rows += rows
+                if skip_rows >= rows:
+                    skip_rows -= rows
+                    continue
+                assert "input_ids" in piece, "a placeholder piece reached the rows to yield"
+                tensors = {key: torch.from_numpy(piece[key][skip_rows:]) for key in TOKEN_KEYS if key in piece}
+                segments.append([epoch, first + skip_rows, tensors, rows - skip_rows])
+                pending += rows - skip_rows
+                skip_rows = 0
+                while pending >= self.batch_size:
+                    batch = self._take(segments)
+                    pending -= self.batch_size
+                    self.batches_yielded += 1
+                    yield batch
+            empty_passes = empty_passes + 1 if epoch_rows == 0 else 0
+            if empty_passes == MAX_EMPTY_PASSES:
+                raise RuntimeError(
+                    f"rank {self.rank} read no sample in {MAX_EMPTY_PASSES} data epochs up to {epoch}: every "
+                    "shard it drew is corrupt or empty; check the shards (sha256 in manifest.json)"
+                )
+            if skip_rows:
+                logger.warning(
+                    "resume position is past the end of epoch %d (shards changed?); continuing with the next", epoch
+                )
+                skip_rows = 0
+            epoch += 1
+
+    def _take(self, segments: deque) -> dict[str, torch.Tensor]:
+        """Cut the next ``batch_size`` rows off the pending segments; record the position."""
+        parts: list[dict[str, torch.Tensor]] = []
+        needed = self.batch_size
+        while needed:
+            segment = segments[0]
+            seg_epoch, first, tensors, rows = segment
+            used = min(needed, rows)
+            parts.append({key: value[:used] for key, value in tensors.items()})
+            needed -= used
+            self._epoch, self._rows_into_epoch = seg_epoch, first + used
+            if used == rows:
+                segments.popleft()
+            else:
+                segment[1:] = [first + used, {key: value[used:] for key, value in tensors.items()}, rows - used]
+        return self._pad_and_trim(parts)
+
+    def _pad_and_trim(self, parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Join row blocks (r_i, L_i) into (b, L) with L the longest real length among the rows."""
+        if len(parts) == 1 and parts[0]["input_ids"].shape[0] == self._dataset.batch_size:
+            # The common case: one whole worker piece, already padded to its longest row.
+            return parts[0]
+        width = max(part["input_ids"].shape[1] for part in parts)
+        joined = {}
+        for key in parts[0]:
+            fill = self._pad_token_id if key == "input_ids" else 0
+            blocks = []
+            for part in parts:
+                extra = width - part[key].shape[1]
+                pad = (extra, 0) if self._padding_side == "left" else (0, extra)
+                blocks.append(torch.nn.functional.pad(part[key], pad, value=fill))
+            joined[key] = torch.cat(blocks)  # (b, width)
+        longest = int(joined["attention_mask"].sum(dim=1).max())
+        keep = slice(width - longest, width) if self._padding_side == "left" else slice(0, longest)
+        return {key: value[:, keep].contiguous() for key, value in joined.items()}
+
+
+def _can_use_stored_ids(source: ShardSource, tokenizer, max_length: int) -> bool:
+    """Whether the shards hold ids from this very tokenizer at this truncation length."""
+    stored = source.token_ids
+    if stored is None:
+        return False
+    if stored.get("fingerprint") != tokenizer_fingerprint(tokenizer) or stored.get("max_length") != max_length:
+        logger.info(
+            "shards hold token ids of another tokenizer or max length (%s); tokenising the text instead",
+            stored.get("max_length"),
+        )
+        return False
+    return True
+
+
+def _count_nonempty_lines(path: str) -> int:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as handle:
+        return sum(1 for line in handle if line.strip())
+
+
+def build_train_stream(
+    source: str,
+    *,
+    tokenizer,
+    per_device_batch_size: int,
+    max_length: int,
+    rank: int,
+    world_size: int,
+    seed: int,
+    num_workers: int = 2,
+    mode: str = "auto",
+    num_nodes: int = 1,
+    shuffle_buffer: int = 10000,
+    on_corrupt: str = "skip",
+    allow_pipe: bool = False,
+) -> TrainStream:
+    """The infinite batch stream of one rank.
+
+    Args:
+        source: a directory with ``manifest.json``; a brace list of shards
+            (``/x/shard-{000000..000019}.tar``); a ``pipe:`` command (only with ``allow_pipe``);
+            or a ``.txt``/``.txt.gz`` file with one sentence per line.
+        tokenizer: a Hugging Face fast tokenizer (called in the workers, batched).
+        per_device_batch_size: rows per batch on this rank.
+        max_length: truncation length; batches are padded to their longest row only.
+        rank, world_size: this process's global rank and the number of ranks.
+        seed: seeds shard order, resampling and shuffle buffers.
+        num_workers: DataLoader workers per rank (0: read in this process).
+        mode: "exact" (each sample once per epoch; needs >= world_size * max(1, num_workers)
+            shards), "resampled" (shards drawn with replacement), or "auto": exact on one
+            node (resampled, with a warning, when there are too few shards for exact),
+            resampled on several. A text file is always read exactly.
+        num_nodes: nodes in the run (for ``mode="auto"``).
+        shuffle_buffer: samples in each worker's shuffle buffer (0: no shuffle).
+        on_corrupt: "skip" (warn and count) or "fail" (raise :class:`CorruptShardError`).
+        allow_pipe: accept ``pipe:`` sources (shell commands).
+    """
+    if per_device_batch_size < 1:
+        raise ValueError(f"per_device_batch_size must be >= 1; got {per_device_batch_size}")
+    if max_length < 2:
+        raise ValueError(f"max_length must be >= 2; got {max_length}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size; got rank={rank}, world_size={world_size}")
+    if num_workers < 0:
+        raise ValueError(f"num_workers must be >= 0; got {num_workers}")
+    if num_nodes < 1:
+        raise ValueError(f"num_nodes must be >= 1; got {num_nodes}")
+    if shuffle_buffer < 0:
+        raise ValueError(f"shuffle_buffer must be >= 0; got {shuffle_buffer}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
+    if on_corrupt not in ON_CORRUPT:
+        raise ValueError(f"on_corrupt must be one of {', '.join(ON_CORRUPT)}; got {on_corrupt!r}")
+    if tokenizer.pad_token_id is None:
+        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token before building the stream")
+    if not getattr(tokenizer, "is_fast", False):
+        logger.warning("the tokenizer is not a fast (Rust) tokenizer: expect the data loader to be slow")
+    shards = resolve_source(source, allow_pipe=allow_pipe)
+    workers = max(1, num_workers)
+    if shards.text_file is not None:
+        if mode == "resampled":
+            raise ValueError("resampled mode needs shards; run `vascl-scale data prepare` on the text file first")
+        resolved_mode = "exact"
+    else:
+        resolved_mode = mode if mode != "auto" else ("exact" if num_nodes == 1 else "resampled")
+    too_few_shards = shards.text_file is None and len(shards.urls) < world_size * workers
+    if mode == "auto" and resolved_mode == "exact" and too_few_shards:
+        logger.warning(
+            "%d shards for %d ranks x %d workers: reading them resampled (with replacement); prepare at "
+            "least %d shards for exact epochs",
+            len(shards.urls),
+            world_size,
+            workers,
+            world_size * workers,
+        )
+        resolved_mode = "resampled"
+    if resolved_mode == "exact" and too_few_shards:
+        raise ValueError(
+            f"exact mode needs at least world_size x workers = {world_size} x {workers} = {world_size * workers} "
+            f"shards, and {source} has {len(shards.urls)}; prepare smaller shards (--shard-size), use fewer "
+            "workers, or use mode='resampled'"
+        )
+    use_stored_ids = _can_use_stored_ids(shards, tokenizer, max_length)
+    dataset = _PieceDataset(
+        shards,
+        tokenizer,
+        per_device_batch_size,
+        max_length,
+        rank,
+        world_size,
+        workers,
+        seed,
+        resolved_mode,
+        shuffle_buffer,
+        on_corrupt,
+        use_stored_ids,
+    )
+    what = shards.text_file or f"{len(shards.urls)} shards ({shards.total_samples or 'unknown'} samples)"
+    logger.info(
+        "data: %s, %s mode, rank %d of %d, %d workers, batch %d, max length %d%s",
+        what,
+        resolved_mode,
+        rank,
+        world_size,
+        num_workers,
+        per_device_batch_size,
+        max_length,
+        ", token ids stored in the shards" if use_stored_ids else "",
+    )
+    return TrainStream(dataset, num_workers, tokenizer.pad_token_id, getattr(tokenizer, "padding_side", "right"))

@@ -1,0 +1,315 @@
+"""``data prepare``: text inputs -> filtered, optionally shuffled WebDataset shards + manifest.
+
+Memory stays constant in the number of lines:
+- without ``--shuffle-seed`` lines stream into the current shard (one shard of text in memory);
+- ``--dedup`` keeps one 64-bit blake2b digest per kept line in a Python set of ints, about
+  70 bytes per unique line (10M lines ~ 0.7 GB). Two distinct lines collide with probability
+  about n^2 / 2^65 (1e-7 at 10M lines), which would drop one of them as a duplicate;
+- ``--shuffle-seed`` does a two-pass bucket scatter: pass 1 sends each kept line to one of
+  ``SHUFFLE_BUCKETS`` temporary files chosen by a seeded RNG, pass 2 loads one bucket at a
+  time, shuffles it with the same seed and writes it out. A random bucket per line followed by
+  a uniform shuffle inside each bucket is a uniform random permutation of all lines; memory is
+  one bucket (total text / 256) and temporary disk equals the kept text.
+
+``--tokenizer DIR`` also stores each text's token ids (``ids``: little-endian int32, truncated
+to ``--max-length`` with special tokens) and the tokenizer's fingerprint in the manifest; the
+loader then skips tokenisation when its tokenizer and max length match.
+
+Output bytes depend only on the inputs and options (fixed tar metadata, seeded RNG), so the
+sha256 values in the manifest are reproducible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import struct
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from vascl_scale.data.inputs import MALFORMED, open_input
+from vascl_scale.data.shards import (
+    MANIFEST_FORMAT,
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    SHARD_PATTERN,
+    ShardTarWriter,
+    file_sha256,
+    tokenizer_fingerprint,
+)
+from vascl_scale.log import console
+
+logger = logging.getLogger(__name__)
+
+DROP_REASONS = ("empty", "invalid_utf8", "malformed", "too_short", "too_long", "duplicate")
+SHUFFLE_BUCKETS = 256
+_LENGTH = struct.Struct("<I")  # bucket file records: little-endian uint32 byte length + UTF-8 text
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    """What ``data prepare`` does to the text; recorded verbatim in the manifest."""
+
+    shard_size: int = 50_000
+    fmt: str = "auto"
+    text_field: str = "text"
+    dedup: bool = False
+    min_words: int = 0
+    max_chars: int | None = None
+    shuffle_seed: int | None = None
+    tokenizer: str | None = None
+    max_length: int = 32
+
+    def __post_init__(self) -> None:
+        if self.shard_size < 1:
+            raise ValueError(f"--shard-size must be >= 1; got {self.shard_size}")
+        if self.min_words < 0:
+            raise ValueError(f"--min-words must be >= 0; got {self.min_words}")
+        if self.max_chars is not None and self.max_chars < 1:
+            raise ValueError(f"--max-chars must be >= 1; got {self.max_chars}")
+        if self.max_length < 2:
+            raise ValueError(f"--max-length must be >= 2; got {self.max_length}")
+
+
+@dataclass
+class PrepareResult:
+    output: Path
+    shards: list[dict]
+    dropped: dict[str, int]
+    lines_read: int
+    seconds: float
+
+    @property
+    def samples(self) -> int:
+        return sum(shard["samples"] for shard in self.shards)
+
+
+class _LineFilter:
+    """Applies the options to one record: returns the kept text or counts the drop reason."""
+
+    def __init__(self, options: PrepareOptions) -> None:
+        self.options = options
+        self.dropped: Counter[str] = Counter()
+        self._seen: set[int] | None = set() if options.dedup else None
+
+    def __call__(self, record: object) -> str | None:
+        if record is MALFORMED:
+            return self._drop("malformed")
+        if record is None:
+            return self._drop("invalid_utf8")
+        assert isinstance(record, str)
+        text = record.strip()
+        if not text:
+            return self._drop("empty")
+        if self.options.min_words and len(text.split()) < self.options.min_words:
+            return self._drop("too_short")
+        if self.options.max_chars is not None and len(text) > self.options.max_chars:
+            return self._drop("too_long")
+        if self._seen is not None:
+            digest = int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+            if digest in self._seen:
+                return self._drop("duplicate")
+            self._seen.add(digest)
+        return text
+
+    def _drop(self, reason: str) -> None:
+        self.dropped[reason] += 1
+        return None
+
+
+class _ShardSink:
+    """Fills ``shard-NNNNNN.tar`` files of ``shard_size`` samples; keys are global sample indices."""
+
+    def __init__(self, output: Path, shard_size: int, tokenizer=None, max_length: int = 32) -> None:
+        self.output = output
+        self.shard_size = shard_size
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.shards: list[dict] = []
+        self._pending: list[str] = []
+        self._written = 0
+
+    def add(self, text: str) -> None:
+        self._pending.append(text)
+        if len(self._pending) == self.shard_size:
+            self._flush()
+
+    def close(self) -> None:
+        if self._pending:
+            self._flush()
+
+    def _flush(self) -> None:
+        name = SHARD_PATTERN.format(index=len(self.shards))
+        path = self.output / name
+        token_ids = self._token_ids(self._pending) if self.tokenizer is not None else None
+        writer = ShardTarWriter(path)
+        for offset, text in enumerate(self._pending):
+            fields = {"txt": text.encode("utf-8")}
+            if token_ids is not None:
+                fields["ids"] = token_ids[offset]
+            writer.write(f"{self._written + offset:012d}", fields)
+        writer.close()
+        self.shards.append({"name": name, "samples": len(self._pending), "sha256": file_sha256(path)})
+        self._written += len(self._pending)
+        self._pending = []
+
+    def _token_ids(self, texts: list[str]) -> list[bytes]:
+        """Token ids per text as little-endian int32 bytes, truncated to ``max_length`` (with specials).
+
+        Tokenised 1024 texts at a time: a whole shard's encodings (offsets and all) would take
+        hundreds of MB.
+        """
+        token_ids = []
+        for start in range(0, len(texts), 1024):
+            encoded = self.tokenizer(texts[start : start + 1024], truncation=True, max_length=self.max_length)
+            token_ids.extend(np.asarray(ids, dtype="<i4").tobytes() for ids in encoded["input_ids"])
+        return token_ids
+
+
+def _scatter(kept: Iterable[str], bucket_dir: Path, seed: int) -> list[Path]:
+    """Pass 1 of the shuffle: append each text to a seeded-random bucket file."""
+    rng = random.Random(seed)
+    paths = [bucket_dir / f"bucket-{index:03d}.bin" for index in range(SHUFFLE_BUCKETS)]
+    handles = [open(path, "wb", buffering=1 << 16) for path in paths]
+    try:
+        for text in kept:
+            payload = text.encode("utf-8")
+            handle = handles[rng.randrange(SHUFFLE_BUCKETS)]
+            handle.write(_LENGTH.pack(len(payload)))
+            handle.write(payload)
+    finally:
+        for handle in handles:
+            handle.close()
+    return paths
+
+
+def _gather(paths: list[Path], seed: int) -> Iterator[str]:
+    """Pass 2 of the shuffle: one bucket in memory at a time, shuffled, then deleted."""
+    rng = random.Random(seed + 1)
+    for path in paths:
+        data = path.read_bytes()
+        texts = []
+        offset = 0
+        while offset < len(data):
+            (length,) = _LENGTH.unpack_from(data, offset)
+            offset += _LENGTH.size
+            texts.append(data[offset : offset + length].decode("utf-8"))
+            offset += length
+        path.unlink()
+        rng.shuffle(texts)
+        yield from texts
+
+
+def _check_output(output: Path, overwrite: bool) -> None:
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"--output {output} exists and is not a directory")
+    existing = sorted(output.glob("shard-*.tar"))
+    if (output / MANIFEST_NAME).exists():
+        existing.append(output / MANIFEST_NAME)
+    if existing and not overwrite:
+        raise ValueError(f"--output {output} already holds shards or a manifest; pass --overwrite or another directory")
+    for path in existing:
+        path.unlink()
+    output.mkdir(parents=True, exist_ok=True)
+
+
+def prepare_shards(
+    inputs: list[Path],
+    output: Path,
+    options: PrepareOptions,
+    overwrite: bool = False,
+    show_progress: bool = True,
+) -> PrepareResult:
+    """Read ``inputs`` in order, filter, optionally shuffle, write shards and ``manifest.json``."""
+    if not inputs:
+        raise ValueError("pass at least one input file or directory")
+    readers = [open_input(Path(path), options.fmt, options.text_field) for path in inputs]
+    _check_output(output, overwrite)
+    tokenizer = None
+    if options.tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(options.tokenizer)
+        if tokenizer_fingerprint(tokenizer) is None:
+            raise ValueError(f"--tokenizer {options.tokenizer} has no fast (Rust) tokenizer; stored ids need one")
+    line_filter = _LineFilter(options)
+    sink = _ShardSink(output, options.shard_size, tokenizer, options.max_length)
+    lines_read = 0
+    start = time.perf_counter()
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>5.1f}%  {task.fields[lines]:,} lines"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not show_progress,
+    )
+
+    def kept_texts() -> Iterator[str]:
+        nonlocal lines_read
+        for reader in readers:
+            task = progress.add_task(f"read {reader.path.name}", total=None, lines=0)
+            count = 0
+            for record in reader.records():
+                count += 1
+                text = line_filter(record)
+                if text is not None:
+                    yield text
+                if count % 16384 == 0:
+                    progress.update(task, total=reader.total or None, completed=reader.position(), lines=count)
+            lines_read += count
+            progress.update(task, total=max(reader.total, 1), completed=max(reader.total, 1), lines=count)
+
+    with progress:
+        if options.shuffle_seed is None:
+            for text in kept_texts():
+                sink.add(text)
+        else:
+            with tempfile.TemporaryDirectory(prefix=".shuffle-", dir=output) as bucket_dir:
+                buckets = _scatter(kept_texts(), Path(bucket_dir), options.shuffle_seed)
+                for text in _gather(buckets, options.shuffle_seed):
+                    sink.add(text)
+        sink.close()
+    seconds = time.perf_counter() - start
+    dropped = {reason: line_filter.dropped.get(reason, 0) for reason in DROP_REASONS}
+    assert sum(dropped.values()) + sum(s["samples"] for s in sink.shards) == lines_read
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "fields": ["txt"] + (["ids"] if tokenizer is not None else []),
+        "token_ids": None
+        if tokenizer is None
+        else {"fingerprint": tokenizer_fingerprint(tokenizer), "max_length": options.max_length, "dtype": "<i4"},
+        "total_samples": sum(shard["samples"] for shard in sink.shards),
+        "lines_read": lines_read,
+        "dropped": dropped,
+        "sources": [{"path": str(r.path), "format": r.fmt, "text_field": r.text_field} for r in readers],
+        "options": asdict(options),
+        "shards": sink.shards,
+    }
+    (output / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    logger.info("wrote %d shards to %s in %.1f s", len(sink.shards), output, seconds)
+    return PrepareResult(output, sink.shards, dropped, lines_read, seconds)
+
+
+def summary_table(result: PrepareResult) -> Table:
+    table = Table(title=f"data prepare -> {result.output}")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    table.add_row("lines read", f"{result.lines_read:,}")
+    table.add_row("samples written", f"{result.samples:,}")
+    for reason, count in result.dropped.items():
+        table.add_row(f"dropped: {reason}", f"{count:,}")
+    table.add_row("shards", f"{len(result.shards)}")
+    table.add_row("seconds", f"{result.seconds:.1f}")
+    return table

@@ -1,0 +1,319 @@
+"""WebDataset shard files: deterministic writing, streaming reading, manifests, source lists.
+
+A shard is a plain POSIX tar file. Each sample is one member ``<key>.txt`` holding the UTF-8
+sentence (plus ``<key>.ids``, int32 token ids, from ``data prepare --tokenizer``), so
+``webdataset.WebDataset`` reads the shards as samples ``{"__key__", "txt"[, "ids"]}``.
+Members carry fixed metadata (mtime 0, uid/gid 0, no user names, mode 0644) so the same
+sentences in the same order always give the same bytes and the same sha256.
+
+The manifest (``manifest.json`` next to the shards) records every shard's file name, sample
+count and sha256. Readers take only plain file names from it, resolved inside the manifest's
+directory: a manifest can never name a ``pipe:`` command or a path elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Iterator
+
+from braceexpand import braceexpand
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = "vascl-scale-shards"
+MANIFEST_VERSION = 1
+SHARD_PATTERN = "shard-{index:06d}.tar"
+PIPE_PREFIX = "pipe:"
+TEXT_SUFFIXES = (".txt", ".txt.gz")
+
+
+class ShardTarWriter:
+    """Writes one tar shard with fixed member metadata; ``write(key, fields)`` per sample."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.samples = 0
+        # USTAR: no PAX headers with timestamps, so bytes depend only on names and contents.
+        self._tar = tarfile.open(path, mode="w", format=tarfile.USTAR_FORMAT)
+
+    def write(self, key: str, fields: dict[str, bytes]) -> None:
+        """Add one sample: one member ``<key>.<field>`` per field, in the given order."""
+        assert "." not in key and "/" not in key, f"sample key {key!r} must not contain '.' or '/'"
+        for field, payload in fields.items():
+            info = tarfile.TarInfo(f"{key}.{field}")
+            info.size = len(payload)
+            info.mtime = 0
+            info.mode = 0o644
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            self._tar.addfile(info, io.BytesIO(payload))
+        self.samples += 1
+
+    def close(self) -> None:
+        self._tar.close()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+_BLOCK = 512
+_END_BLOCK = bytes(_BLOCK)
+_FILE_TYPES = (b"0", b"\0", b"7")  # regular file (old and new flags) and contiguous file
+
+
+def _read_exact(stream: IO[bytes], size: int, what: str) -> bytes:
+    data = stream.read(size)
+    if len(data) != size:
+        raise EOFError(f"tar data ends inside {what} ({len(data)} of {size} bytes)")
+    return data
+
+
+def _header_size(header: bytes) -> int:
+    field = header[124:136]
+    if field[0] & 0x80:  # GNU base-256 encoding for members over 8 GiB
+        return int.from_bytes(field[1:], "big")
+    return int(field.strip(b"\0 ") or b"0", 8)
+
+
+def _pax_path(records: bytes) -> bytes | None:
+    """The ``path`` value of a PAX extended header ("<len> key=value\\n" records)."""
+    offset = 0
+    while offset < len(records):
+        length = int(records[offset : records.index(b" ", offset)])
+        key, _, value = records[offset : offset + length].partition(b" ")[2].partition(b"=")
+        if key == b"path":
+            return value[:-1]
+        offset += length
+    return None
+
+
+def iter_tar_samples(stream: IO[bytes]) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """Stream ``(key, {field: bytes})`` from a tar byte stream, grouping members by key.
+
+    The key is the member path up to the first dot of its base name (the WebDataset rule).
+    A small reader of its own (ustar, GNU long names, PAX paths) instead of ``tarfile``: it
+    is about ten times faster per member, and it treats a missing end-of-archive block as
+    truncation, which ``tarfile`` silently accepts. Raises ``EOFError`` on truncated data and
+    ``ValueError`` on a corrupt header (bad checksum or size field).
+    """
+    key: str | None = None
+    fields: dict[str, bytes] = {}
+    long_name: bytes | None = None
+    while True:
+        header = stream.read(_BLOCK)
+        if not header:
+            raise EOFError("tar data ends without an end-of-archive block")
+        if len(header) != _BLOCK:
+            raise EOFError(f"tar data ends inside a header ({len(header)} of {_BLOCK} bytes)")
+        if header == _END_BLOCK:
+            break
+        # Header checksum: byte sum with the 8-byte checksum field counted as spaces (8 * 32).
+        try:
+            stored = int(header[148:156].strip(b"\0 ") or b"-1", 8)
+            size = _header_size(header)
+        except ValueError as err:
+            raise ValueError(f"corrupt tar header: {err}") from None
+        if stored != sum(header) - sum(header[148:156]) + 256:
+            raise ValueError("tar header checksum mismatch")
+        flag = header[156:157]
+        member_key = field = None
+        if flag in _FILE_TYPES:
+            if long_name is not None:
+                raw_name, long_name = long_name, None
+            else:
+                raw_name = header[:100].split(b"\0", 1)[0]
+                if header[257:262] == b"ustar" and header[345] != 0:
+                    raw_name = header[345:500].split(b"\0", 1)[0] + b"/" + raw_name
+            directory, _, base = raw_name.decode("utf-8", "surrogateescape").rpartition("/")
+            stem, dot, field = base.partition(".")
+            member_key = f"{directory}/{stem}" if directory else stem
+            field = field if dot else ""
+            if member_key != key:
+                # The previous sample is complete once the next one starts, even if its data is cut.
+                if key is not None:
+                    yield key, fields
+                key, fields = member_key, {}
+        payload = _read_exact(stream, size, "a member") if size else b""
+        padding = -size % _BLOCK
+        if padding:
+            _read_exact(stream, padding, "member padding")
+        if flag == b"L":  # GNU long name of the next member
+            long_name = payload.rstrip(b"\0")
+        elif flag == b"x":  # PAX extended header of the next member
+            long_name = _pax_path(payload) or long_name
+        elif member_key is not None:
+            fields[field] = payload
+    if key is not None:
+        yield key, fields
+
+
+class ShardStream:
+    """Context manager giving a byte stream for a local shard path or a ``pipe:`` command.
+
+    For a pipe, a non-zero exit status after a full read raises ``OSError`` (a failed
+    download is a corrupt shard, not a short one); an early close kills the command.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._process: subprocess.Popen | None = None
+        self._handle: IO[bytes] | None = None
+
+    def __enter__(self) -> IO[bytes]:
+        if self.url.startswith(PIPE_PREFIX):
+            command = self.url[len(PIPE_PREFIX) :]
+            logger.debug("running shard command: %s", command)
+            self._process = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, bufsize=1 << 20)
+            self._handle = self._process.stdout
+        else:
+            self._handle = open(self.url, "rb", buffering=1 << 20)
+        assert self._handle is not None
+        return self._handle
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        assert self._handle is not None
+        if self._process is None:
+            self._handle.close()
+            return
+        finished = exc_type is None
+        if finished:
+            # Read the tar's trailing padding too: a writer cut off mid-write would exit with SIGPIPE.
+            while self._handle.read(1 << 20):
+                pass
+        else:
+            self._process.kill()
+        self._handle.close()
+        status = self._process.wait()
+        if finished and status != 0:
+            raise OSError(f"shard command exited with status {status}: {self.url[len(PIPE_PREFIX):]}")
+
+
+def tokenizer_fingerprint(tokenizer) -> str | None:
+    """sha256 of a fast tokenizer's definition (vocabulary, normalizer, specials); None if not fast.
+
+    The truncation and padding settings are left out: the HF wrapper changes them per call.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    definition = json.loads(backend.to_str())
+    definition.pop("truncation", None)
+    definition.pop("padding", None)
+    return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ShardSource:
+    """What a loader reads: shard URLs with their sample counts (None when unknown), or a text file.
+
+    ``token_ids`` is the manifest's record of token ids stored in the shards (tokenizer
+    fingerprint and truncation length), or None.
+    """
+
+    urls: tuple[str, ...]
+    counts: tuple[int | None, ...]
+    text_file: str | None = None
+    token_ids: dict | None = None
+
+    @property
+    def total_samples(self) -> int | None:
+        if any(count is None for count in self.counts):
+            return None
+        return sum(self.counts)  # type: ignore[arg-type]
+
+    def fingerprint(self) -> str:
+        """A short digest of the shard names and counts (or the text file name) for resume checks.
+
+        Local paths count by file name only, so a shard directory can move between runs.
+        """
+        names = [url if url.startswith(PIPE_PREFIX) else Path(url).name for url in self.urls]
+        if self.text_file is not None:
+            names = [Path(self.text_file).name]
+        digest = hashlib.sha256(json.dumps([names, list(self.counts)]).encode())
+        return digest.hexdigest()[:16]
+
+
+def read_manifest(directory: Path) -> dict:
+    path = directory / MANIFEST_NAME
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read the shard manifest {path}: {err}") from err
+    if manifest.get("format") != MANIFEST_FORMAT or not isinstance(manifest.get("shards"), list):
+        raise ValueError(f"{path} is not a vascl-scale shard manifest; write shards with `vascl-scale data prepare`")
+    for shard in manifest["shards"]:
+        name = shard.get("name")
+        # Only plain file names: a manifest must never smuggle a pipe: command or another path.
+        if not isinstance(name, str) or "/" in name or "\\" in name or ":" in name or name in ("", ".", ".."):
+            raise ValueError(f"{path}: shard name {name!r} is not a plain file name")
+    return manifest
+
+
+def _manifest_counts_near(urls: list[str]) -> list[int | None]:
+    """Sample counts for local shards listed in a manifest in their directory, else None."""
+    counts: list[int | None] = [None] * len(urls)
+    by_directory: dict[Path, dict[str, int]] = {}
+    for index, url in enumerate(urls):
+        directory = Path(url).parent
+        if directory not in by_directory:
+            by_directory[directory] = {}
+            if (directory / MANIFEST_NAME).is_file():
+                try:
+                    manifest = read_manifest(directory)
+                except ValueError as err:  # another tool's manifest.json: counts stay unknown
+                    logger.info("ignoring %s: %s", directory / MANIFEST_NAME, err)
+                    continue
+                by_directory[directory] = {s["name"]: int(s["samples"]) for s in manifest["shards"]}
+        counts[index] = by_directory[directory].get(Path(url).name)
+    return counts
+
+
+def resolve_source(source: str, allow_pipe: bool = False) -> ShardSource:
+    """Turn a loader ``source`` string into shard URLs (with counts where known) or a text file.
+
+    Accepted: a directory holding ``manifest.json``; a brace-expanded list of local ``.tar``
+    paths; a ``pipe:`` command (brace-expanded too; only with ``allow_pipe``); a ``.txt`` or
+    ``.txt.gz`` file with one sentence per line.
+    """
+    if source.startswith(PIPE_PREFIX):
+        if not allow_pipe:
+            raise ValueError(
+                f"source {source!r} runs a shell command; pass it on the command line or in the training "
+                "config with pipe sources allowed (allow_pipe=True)"
+            )
+        urls = list(braceexpand(source))
+        logger.info("reading %d shards through the shell command %s", len(urls), source[len(PIPE_PREFIX) :])
+        return ShardSource(urls=tuple(urls), counts=(None,) * len(urls))
+    path = Path(source)
+    if path.is_dir():
+        manifest = read_manifest(path)
+        urls = [str(path / shard["name"]) for shard in manifest["shards"]]
+        counts = [int(shard["samples"]) for shard in manifest["shards"]]
+        if not urls:
+            raise ValueError(f"the manifest in {path} lists no shards; run `vascl-scale data prepare` on more text")
+        return ShardSource(urls=tuple(urls), counts=tuple(counts), token_ids=manifest.get("token_ids"))
+    if source.endswith(TEXT_SUFFIXES):
+        if not path.is_file():
+            raise ValueError(f"text file {source} does not exist")
+        return ShardSource(urls=(), counts=(), text_file=source)
+    urls = list(braceexpand(source))
+    missing = [url for url in urls if not Path(url).is_file()]
+    if missing:
+        raise ValueError(
+            f"{len(missing)} of {len(urls)} shards in {source!r} do not exist (first: {missing[0]}); pass a "
+            "directory with manifest.json, a brace list of existing .tar files, or a .txt/.txt.gz file"
+        )
+    return ShardSource(urls=tuple(urls), counts=tuple(_manifest_counts_near(urls)))
