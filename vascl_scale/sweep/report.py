@@ -1,0 +1,203 @@
+"""Collect a sweep's cells into one table (CSV, JSON, Markdown) and plots (PNG).
+
+One row per cell: the grid values, the seed, the state, every evaluation primary metric,
+the median step time and sentences/s over the logged windows (the first window, which
+holds warm-up, is left out when there are others), the best STS-B dev score, the peak
+resident memory of the training process tree and the wall time. A second table averages
+seeds (mean and std) per grid point; the plots draw it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from vascl_scale.sweep.grid import SweepPlan
+from vascl_scale.sweep.run import cell_dir, read_status
+
+COST_COLUMNS = ("step_seconds", "sentences_per_second", "peak_rss_mb", "wall_seconds")
+
+
+def _metrics_summary(run_dir: Path) -> dict[str, float]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return {}
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    windows = [r for r in records if "step_seconds" in r]
+    steady = windows[1:] or windows
+    summary: dict[str, float] = {}
+    for key in ("step_seconds", "sentences_per_second"):
+        values = [r[key] for r in steady if isinstance(r.get(key), (int, float))]
+        if values:
+            summary[key] = statistics.median(values)
+    peaks = [r["peak_memory_mb"] for r in records if isinstance(r.get("peak_memory_mb"), (int, float))]
+    if peaks:
+        summary["peak_device_memory_mb"] = max(peaks)
+    dev = [r["stsb_dev_spearman"] for r in records if isinstance(r.get("stsb_dev_spearman"), (int, float))]
+    if dev:
+        summary["stsb_dev_best"] = max(dev)
+    return summary
+
+
+def _eval_metrics(report_path: Path) -> dict[str, float]:
+    if not report_path.is_file():
+        return {}
+    record = json.loads(report_path.read_text(encoding="utf-8"))
+    metrics = {}
+    for result in record["models"][0]["results"]:
+        if result.get("primary") is not None:
+            key = f"{result['family']}/{result['task']}" + (f"/{result['variant']}" if result.get("variant") else "")
+            metrics[key] = float(result["primary"])
+    return metrics
+
+
+def cell_rows(sweep_dir: Path, plan: SweepPlan) -> list[dict[str, Any]]:
+    rows = []
+    for cell in plan.cells:
+        status = read_status(sweep_dir, cell)
+        directory = cell_dir(sweep_dir, cell)
+        row: dict[str, Any] = {**cell.values, "seed": cell.seed, "state": status.get("state", "pending")}
+        if status.get("error"):
+            row["error"] = status["error"].splitlines()[0]
+        row.update(_eval_metrics(directory / "eval.json"))
+        row.update(_metrics_summary(directory / "run"))
+        for key in ("peak_rss_mb", "wall_seconds"):
+            if key in status:
+                row[key] = status[key]
+        rows.append(row)
+    return rows
+
+
+def metric_columns(rows: list[dict[str, Any]], plan: SweepPlan) -> list[str]:
+    fixed = set(plan.grid) | {"seed", "state", "error"}
+    found = []
+    for row in rows:
+        for key, value in row.items():
+            if key not in fixed and key not in found and isinstance(value, (int, float)):
+                found.append(key)
+    quality = sorted(k for k in found if k not in COST_COLUMNS)
+    return quality + [k for k in COST_COLUMNS if k in found]
+
+
+def aggregate(rows: list[dict[str, Any]], plan: SweepPlan, metrics: list[str]) -> list[dict[str, Any]]:
+    """Mean and std over seeds of every metric, per grid point (done cells only)."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        if row["state"] == "done":
+            groups[tuple(json.dumps(row[k]) for k in plan.grid)].append(row)
+    table = []
+    for key, members in groups.items():
+        entry: dict[str, Any] = {k: json.loads(v) for k, v in zip(plan.grid, key)}
+        entry["seeds"] = len(members)
+        for metric in metrics:
+            values = [m[metric] for m in members if isinstance(m.get(metric), (int, float))]
+            if values:
+                entry[metric] = statistics.fmean(values)
+                if len(values) > 1:  # a single seed has no spread to report
+                    entry[f"{metric}_std"] = statistics.stdev(values)
+        table.append(entry)
+    return table
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}" if abs(value) >= 0.01 or value == 0 else f"{value:.2e}"
+    return str(value)
+
+
+def markdown_table(entries: list[dict[str, Any]], columns: list[str], with_std: bool) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for entry in entries:
+        cells = []
+        for column in columns:
+            value = entry.get(column, "")
+            std = entry.get(f"{column}_std")
+            cells.append(f"{_fmt(value)} ± {_fmt(std)}" if with_std and std is not None and value != "" else _fmt(value))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _x_axis(plan: SweepPlan) -> str:
+    for key in plan.grid:
+        if key.endswith("global_batch_size"):
+            return key
+    return next(iter(plan.grid))
+
+
+def plot(entries: list[dict[str, Any]], plan: SweepPlan, metrics: list[str], out_dir: Path) -> list[Path]:
+    """One PNG per metric against the x axis (the global batch when swept), a line per
+    combination of the other grid keys, error bars = std over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x_key = _x_axis(plan)
+    line_keys = [k for k in plan.grid if k != x_key]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for metric in metrics:
+        lines: dict[str, list[tuple[Any, float, float]]] = defaultdict(list)
+        for entry in entries:
+            if metric in entry:
+                label = ", ".join(f"{k.split('.')[-1]}={entry[k]}" for k in line_keys) or metric
+                lines[label].append((entry[x_key], entry[metric], entry.get(f"{metric}_std", 0.0)))
+        if not lines:
+            continue
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        numeric_x = all(isinstance(x, (int, float)) for points in lines.values() for x, _, _ in points)
+        for label, points in sorted(lines.items()):
+            points.sort(key=lambda p: p[0] if numeric_x else str(p[0]))
+            xs = [p[0] if numeric_x else str(p[0]) for p in points]
+            ax.errorbar(xs, [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3, label=label)
+        if numeric_x and all(x > 0 for points in lines.values() for x, _, _ in points):
+            ax.set_xscale("log", base=2)
+            ticks = sorted({x for points in lines.values() for x, _, _ in points})
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.set_xlabel(x_key)
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+        if len(lines) > 1 or line_keys:
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out_dir / (metric.replace("/", "_") + ".png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def collect(sweep_dir: Path) -> dict[str, Any]:
+    """Write results.{csv,json,md} and plots/*.png; return what was written and the counts."""
+    sweep_dir = Path(sweep_dir)
+    plan = SweepPlan.load(sweep_dir)
+    rows = cell_rows(sweep_dir, plan)
+    metrics = metric_columns(rows, plan)
+    entries = aggregate(rows, plan, metrics)
+    grid_columns = list(plan.grid)
+
+    columns = [*grid_columns, "seed", "state", *metrics, "error"]
+    with (sweep_dir / "results.csv").open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    (sweep_dir / "results.json").write_text(
+        json.dumps({"plan": str(sweep_dir / "sweep.json"), "cells": rows, "mean_over_seeds": entries}, indent=1) + "\n",
+        encoding="utf-8",
+    )
+    markdown = "## Mean ± std over seeds\n\n" + markdown_table(entries, [*grid_columns, "seeds", *metrics], True)
+    markdown += "\n## Every cell\n\n" + markdown_table(rows, [*grid_columns, "seed", "state", *metrics], False)
+    failed = [r for r in rows if r["state"] == "failed"]
+    if failed:
+        markdown += "\n## Failed cells\n\n" + "\n".join(
+            f"- {', '.join(f'{k}={r[k]}' for k in grid_columns)}, seed {r['seed']}: {r.get('error', '')}" for r in failed
+        ) + "\n"
+    (sweep_dir / "results.md").write_text(markdown, encoding="utf-8")
+    plots = plot(entries, plan, metrics, sweep_dir / "plots")
+    counts = {state: sum(r["state"] == state for r in rows) for state in ("done", "failed", "pending")}
+    return {"rows": rows, "entries": entries, "metrics": metrics, "plots": plots, "counts": counts}
+

@@ -1,0 +1,89 @@
+"""``vascl-scale train``: parse options, then launch workers or train in this process."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from vascl_scale.config import load_config
+from vascl_scale.train.launch import LaunchPlan, check_writable, in_distributed_worker, launch_workers
+
+logger = logging.getLogger(__name__)
+
+
+def train_command(
+    config: Path = typer.Option(..., "--config", help="Training config (YAML), e.g. configs/cpu-demo.yaml."),
+    overrides: list[str] = typer.Option([], "--set", help="Override one key, e.g. --set loss.k=32 (repeatable)."),
+    deepspeed: Optional[Path] = typer.Option(None, "--deepspeed", help="DeepSpeed JSON, e.g. configs/deepspeed/zero2.json."),
+    num_processes: int = typer.Option(1, "--num-processes", help="Processes on this machine."),
+    num_machines: int = typer.Option(1, "--num-machines"),
+    machine_rank: int = typer.Option(0, "--machine-rank"),
+    main_process_ip: Optional[str] = typer.Option(None, "--main-process-ip", help="Address of machine rank 0."),
+    main_process_port: Optional[int] = typer.Option(None, "--main-process-port", help="A free port on machine rank 0."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Same as --set train.max_steps=S."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Run directory (same as --set train.output_dir=DIR)."),
+    objective: Optional[str] = typer.Option(None, "--objective", help="vascl or simcse (same as --set objective=...)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the latest complete checkpoint of the run directory."),
+    resume_from: Optional[Path] = typer.Option(
+        None, "--resume-from", help="Continue from DIR: a checkpoint, or a run directory (its latest checkpoint)."
+    ),
+) -> None:
+    """Train a sentence encoder with VaSCL or SimCSE over the global batch."""
+    # Typer options cannot take an optional value, so `--resume [DIR]` is two options.
+    resume_target = str(resume_from) if resume_from is not None else ("latest" if resume else None)
+    # JSON strings and numbers are valid YAML scalars: paths are never re-typed.
+    assignments = list(overrides)
+    if max_steps is not None:
+        assignments.append(f"train.max_steps={max_steps}")
+    if output is not None:
+        assignments.append(f"train.output_dir={json.dumps(str(output))}")
+    if objective is not None:
+        assignments.append(f"objective={json.dumps(objective)}")
+    from vascl_scale.train.checkpoint import check_resume_compatible, prepare_run_dir, resolve_resume
+
+    try:
+        run_config = load_config(config, assignments)
+        deepspeed_path = str(deepspeed) if deepspeed is not None else None
+        if in_distributed_worker():
+            return _train(run_config, deepspeed_path, resume_target)
+        plan = LaunchPlan(
+            processes_per_machine=num_processes,
+            num_machines=num_machines,
+            machine_rank=machine_rank,
+            main_process_ip=main_process_ip,
+            main_process_port=main_process_port,
+            deepspeed=deepspeed is not None,
+        )
+        # Fail here, once, rather than in every worker.
+        run_config.per_device_batch_size(plan.world_size)
+        run_dir = Path(run_config.train.output_dir)
+        check_writable(run_dir)
+        prepare_run_dir(run_dir, resume_target)
+        if resume_target is not None:
+            check_resume_compatible(resolve_resume(resume_target, run_dir), run_config, plan.world_size)
+        if deepspeed is not None and not deepspeed.is_file():
+            raise ValueError(f"--deepspeed {deepspeed}: no such file")
+    except ValueError as err:
+        logger.error("%s", err)
+        raise typer.Exit(2) from err
+    if plan.needs_launcher:
+        raise typer.Exit(launch_workers(plan))
+    _train(run_config, deepspeed_path, resume_target)
+
+
+def _train(run_config, deepspeed_path: str | None, resume: str | None) -> None:
+    """Train in this process; configuration errors exit with 2, a non-finite loss with 3."""
+    from vascl_scale.train.trainer import NonFiniteLossError, Trainer, deepspeed_path_from_environment
+
+    try:
+        Trainer(run_config, deepspeed_path or deepspeed_path_from_environment(), resume).fit()
+    except ValueError as err:
+        logger.error("%s", err)
+        raise typer.Exit(2) from err
+    except NonFiniteLossError as err:
+        logger.error("%s", err)
+        raise typer.Exit(3) from err

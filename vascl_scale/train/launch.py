@@ -1,0 +1,129 @@
+"""Starting a run: train in this process, or hand the command to accelerate's launcher.
+
+``vascl-scale train`` is both the launcher and the worker. Outside a distributed launch,
+with more than one process (or with DeepSpeed, which needs a process group even for one
+process), it re-runs its own command line (``python -m vascl_scale ...``) under
+``accelerate launch``; accelerate starts the workers through torch's elastic agent, which
+also ends the surviving workers when one of them dies. Inside a worker (``RANK`` and
+``WORLD_SIZE`` set by ``accelerate launch``, ``torchrun``, the ``deepspeed`` launcher, or an
+``srun`` script that exports them) it trains.
+
+DeepSpeed is configured in the worker from ``--deepspeed`` (see
+:mod:`vascl_scale.train.trainer`), so every launcher gives the same run; accelerate's
+launcher is used in its torchrun mode (``--multi_gpu``), which also works on CPU with gloo.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def in_distributed_worker() -> bool:
+    """True inside a process started by a distributed launcher (torchrun-style environment)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on ``host`` (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def check_writable(directory: Path) -> None:
+    """Create ``directory`` and prove a file can be written there; a clear error otherwise."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".write-test-{uuid.uuid4().hex}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ValueError(f"output directory {directory} is not writable ({err.strerror}); pass --output DIR") from err
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Where the processes of a run go: ``processes_per_machine`` x ``num_machines`` ranks."""
+
+    processes_per_machine: int = 1
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: str | None = None
+    main_process_port: int | None = None
+    deepspeed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.processes_per_machine < 1:
+            raise ValueError(f"--num-processes must be >= 1; got {self.processes_per_machine}")
+        if self.num_machines < 1:
+            raise ValueError(f"--num-machines must be >= 1; got {self.num_machines}")
+        if not 0 <= self.machine_rank < self.num_machines:
+            raise ValueError(f"--machine-rank must be in [0, {self.num_machines - 1}]; got {self.machine_rank}")
+        if self.num_machines > 1 and (self.main_process_ip is None or self.main_process_port is None):
+            raise ValueError(
+                "--num-machines > 1 needs --main-process-ip and --main-process-port "
+                "(the address of machine rank 0, the same on every machine)"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.processes_per_machine * self.num_machines
+
+    @property
+    def needs_launcher(self) -> bool:
+        """One plain process trains in place; anything else needs a process group."""
+        return self.world_size > 1 or self.deepspeed
+
+    def accelerate_arguments(self, worker_argv: list[str]) -> list[str]:
+        """``accelerate launch`` arguments that run ``python -m vascl_scale <worker_argv>``."""
+        port = self.main_process_port if self.main_process_port is not None else free_port()
+        arguments = [
+            "--multi_gpu",
+            "--num_processes", str(self.world_size),
+            "--num_machines", str(self.num_machines),
+            "--machine_rank", str(self.machine_rank),
+            "--main_process_ip", self.main_process_ip or "127.0.0.1",
+            "--main_process_port", str(port),
+            # Precision and DeepSpeed are set up by the worker from the training config.
+            "--mixed_precision", "no",
+            "--dynamo_backend", "no",
+            "--module", "vascl_scale",
+        ]  # fmt: skip
+        return arguments + worker_argv
+
+
+def launch_workers(plan: LaunchPlan, worker_argv: list[str] | None = None) -> int:
+    """Run this command line on ``plan.world_size`` ranks through accelerate; the exit status.
+
+    ``worker_argv`` defaults to this process's own arguments: the workers parse the same
+    command and, seeing the launcher's environment, train.
+    """
+    from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    argv = list(sys.argv[1:] if worker_argv is None else worker_argv)
+    arguments = plan.accelerate_arguments(argv)
+    logger.info(
+        "launching %d process(es) on machine %d of %d through accelerate: %s",
+        plan.processes_per_machine,
+        plan.machine_rank,
+        plan.num_machines,
+        " ".join(arguments),
+    )
+    # One thread per rank unless the user chose otherwise: ranks share the machine's cores.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        launch_command(launch_command_parser().parse_args(arguments))
+    except ChildFailedError as err:
+        failures = "; ".join(f"rank {rank}: exit code {failure.exitcode}" for rank, failure in err.failures.items())
+        logger.error("the run failed (%s); the last complete checkpoint can be resumed with --resume", failures)
+        return 1
+    return 0
