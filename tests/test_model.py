@@ -73,9 +73,12 @@ def test_from_pretrained_errors_and_head(tmp_path) -> None:
     tokenizer.save_pretrained(tmp_path)
     head = ProjectionHead(16, 8)
     save_file(head.state_dict(), str(tmp_path / "head.safetensors"))
-    loaded = SentenceEncoder.from_pretrained(tmp_path, head_dim=8)
+    loaded = SentenceEncoder.from_pretrained(tmp_path)  # the width comes from the saved head
+    assert loaded.head.out_dim == 8
     for got, expected in zip(loaded.head.parameters(), head.parameters()):
         torch.testing.assert_close(got, expected)
+    with pytest.raises(ValueError, match="holds a 8-wide head; got head_dim=128"):
+        SentenceEncoder.from_pretrained(tmp_path, head_dim=128)
 
 
 def test_packaged_minilm_gives_sentence_embeddings() -> None:

@@ -85,6 +85,11 @@ class LossConfig:
     eps: float = 15.0  # ||delta||: strength of the virtual augmentation
     power_iters: int = 1
     detach: bool = True  # the authors' choice: the neighbourhood term trains the head only
+    similarity: Literal["dot", "cosine"] = "dot"  # neighbour search; dot is the authors' choice
+    # "relative": eps (xi) is a multiple of the mean ||e|| over the global batch, so one value
+    # transfers across backbones with different embedding norms; "absolute": the paper's Delta.
+    eps_mode: Literal["absolute", "relative"] = "absolute"
+    xi_mode: Literal["absolute", "relative"] = "absolute"
 
     def __post_init__(self) -> None:
         _require(self.temperature > 0, "loss.temperature", f"must be > 0; got {self.temperature}")

@@ -89,11 +89,16 @@ class SentenceEncoder(nn.Module):
         cls,
         path: str | Path,
         pooling: str = "mean",
-        head_dim: int = 128,
+        head_dim: int | None = None,
         trust_remote_code: bool = False,
         attn_implementation: str | None = None,
     ) -> "SentenceEncoder":
-        """Load a local Hugging Face encoder directory (and its tokenizer); a fresh head."""
+        """Load a local Hugging Face encoder directory and its tokenizer.
+
+        A ``head.safetensors`` beside the weights (what training exports) is loaded as the
+        projection head, and ``head_dim=None`` takes its size from it; otherwise the head is
+        new, ``head_dim`` wide (default 128).
+        """
         from transformers import AutoModel, AutoTokenizer
 
         path = Path(path)
@@ -107,12 +112,19 @@ class SentenceEncoder(nn.Module):
             kwargs["attn_implementation"] = attn_implementation
         encoder = AutoModel.from_pretrained(str(path), **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-        model = cls(encoder, tokenizer, pooling=pooling, head_dim=head_dim)
         head_file = path / "head.safetensors"
+        head_state = None
         if head_file.is_file():
             from safetensors.torch import load_file
 
-            model.head.load_state_dict(load_file(str(head_file)))
+            head_state = load_file(str(head_file))
+            saved_dim = head_state["2.weight"].shape[0]  # Linear(d, head_dim) is module 2
+            if head_dim is not None and head_dim != saved_dim:
+                raise ValueError(f"{head_file} holds a {saved_dim}-wide head; got head_dim={head_dim}")
+            head_dim = saved_dim
+        model = cls(encoder, tokenizer, pooling=pooling, head_dim=128 if head_dim is None else head_dim)
+        if head_state is not None:
+            model.head.load_state_dict(head_state)
             logger.info("loaded the projection head from %s", head_file)
         return model
 

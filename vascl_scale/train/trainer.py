@@ -168,6 +168,9 @@ def contrastive_objective(
         power_iters=loss_cfg.power_iters,
         detach=loss_cfg.detach,
         generator=generator,
+        similarity=loss_cfg.similarity,
+        eps_mode=loss_cfg.eps_mode,
+        xi_mode=loss_cfg.xi_mode,
     )
 
 
@@ -449,6 +452,8 @@ class Trainer:
             "lr/encoder": self.scheduler.get_last_lr()[0],
             "lr/head": self.scheduler.get_last_lr()[1],
         }
+        if self.accelerator.device.type == "cuda":  # this rank's peak since the start, for sweeps
+            values["peak_memory_mb"] = torch.cuda.max_memory_allocated(self.accelerator.device) / 2**20
         if self.metrics is not None:
             shown = ("loss/loss", "loss/simcse", "loss/neighbourhood")  # all terms go to the JSONL
             terms = " ".join(f"{k.removeprefix('loss/')} {means[k]:.4f}" for k in shown if k in means)
