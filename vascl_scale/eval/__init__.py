@@ -1,0 +1,10 @@
+"""Evaluation of sentence encoders on the paper's three task families (Tables 1-3).
+
+Evaluators take an ``encode(texts) -> (N, d) array`` callable, so embedding stays separate from
+scoring: ``eval all`` passes cached embeddings of every distinct text, the trainer passes
+``model.encode``.
+"""
+
+from vascl_scale.eval.sts import StsPair, default_stsb_dev_path, load_sts_tsv, spearman_score
+
+__all__ = ["StsPair", "default_stsb_dev_path", "load_sts_tsv", "spearman_score"]

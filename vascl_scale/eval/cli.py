@@ -1,0 +1,258 @@
+"""``vascl-scale eval ...``: STS, clustering and few-shot intent on saved checkpoints."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from vascl_scale.log import console
+
+logger = logging.getLogger(__name__)
+
+app = typer.Typer(help="Evaluate checkpoints: STS, short text clustering, few-shot intent.", no_args_is_help=True)
+
+MODEL = typer.Option(..., "--model", help="Run dir (best/, else final/), HF or sentence-transformers dir; repeatable.")
+DATA_DIR = typer.Option(None, "--data-dir", help="Evaluation data (layout of ../shared/data); default $VASCL_DATA.")
+OUTPUT = typer.Option(Path("eval-results.json"), "--output", help="JSON with every score, per task, subset and seed.")
+MARKDOWN = typer.Option(None, "--markdown", help="Markdown tables; default: the --output path with .md.")
+TASK = typer.Option(None, "--task", help="Run only these tasks (repeatable), e.g. --task stsb --task sickr-full.")
+BATCH = typer.Option(64, "--batch-size", min=1, help="Texts per encoder forward.")
+MAX_LENGTH = typer.Option(None, "--max-length", min=1, help="Tokens per text; default: the model's, else 256.")
+POOLING = typer.Option(None, "--pooling", help="mean or cls; default: the model's, else mean.")
+DEVICE = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ...; default: cuda when available.")
+CACHE = typer.Option(None, "--cache-dir", help="Embedding cache; default $VASCL_CACHE/embeddings or ~/.cache/vascl-scale.")
+NO_CACHE = typer.Option(False, "--no-cache", help="Encode everything afresh and store nothing.")
+
+
+def _fail(err: Exception) -> None:
+    console.print(f"error: {err}", style="red", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(code=2)
+
+
+def _tasks_by_family(tasks: list[str] | None, families: list[str]) -> dict[str, list[str]] | None:
+    """Route ``--task`` names to their families; every name must belong to one of ``families``."""
+    if not tasks:
+        return None
+    from vascl_scale.eval.clustering import CLUSTERING_TASKS
+    from vascl_scale.eval.intent import INTENT_TASKS
+    from vascl_scale.eval.sts import STS_TASKS
+
+    known = {"sts": tuple(STS_TASKS), "clustering": CLUSTERING_TASKS, "intent": INTENT_TASKS}
+    routed = {family: [t for t in tasks if t in known[family]] for family in families}
+    unknown = [t for t in tasks if not any(t in routed[f] for f in families)]
+    if unknown:
+        choices = ", ".join(t for f in families for t in known[f])
+        raise ValueError(f"unknown task(s) {unknown} for eval {'/'.join(families)}; choose from {choices}")
+    return {family: names for family, names in routed.items() if names}
+
+
+def _run(
+    families: list[str],
+    models: list[Path],
+    data_dir: Optional[Path],
+    output: Path,
+    markdown_path: Optional[Path],
+    tasks: Optional[list[str]],
+    batch_size: int,
+    max_length: Optional[int],
+    pooling: Optional[str],
+    device: Optional[str],
+    cache_dir: Optional[Path],
+    no_cache: bool,
+    missing_ok: bool,
+) -> None:
+    from vascl_scale.eval.embed import default_cache_dir, resolve_model
+    from vascl_scale.eval.report import markdown, rich_tables
+    from vascl_scale.eval.runner import build_evaluators, resolve_data_dir, run_evaluation
+
+    started = time.perf_counter()
+    try:
+        data = resolve_data_dir(data_dir)
+        routed = _tasks_by_family(tasks, families)
+        if routed is not None:
+            families = [family for family in families if family in routed]
+        specs = [resolve_model(path, pooling, max_length) for path in models]
+        evaluators = build_evaluators(data, families, routed, missing_ok=missing_ok)
+        cache = None if no_cache else (cache_dir or default_cache_dir())
+        report = run_evaluation(specs, evaluators, data, batch_size, cache, device)
+    except ValueError as err:
+        _fail(err)
+    for table in rich_tables(report):
+        console.print(table)
+    report.save(output)
+    markdown_path = markdown_path or output.with_suffix(".md")
+    markdown_path.parent.mkdir(parents=True, exist_ok=True)
+    markdown_path.write_text(markdown(report), encoding="utf-8")
+    wall = time.perf_counter() - started
+    for model in report.models:
+        encode = model.embedding["encode_seconds"]
+        ratio = f", {wall / encode:.2f}x the encoding time" if encode > 0 else ""
+        logger.info(
+            "%s: %d distinct texts (%d encoded in %.1f s, %d from cache)%s",
+            model.label,
+            model.embedding["distinct_texts"],
+            model.embedding["encoded"],
+            encode,
+            model.embedding["from_cache"],
+            ratio if len(report.models) == 1 else "",
+        )
+    logger.info("wrote %s and %s; wall time %.1f s", output, markdown_path, wall)
+
+
+@app.command("sts")
+def sts(
+    model: List[Path] = MODEL,
+    data_dir: Optional[Path] = DATA_DIR,
+    output: Path = OUTPUT,
+    markdown_path: Optional[Path] = MARKDOWN,
+    task: Optional[List[str]] = TASK,
+    batch_size: int = BATCH,
+    max_length: Optional[int] = MAX_LENGTH,
+    pooling: Optional[str] = POOLING,
+    device: Optional[str] = DEVICE,
+    cache_dir: Optional[Path] = CACHE,
+    no_cache: bool = NO_CACHE,
+) -> None:
+    """STS12-16, STS-B, SICK-R (extra tasks: sickr-full, stsb-dev): Spearman x 100 of cosine."""
+    _run(["sts"], model, data_dir, output, markdown_path, task, batch_size, max_length, pooling, device, cache_dir, no_cache, False)
+
+
+@app.command("clustering")
+def clustering(
+    model: List[Path] = MODEL,
+    data_dir: Optional[Path] = DATA_DIR,
+    output: Path = OUTPUT,
+    markdown_path: Optional[Path] = MARKDOWN,
+    task: Optional[List[str]] = TASK,
+    batch_size: int = BATCH,
+    max_length: Optional[int] = MAX_LENGTH,
+    pooling: Optional[str] = POOLING,
+    device: Optional[str] = DEVICE,
+    cache_dir: Optional[Path] = CACHE,
+    no_cache: bool = NO_CACHE,
+) -> None:
+    """Short text clustering: KMeans (10 seeds), Hungarian accuracy and NMI."""
+    _run(["clustering"], model, data_dir, output, markdown_path, task, batch_size, max_length, pooling, device, cache_dir, no_cache, False)
+
+
+@app.command("intent")
+def intent(
+    model: List[Path] = MODEL,
+    data_dir: Optional[Path] = DATA_DIR,
+    output: Path = OUTPUT,
+    markdown_path: Optional[Path] = MARKDOWN,
+    task: Optional[List[str]] = TASK,
+    batch_size: int = BATCH,
+    max_length: Optional[int] = MAX_LENGTH,
+    pooling: Optional[str] = POOLING,
+    device: Optional[str] = DEVICE,
+    cache_dir: Optional[Path] = CACHE,
+    no_cache: bool = NO_CACHE,
+) -> None:
+    """Few-shot intent (5/10/20 shots, 5 splits): linear softmax probe on frozen embeddings."""
+    _run(["intent"], model, data_dir, output, markdown_path, task, batch_size, max_length, pooling, device, cache_dir, no_cache, False)
+
+
+@app.command("all")
+def all_tasks(
+    model: List[Path] = MODEL,
+    data_dir: Optional[Path] = DATA_DIR,
+    output: Path = OUTPUT,
+    markdown_path: Optional[Path] = MARKDOWN,
+    task: Optional[List[str]] = TASK,
+    batch_size: int = BATCH,
+    max_length: Optional[int] = MAX_LENGTH,
+    pooling: Optional[str] = POOLING,
+    device: Optional[str] = DEVICE,
+    cache_dir: Optional[Path] = CACHE,
+    no_cache: bool = NO_CACHE,
+) -> None:
+    """All three families on one encoding pass; a missing dataset is skipped and marked missing."""
+    families = ["sts", "clustering", "intent"]
+    _run(families, model, data_dir, output, markdown_path, task, batch_size, max_length, pooling, device, cache_dir, no_cache, True)
+
+
+@app.command("neighbours")
+def neighbours(
+    model: List[Path] = MODEL,
+    dataset: str = typer.Option("stackoverflow", "--dataset", help="A clustering dataset (text, label)."),
+    k: Optional[List[int]] = typer.Option(None, "--k", help="Neighbourhood sizes; default 1 5 10 20 50 100."),
+    data_dir: Optional[Path] = DATA_DIR,
+    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG path; default neighbours-<dataset>.png."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Also write the numbers as JSON."),
+    batch_size: int = BATCH,
+    max_length: Optional[int] = MAX_LENGTH,
+    pooling: Optional[str] = POOLING,
+    device: Optional[str] = DEVICE,
+    cache_dir: Optional[Path] = CACHE,
+    no_cache: bool = NO_CACHE,
+) -> None:
+    """Figure 2a: same-class share of top-K neighbours and their distance; alignment and
+    uniformity on STS-B dev (positives: gold >= 4)."""
+    from rich.table import Table
+
+    from vascl_scale.eval.clustering import CLUSTERING_TASKS, load_labelled_texts
+    from vascl_scale.eval.embed import Embedder, default_cache_dir, resolve_model
+    from vascl_scale.eval.neighbours import NEIGHBOUR_KS, alignment_uniformity, neighbour_statistics, plot_neighbours
+    from vascl_scale.eval.report import short_label
+    from vascl_scale.eval.runner import resolve_data_dir
+    from vascl_scale.eval.sts import default_stsb_dev_path, load_sts_tsv
+
+    try:
+        if dataset not in CLUSTERING_TASKS:
+            raise ValueError(f"unknown dataset {dataset!r}; choose from {', '.join(CLUSTERING_TASKS)}")
+        data = resolve_data_dir(data_dir)
+        texts, labels = load_labelled_texts(data / "clustering" / f"{dataset}.tsv")
+        pairs = load_sts_tsv(default_stsb_dev_path(data))
+        ks = tuple(k or NEIGHBOUR_KS)
+        cache = None if no_cache else (cache_dir or default_cache_dir())
+        statistics, geometry = {}, {}
+        for path in model:
+            spec = resolve_model(path, pooling, max_length)
+            embedder = Embedder(spec, batch_size=batch_size, cache_dir=cache, device=device)
+            embeddings = embedder.embed(texts + [t for p in pairs for t in (p.sentence1, p.sentence2)])
+            statistics[short_label(spec.name)] = neighbour_statistics(embeddings(texts), labels, ks)
+            geometry[short_label(spec.name)] = alignment_uniformity(embeddings, pairs)
+    except ValueError as err:
+        _fail(err)
+    table = Table(title=f"Top-K neighbours on {dataset}: same-class share (%) / mean distance", title_justify="left")
+    table.add_column("Model")
+    for size in ks:
+        table.add_column(f"K={size}", justify="right")
+    table.add_column("align", justify="right")
+    table.add_column("uniform", justify="right")
+    for name, by_k in statistics.items():
+        cells = [f"{by_k[size]['same_class']:.1f} / {by_k[size]['distance']:.3f}" for size in ks]
+        table.add_row(name, *cells, f"{geometry[name]['alignment']:.3f}", f"{geometry[name]['uniformity']:.3f}")
+    console.print(table)
+    plot_path = plot_neighbours(statistics, plot or Path(f"neighbours-{dataset}.png"), dataset)
+    logger.info("wrote %s", plot_path)
+    if output is not None:
+        record = {"dataset": dataset, "neighbours": statistics, "stsb_dev": geometry}
+        output.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        logger.info("wrote %s", output)
+
+
+@app.command("compare")
+def compare(
+    baseline: Path = typer.Argument(..., help="Results JSON A (the baseline)."),
+    candidate: Path = typer.Argument(..., help="Results JSON B."),
+    index_a: int = typer.Option(0, "--index-a", min=0, help="Which model of A, when it holds several."),
+    index_b: int = typer.Option(0, "--index-b", min=0, help="Which model of B, when it holds several."),
+) -> None:
+    """Per-task differences B - A of the primary metrics, and each family's mean difference."""
+    from vascl_scale.eval.report import EvalReport, compare_table
+
+    try:
+        first, second = EvalReport.load(baseline), EvalReport.load(candidate)
+        for report, index, path in ((first, index_a, baseline), (second, index_b, candidate)):
+            if index >= len(report.models):
+                raise ValueError(f"{path} holds {len(report.models)} model(s); --index must be below that")
+    except ValueError as err:
+        _fail(err)
+    console.print(compare_table(first.models[index_a], second.models[index_b]))

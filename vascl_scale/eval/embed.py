@@ -1,0 +1,335 @@
+"""From a model path to embeddings: resolve the directory, encode each distinct text once, cache.
+
+A model is one of
+- a training run directory: its ``best/`` export, else ``final/``;
+- a Hugging Face encoder directory (config.json, weights, tokenizer files);
+- a sentence-transformers directory: ``modules.json`` says where the encoder lives, its Pooling
+  module's config says the pooling and a Normalize module L2-normalises the output; both are
+  honoured, and ``sentence_bert_config.json`` gives the maximum sequence length.
+
+Embeddings are cached on disk under a fingerprint of everything that decides them (config,
+weights and tokenizer files, pooling, normalisation, maximum length), one row per text keyed by
+a hash of the text, so a second evaluation of the same checkpoint encodes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from vascl_scale.log import console
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_LENGTH = 256
+# A tokenizer is present when one of these is; the fingerprint also hashes the special-token files.
+TOKENIZER_VOCAB_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+TOKENIZER_FILES = TOKENIZER_VOCAB_FILES + ("special_tokens_map.json", "added_tokens.json")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What decides a model's embeddings: where its encoder is and how its output is pooled."""
+
+    name: str  # the path as the user gave it, for tables
+    directory: Path  # the Hugging Face directory (config.json, weights, tokenizer)
+    pooling: str = "mean"
+    normalize: bool = False
+    max_length: int = DEFAULT_MAX_LENGTH
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "directory": str(self.directory),
+            "pooling": self.pooling,
+            "normalize": self.normalize,
+            "max_length": self.max_length,
+        }
+
+
+# Pooling names of sentence-transformers (legacy boolean keys and the newer "pooling_mode" values)
+# that SentenceEncoder reproduces.
+_LEGACY_POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
+_SUPPORTED_POOLING = ("mean", "cls")
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _pooling_from_config(config_path: Path) -> str:
+    """The pooling of a sentence-transformers Pooling module: ``"pooling_mode"`` (v5+) or the
+    legacy ``pooling_mode_*`` booleans; none set means mean, as sentence-transformers reads it."""
+    config = _read_json(config_path)
+    if "pooling_mode" in config:
+        modes = config["pooling_mode"]
+        modes = [modes] if isinstance(modes, str) else list(modes)
+    else:
+        modes = [key for key, value in config.items() if key.startswith("pooling_mode_") and value] or ["mean"]
+        modes = [_LEGACY_POOLING_KEYS.get(mode, mode) for mode in modes]
+    if len(modes) != 1 or modes[0] not in _SUPPORTED_POOLING:
+        raise ValueError(
+            f"{config_path} asks for pooling {modes}; vascl-scale supports one of {list(_SUPPORTED_POOLING)}"
+        )
+    return modes[0]
+
+
+def _sentence_transformers_layout(directory: Path) -> tuple[Path, str | None, bool, int | None]:
+    """(encoder directory, pooling or None, normalize, max length or None) from modules.json.
+
+    Modules are recognised by class name, so both the old (``sentence_transformers.models.Pooling``)
+    and the newer module paths work. The maximum length is ``max_seq_length`` of
+    sentence_bert_config.json, else (newer releases) the tokenizer's ``model_max_length``.
+    """
+    modules = json.loads((directory / "modules.json").read_text(encoding="utf-8"))
+    encoder_dir, pooling, normalize, max_length = directory, None, False, None
+    for module in modules:
+        kind = module.get("type", "")
+        where = directory / module.get("path", "")
+        name = kind.rsplit(".", 1)[-1]
+        if name == "Transformer":
+            encoder_dir = where
+            max_length = _read_json(where / "sentence_bert_config.json").get("max_seq_length")
+            if max_length is None:
+                tokenizer_limit = _read_json(where / "tokenizer_config.json").get("model_max_length")
+                # tokenizers without a limit store a huge sentinel (int(1e30)): not a length
+                max_length = tokenizer_limit if isinstance(tokenizer_limit, int) and tokenizer_limit < 100_000 else None
+        elif name == "Pooling":
+            pooling = _pooling_from_config(where / "config.json")
+        elif name == "Normalize":
+            normalize = True
+        else:
+            raise ValueError(
+                f"{directory / 'modules.json'} has a {kind} module, which vascl-scale cannot apply; "
+                "supported: Transformer, Pooling (mean or cls), Normalize"
+            )
+    return encoder_dir, pooling, normalize, max_length
+
+
+def resolve_model(path: str | Path, pooling: str | None = None, max_length: int | None = None) -> ModelSpec:
+    """A :class:`ModelSpec` for a run directory, a Hugging Face or a sentence-transformers
+    directory. Explicit ``pooling`` / ``max_length`` override what the directory says."""
+    given = Path(path)
+    if not given.is_dir():
+        raise ValueError(f"model path {given} is not a directory")
+    directory = given
+    if not (given / "config.json").is_file() and not (given / "modules.json").is_file():
+        exports = [given / name for name in ("best", "final") if (given / name).is_dir()]
+        if not exports:
+            raise ValueError(
+                f"{given} is neither a model directory (config.json or modules.json) nor a training "
+                "run directory (with best/ or final/); pass one of those"
+            )
+        directory = exports[0]
+        logger.info("using %s of training run %s", directory.name, given)
+    st_pooling, normalize, st_max_length = None, False, None
+    if (directory / "modules.json").is_file():
+        directory, st_pooling, normalize, st_max_length = _sentence_transformers_layout(directory)
+    if not (directory / "config.json").is_file():
+        raise ValueError(f"{directory} has no config.json; pass a directory saved with save_pretrained")
+    if not any((directory / name).is_file() for name in TOKENIZER_VOCAB_FILES):
+        raise ValueError(
+            f"{directory} has no tokenizer files (one of {', '.join(TOKENIZER_VOCAB_FILES[:4])}, ...); "
+            "save the tokenizer next to the model with tokenizer.save_pretrained(directory)"
+        )
+    if pooling is not None and st_pooling is not None and pooling != st_pooling:
+        logger.warning("%s pools by %s; using --pooling %s as asked", directory, st_pooling, pooling)
+    chosen_pooling = pooling or st_pooling or "mean"
+    if chosen_pooling not in ("mean", "cls"):
+        raise ValueError(f"pooling must be mean or cls; got {chosen_pooling!r}")
+    chosen_length = max_length or st_max_length or DEFAULT_MAX_LENGTH
+    if chosen_length < 1:
+        raise ValueError(f"max_length must be >= 1; got {chosen_length}")
+    return ModelSpec(str(path), directory, chosen_pooling, normalize, int(chosen_length))
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def model_fingerprint(spec: ModelSpec) -> str:
+    """Hash of config, weight and tokenizer files plus pooling, normalisation and max length.
+
+    The projection head (head.safetensors) is left out: evaluation never uses it.
+    """
+    files = sorted(
+        p
+        for p in spec.directory.iterdir()
+        if p.is_file()
+        and p.name != "head.safetensors"
+        and (p.name == "config.json" or p.name in TOKENIZER_FILES or p.suffix in (".safetensors", ".bin"))
+    )
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.name}:{_file_digest(path)}\n".encode())
+    digest.update(f"pooling={spec.pooling};normalize={spec.normalize};max_length={spec.max_length}".encode())
+    return digest.hexdigest()[:32]
+
+
+def text_key(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def default_cache_dir() -> Path:
+    """``$VASCL_CACHE/embeddings``, else ``~/.cache/vascl-scale/embeddings``."""
+    root = os.environ.get("VASCL_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "vascl-scale") / "embeddings"
+
+
+class EmbeddingCache:
+    """Embeddings of one model fingerprint: ``<root>/<fingerprint>/part-*.npz`` files, each with
+    ``keys`` (M,) text hashes and ``embeddings`` (M, d) float32. New rows go to a new part,
+    written to a temporary name and renamed, so a crashed or concurrent run never leaves a
+    half-written part behind."""
+
+    def __init__(self, root: str | Path, fingerprint: str) -> None:
+        self.directory = Path(root) / fingerprint
+        self._rows: dict[str, np.ndarray] = {}
+        if self.directory.is_dir():
+            for part in sorted(self.directory.glob("part-*.npz")):
+                with np.load(part) as stored:
+                    self._rows.update(zip(stored["keys"].tolist(), stored["embeddings"]))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def get(self, key: str) -> np.ndarray | None:
+        return self._rows.get(key)
+
+    def add(self, keys: Sequence[str], embeddings: np.ndarray) -> None:
+        if not len(keys):
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        name = f"part-{time.time_ns()}-{uuid.uuid4().hex[:8]}.npz"
+        temporary = self.directory / f".{name}.tmp"
+        with temporary.open("wb") as handle:
+            np.savez(handle, keys=np.asarray(keys), embeddings=np.asarray(embeddings, dtype=np.float32))
+        os.replace(temporary, self.directory / name)
+        self._rows.update(zip(keys, np.asarray(embeddings, dtype=np.float32)))
+
+
+class TextEmbeddings:
+    """Embeddings looked up by text: ``embeddings(texts) -> (N, d)``, usable as an ``encode``."""
+
+    def __init__(self, texts: Sequence[str], matrix: np.ndarray) -> None:
+        self.row = {text: i for i, text in enumerate(texts)}
+        self.matrix = matrix  # (T, d)
+
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        try:
+            return self.matrix[[self.row[text] for text in texts]]
+        except KeyError as err:
+            raise ValueError(f"text {err.args[0][:60]!r} was not embedded; embed every task's texts first") from None
+
+
+@dataclass
+class EmbeddingStats:
+    """What one :meth:`Embedder.embed` call did, for the JSON and the speed report."""
+
+    distinct_texts: int = 0
+    from_cache: int = 0
+    encoded: int = 0
+    encode_seconds: float = 0.0
+    load_seconds: float = 0.0
+    fingerprint: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class Embedder:
+    """Encodes distinct texts once, longest first in length-sorted batches, through the cache."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        batch_size: int = 64,
+        cache_dir: str | Path | None = None,
+        device: str | None = None,
+        chunk_batches: int = 16,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+        self.spec = spec
+        self.batch_size = batch_size
+        self.cache_dir = cache_dir
+        self.device = device
+        self.chunk_size = batch_size * chunk_batches  # texts per progress update and per cache part
+        self.stats = EmbeddingStats()
+
+    def _load_encoder(self):
+        import torch
+
+        from vascl_scale.model import SentenceEncoder
+
+        device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        model = SentenceEncoder.from_pretrained(self.spec.directory, pooling=self.spec.pooling)
+        return model.to(device)
+
+    def embed(self, texts: Iterable[str]) -> TextEmbeddings:
+        """Embeddings (float32) of every distinct text, from the cache or freshly encoded."""
+        # Longest first, so similar lengths share a batch; ties broken by the text itself, so a
+        # run's batches (and the last float bits of every embedding) do not depend on hash order.
+        distinct = sorted(set(texts), key=lambda text: (-len(text), text))
+        blank = next((text for text in distinct if not text.strip()), None)
+        if blank is not None:
+            raise ValueError(f"cannot embed an empty text ({blank!r}); remove it from the data")
+        started = time.perf_counter()
+        cache = None
+        if self.cache_dir is not None:
+            self.stats.fingerprint = model_fingerprint(self.spec)
+            cache = EmbeddingCache(self.cache_dir, self.stats.fingerprint)
+        found = {text: cache.get(text_key(text)) for text in distinct} if cache is not None else {}
+        todo = [text for text in distinct if found.get(text) is None]
+        self.stats.load_seconds = time.perf_counter() - started
+        logger.info(
+            "%s: %d distinct texts, %d cached, %d to encode", self.spec.name, len(distinct), len(distinct) - len(todo), len(todo)
+        )
+        encoded = {}
+        if todo:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            started = time.perf_counter()
+            model = self._load_encoder()
+            columns = (TextColumn("encoding"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            with Progress(*columns, console=console, transient=True) as progress:
+                bar = progress.add_task("encode", total=len(todo))
+                for start in range(0, len(todo), self.chunk_size):
+                    chunk = todo[start : start + self.chunk_size]
+                    vectors = model.encode(
+                        chunk, batch_size=self.batch_size, max_length=self.spec.max_length, normalize=self.spec.normalize
+                    )  # (n, d) float32
+                    if cache is not None:
+                        cache.add([text_key(text) for text in chunk], vectors)
+                    encoded.update(zip(chunk, vectors))
+                    progress.advance(bar, len(chunk))
+            self.stats.encode_seconds = time.perf_counter() - started
+            logger.info("encoded %d texts in %.1f s", len(todo), self.stats.encode_seconds)
+        self.stats.distinct_texts = len(distinct)
+        self.stats.from_cache = len(distinct) - len(todo)
+        self.stats.encoded = len(todo)
+        if not distinct:
+            return TextEmbeddings([], np.zeros((0, 0), dtype=np.float32))
+        rows = [found[text] if found.get(text) is not None else encoded[text] for text in distinct]
+        return TextEmbeddings(distinct, np.stack(rows))

@@ -1,0 +1,208 @@
+"""Results of one ``eval`` run: the JSON record, the paper-layout tables and ``eval compare``.
+
+Tables follow the paper: one table per task family, tasks as columns and the average last
+(Tables 1 and 2); few-shot intent has one row per (model, K), cells "mean +- std" (Table 3).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from rich.table import Table
+
+from vascl_scale import __version__
+from vascl_scale.eval.clustering import CLUSTERING_TASKS
+from vascl_scale.eval.intent import INTENT_TASKS
+from vascl_scale.eval.results import FAMILIES, TaskResult
+from vascl_scale.eval.sts import PAPER_STS_TASKS, STS_TASKS
+
+TASK_ORDER = {"sts": tuple(STS_TASKS), "clustering": CLUSTERING_TASKS, "intent": INTENT_TASKS}
+# Tasks averaged in the "Avg." column: the paper's columns (sickr-full and stsb-dev are extras).
+AVERAGED = {"sts": PAPER_STS_TASKS, "clustering": CLUSTERING_TASKS, "intent": INTENT_TASKS}
+TITLES = {
+    "sts": "STS: Spearman x 100 of cosine similarity (Table 1)",
+    "clustering": "Short text clustering: KMeans accuracy x 100, mean of seeds (Table 2)",
+    "intent": "Few-shot intent classification: test accuracy x 100, mean +- std of splits (Table 3)",
+}
+
+
+def short_label(model_path: str) -> str:
+    """A model path's last two parts ("run/best", "pkg/model"): short for tables, still telling."""
+    return "/".join(Path(model_path).parts[-2:]) or model_path
+
+
+@dataclass
+class ModelReport:
+    model: dict[str, Any]  # ModelSpec.describe()
+    embedding: dict[str, Any]  # EmbeddingStats.to_json()
+    seconds: dict[str, float]  # wall time per stage
+    results: list[TaskResult] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return short_label(self.model["name"])
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "embedding": self.embedding,
+            "seconds": self.seconds,
+            "results": [result.to_json() for result in self.results],
+        }
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> "ModelReport":
+        results = [TaskResult.from_json(r) for r in record["results"]]
+        return cls(record["model"], record.get("embedding", {}), record.get("seconds", {}), results)
+
+
+@dataclass
+class EvalReport:
+    models: list[ModelReport]
+    data_dir: str = ""
+    created: str = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "vascl_scale_version": __version__,
+            "created": self.created,
+            "data_dir": self.data_dir,
+            "models": [m.to_json() for m in self.models],
+        }
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "EvalReport":
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"results file {path} not found; pass a JSON written by `vascl-scale eval ... --output`")
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            models = [ModelReport.from_json(m) for m in record["models"]]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{path} is not a vascl-scale eval results file ({err})") from None
+        return cls(models, record.get("data_dir", ""), record.get("created", ""))
+
+
+def _ordered_tasks(results: Sequence[TaskResult], family: str) -> list[str]:
+    present = {r.task for r in results if r.family == family}
+    return [task for task in TASK_ORDER[family] if task in present]
+
+
+def _variants(results: Sequence[TaskResult], family: str) -> list[str]:
+    found = dict.fromkeys(r.variant for r in results if r.family == family)
+    return sorted(found, key=lambda v: (len(v), v))  # "5-shot" < "10-shot" < "20-shot"
+
+
+def _cell(result: TaskResult | None, with_std: bool) -> str:
+    if result is None:
+        return ""
+    if result.status != "ok":
+        return "missing"
+    if with_std and "accuracy_std" in result.details:
+        return f"{result.primary:.2f}±{result.details['accuracy_std']:.2f}"
+    return f"{result.primary:.2f}"
+
+
+def _average(results: dict[str, TaskResult], family: str) -> str:
+    """Mean of the primary metric over the family's averaged tasks; "*" if some are missing."""
+    wanted = [task for task in AVERAGED[family] if task in results]
+    scores = [results[task].primary for task in wanted if results[task].status == "ok"]
+    if not scores:
+        return ""
+    return f"{np.mean(scores):.2f}" + ("*" if len(scores) < len(wanted) else "")
+
+
+def family_rows(report: EvalReport, family: str) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of one family's table (the same cells for rich and Markdown)."""
+    everything = [r for m in report.models for r in m.results]
+    tasks = _ordered_tasks(everything, family)
+    variants = _variants(everything, family)
+    header = ["Model"] + (["K"] if family == "intent" else []) + tasks + ["Avg."]
+    rows = []
+    for variant in variants:
+        for model in report.models:
+            by_task = {r.task: r for r in model.results if r.family == family and r.variant == variant}
+            if not by_task:
+                continue
+            cells = [_cell(by_task.get(task), with_std=family == "intent") for task in tasks]
+            rows.append([model.label] + ([variant] if family == "intent" else []) + cells + [_average(by_task, family)])
+    return header, rows
+
+
+def families_in(report: EvalReport) -> list[str]:
+    present = {r.family for m in report.models for r in m.results}
+    return [family for family in FAMILIES if family in present]
+
+
+def rich_tables(report: EvalReport) -> list[Table]:
+    tables = []
+    for family in families_in(report):
+        header, rows = family_rows(report, family)
+        table = Table(title=TITLES[family], title_justify="left")
+        for i, name in enumerate(header):
+            table.add_column(name, justify="left" if i == 0 else "right", style="bold" if name == "Avg." else None)
+        for row in rows:
+            table.add_row(*row)
+        tables.append(table)
+    return tables
+
+
+def markdown(report: EvalReport) -> str:
+    parts = []
+    for family in families_in(report):
+        header, rows = family_rows(report, family)
+        lines = [f"### {TITLES[family]}", "", "| " + " | ".join(header) + " |"]
+        lines.append("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        parts.append("\n".join(lines))
+    note = "\n\n`missing`: dataset file absent; `*`: average over the tasks present.\n"
+    return "\n\n".join(parts) + note
+
+
+def _paper_order(key: str) -> tuple:
+    """Sort key of "family/task[/variant]": variants as K grows, then tasks in paper order."""
+    _, task, *variant = key.split("/")
+    variant_name = variant[0] if variant else ""
+    tasks = next(order for family, order in TASK_ORDER.items() if key.startswith(family + "/"))
+    return (len(variant_name), variant_name, tasks.index(task) if task in tasks else len(tasks), task)
+
+
+def compare_rows(baseline: ModelReport, candidate: ModelReport) -> list[list[str]]:
+    """Per task (in paper order): baseline, candidate, candidate - baseline; then family averages."""
+    first = {r.key: r for r in baseline.results}
+    second = {r.key: r for r in candidate.results}
+    rows = []
+    for family in FAMILIES:
+        diffs = []
+        keys = [k for k in dict.fromkeys(list(first) + list(second)) if k.split("/")[0] == family]
+        for key in sorted(keys, key=_paper_order):
+            a, b = first.get(key), second.get(key)
+            a_ok = a is not None and a.status == "ok"
+            b_ok = b is not None and b.status == "ok"
+            delta = ""
+            if a_ok and b_ok:
+                diffs.append(b.primary - a.primary)
+                delta = f"{b.primary - a.primary:+.2f}"
+            rows.append([key, f"{a.primary:.2f}" if a_ok else "-", f"{b.primary:.2f}" if b_ok else "-", delta])
+        if diffs:
+            rows.append([f"{family} mean difference ({len(diffs)} tasks)", "", "", f"{np.mean(diffs):+.2f}"])
+    return rows
+
+
+def compare_table(baseline: ModelReport, candidate: ModelReport) -> Table:
+    table = Table(title=f"{candidate.label} minus {baseline.label}", title_justify="left")
+    for name, justify in (("Task", "left"), ("A", "right"), ("B", "right"), ("B - A", "right")):
+        table.add_column(name, justify=justify)
+    for row in compare_rows(baseline, candidate):
+        table.add_row(*row)
+    return table

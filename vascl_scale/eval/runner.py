@@ -1,0 +1,95 @@
+"""``eval all`` in library form: load the tasks once, then per model embed every distinct text
+once (through the cache) and score every task on those embeddings."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from vascl_scale.eval.clustering import CLUSTERING_TASKS, ClusteringEvaluator
+from vascl_scale.eval.embed import Embedder, ModelSpec
+from vascl_scale.eval.intent import INTENT_TASKS, FewShotProtocol, IntentEvaluator
+from vascl_scale.eval.report import EvalReport, ModelReport
+from vascl_scale.eval.results import FAMILIES
+from vascl_scale.eval.sts import PAPER_STS_TASKS, STSEvaluator
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TASKS = {"sts": PAPER_STS_TASKS, "clustering": CLUSTERING_TASKS, "intent": INTENT_TASKS}
+
+
+def resolve_data_dir(data_dir: str | Path | None) -> Path:
+    """``data_dir``, else ``$VASCL_DATA``; it must be an existing directory."""
+    chosen = data_dir or os.environ.get("VASCL_DATA")
+    if not chosen:
+        raise ValueError("no evaluation data: pass --data-dir DIR or set VASCL_DATA (the layout of ../shared/data)")
+    path = Path(chosen)
+    if not path.is_dir():
+        raise ValueError(f"data directory {path} does not exist; pass --data-dir or set VASCL_DATA")
+    return path
+
+
+def build_evaluators(
+    data_dir: str | Path,
+    families: Sequence[str],
+    tasks: Mapping[str, Sequence[str]] | None = None,
+    missing_ok: bool = False,
+    clustering_seeds: int = 10,
+    protocol: FewShotProtocol = FewShotProtocol(),
+) -> list:
+    """One evaluator per family, its data loaded. With ``missing_ok`` a task whose file is absent
+    is skipped with a warning and reported as missing; otherwise its absence raises."""
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown task families {unknown}; choose from {', '.join(FAMILIES)}")
+    tasks = {**DEFAULT_TASKS, **(tasks or {})}
+    evaluators = []
+    for family in families:
+        if family == "sts":
+            evaluators.append(STSEvaluator.from_data_dir(data_dir, tasks["sts"], missing_ok))
+        elif family == "clustering":
+            seeds = tuple(range(clustering_seeds))
+            evaluators.append(ClusteringEvaluator.from_data_dir(data_dir, tasks["clustering"], missing_ok, seeds))
+        else:
+            evaluators.append(IntentEvaluator.from_data_dir(data_dir, tasks["intent"], missing_ok, protocol))
+    return evaluators
+
+
+def evaluate_model(embedder: Embedder, evaluators: Sequence) -> ModelReport:
+    """Embed the union of the evaluators' texts once, then score each evaluator on it."""
+    started = time.perf_counter()
+    texts = set().union(*(evaluator.texts() for evaluator in evaluators))
+    embeddings = embedder.embed(texts)
+    seconds = {"embed": time.perf_counter() - started}
+    results = []
+    for evaluator in evaluators:
+        began = time.perf_counter()
+        results += evaluator.evaluate(embeddings)
+        seconds[evaluator.family] = time.perf_counter() - began
+    seconds["total"] = time.perf_counter() - started
+    logger.info(
+        "%s: embedding %.1f s (%d texts encoded), scoring %.1f s",
+        embedder.spec.name,
+        seconds["embed"],
+        embedder.stats.encoded,
+        seconds["total"] - seconds["embed"],
+    )
+    return ModelReport(embedder.spec.describe(), embedder.stats.to_json(), seconds, results)
+
+
+def run_evaluation(
+    specs: Sequence[ModelSpec],
+    evaluators: Sequence,
+    data_dir: str | Path = "",
+    batch_size: int = 64,
+    cache_dir: str | Path | None = None,
+    device: str | None = None,
+) -> EvalReport:
+    models = []
+    for spec in specs:
+        embedder = Embedder(spec, batch_size=batch_size, cache_dir=cache_dir, device=device)
+        models.append(evaluate_model(embedder, evaluators))
+    return EvalReport(models, str(data_dir))

@@ -1,0 +1,254 @@
+"""Semantic textual similarity: Spearman x 100 between cosine similarity and gold scores.
+
+Protocol as in Reimers and Gurevych (2019), SimCSE (Gao et al., 2021), VaSCL Table 1 and MTEB:
+embed both sentences of every pair, score the pair by the cosine of the two embeddings, and
+report Spearman's rank correlation with the gold scores (x 100). For STS12-16 the headline is
+"all": one correlation over every subset concatenated (SimCSE, VaSCL and MTEB report it); the
+per-subset values, their plain mean and their size-weighted mean ("wmean", SentEval) go to the
+JSON.
+
+Loaders read the TSV layout of the data directory and the original formats: SentEval's STS
+folders, the STS Benchmark csv files and SICK's txt files.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from vascl_scale.eval.results import TaskResult, in_task_order
+from vascl_scale.eval.tables import MissingDataError, parse_float, read_tsv, require_file
+
+logger = logging.getLogger(__name__)
+
+Encode = Callable[[list[str]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class StsPair:
+    sentence1: str
+    sentence2: str
+    score: float
+    subset: str = ""
+
+
+# task name -> (folder under <data>/sts, splits concatenated in this order)
+STS_TASKS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "sts12": ("sts12", ("test",)),
+    "sts13": ("sts13", ("test",)),
+    "sts14": ("sts14", ("test",)),
+    "sts15": ("sts15", ("test",)),
+    "sts16": ("sts16", ("test",)),
+    "stsb": ("stsb", ("test",)),
+    "sickr": ("sickr", ("test",)),
+    # MTEB scores SICK-R over all 9,927 pairs (train + trial + test); offered for comparison.
+    "sickr-full": ("sickr", ("train", "dev", "test")),
+    "stsb-dev": ("stsb", ("dev",)),
+}
+# The seven columns of the paper's Table 1, averaged in that order.
+PAPER_STS_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
+
+
+def load_sts_tsv(path: str | Path) -> list[StsPair]:
+    """Pairs of one ``<task>/<split>.tsv`` (sentence1, sentence2, score[, subset])."""
+    path = Path(path)
+    require_file(path)
+    with path.open(encoding="utf-8") as handle:
+        has_subset = "subset" in handle.readline().rstrip("\r\n").split("\t")
+    columns = ["sentence1", "sentence2", "score"] + (["subset"] if has_subset else [])
+    pairs = []
+    for line, row in read_tsv(path, columns, text_columns=("sentence1", "sentence2")):
+        score = parse_float(row["score"], path, line, "score")
+        pairs.append(StsPair(row["sentence1"], row["sentence2"], score, row.get("subset", "")))
+    return pairs
+
+
+def load_senteval_sts_dir(directory: str | Path) -> list[StsPair]:
+    """SentEval's layout: ``STS.input.<subset>.txt`` (two tab-separated sentences a line) with
+    ``STS.gs.<subset>.txt`` (one score a line). An empty gold line means the pair has no gold
+    score, and the pair is dropped, as SentEval does."""
+    directory = Path(directory)
+    inputs = sorted(directory.glob("STS.input.*.txt"))
+    if not inputs:
+        raise MissingDataError(
+            directory / "STS.input.<subset>.txt",
+            "expected SentEval's STS layout: STS.input.<subset>.txt beside STS.gs.<subset>.txt",
+        )
+    pairs = []
+    for input_path in inputs:
+        subset = input_path.name[len("STS.input.") : -len(".txt")]
+        gold_path = require_file(
+            directory / f"STS.gs.{subset}.txt", f"every STS.input.{subset}.txt needs its STS.gs.{subset}.txt"
+        )
+        sentences = input_path.read_text(encoding="utf-8").splitlines()
+        gold = gold_path.read_text(encoding="utf-8").splitlines()
+        if len(sentences) != len(gold):
+            raise ValueError(
+                f"{input_path} has {len(sentences)} lines but {gold_path} has {len(gold)}; they must align line by line"
+            )
+        for number, (line, score) in enumerate(zip(sentences, gold), start=1):
+            if not score.strip():
+                continue
+            fields = line.split("\t")
+            if len(fields) != 2:
+                raise ValueError(f"{input_path}:{number}: expected 2 tab-separated sentences, found {len(fields)} fields")
+            if not fields[0].strip() or not fields[1].strip():
+                raise ValueError(f"{input_path}:{number}: empty sentence")
+            pairs.append(StsPair(fields[0], fields[1], parse_float(score, gold_path, number, "score"), subset))
+    return pairs
+
+
+def load_stsb_csv(path: str | Path) -> list[StsPair]:
+    """An STS Benchmark ``sts-{train,dev,test}.csv``: tab-separated, unquoted, no header; fields
+    genre, file, year, id, score, sentence1, sentence2 and sometimes two source columns.
+    The genre becomes the subset. Quotes are literal text here, so no CSV parser is used."""
+    path = require_file(Path(path), "expected an STS Benchmark sts-<split>.csv file")
+    pairs = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            line = line.rstrip("\r\n")
+            if not line:
+                continue
+            fields = line.split("\t")
+            if len(fields) not in (7, 9):
+                raise ValueError(f"{path}:{number}: expected 7 or 9 tab-separated fields, found {len(fields)}")
+            if not fields[5].strip() or not fields[6].strip():
+                raise ValueError(f"{path}:{number}: empty sentence")
+            pairs.append(StsPair(fields[5], fields[6], parse_float(fields[4], path, number, "score"), fields[0]))
+    return pairs
+
+
+def load_sick_txt(path: str | Path) -> list[StsPair]:
+    """A SICK release file with a header: ``SICK.txt`` (whose ``SemEval_set`` column becomes the
+    subset) or the SemEval-2014 ``SICK_train.txt`` / ``SICK_trial.txt`` / ``SICK_test_annotated.txt``.
+    Columns are found by name: sentence_A, sentence_B, relatedness_score."""
+    path = Path(path)
+    require_file(path, "expected a SICK txt file with a header row")
+    with path.open(encoding="utf-8") as handle:
+        header = handle.readline().rstrip("\r\n").split("\t")
+    columns = ["sentence_A", "sentence_B", "relatedness_score"] + (["SemEval_set"] if "SemEval_set" in header else [])
+    pairs = []
+    for line, row in read_tsv(path, columns, text_columns=("sentence_A", "sentence_B")):
+        score = parse_float(row["relatedness_score"], path, line, "relatedness_score")
+        pairs.append(StsPair(row["sentence_A"], row["sentence_B"], score, row.get("SemEval_set", "")))
+    return pairs
+
+
+def sts_task_paths(data_dir: str | Path, task: str) -> list[Path]:
+    if task not in STS_TASKS:
+        raise ValueError(f"unknown STS task {task!r}; choose from {', '.join(STS_TASKS)}")
+    folder, splits = STS_TASKS[task]
+    return [Path(data_dir) / "sts" / folder / f"{split}.tsv" for split in splits]
+
+
+def default_stsb_dev_path(data_dir: str | Path) -> Path:
+    """``<data_dir>/sts/stsb/dev.tsv``: STS-B dev, the model-selection set of Appendix A."""
+    return sts_task_paths(data_dir, "stsb-dev")[0]
+
+
+def load_sts_task(data_dir: str | Path, task: str) -> list[StsPair]:
+    return [pair for path in sts_task_paths(data_dir, task) for pair in load_sts_tsv(path)]
+
+
+def cosine_similarity_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine of (N, d) and (N, d) -> (N,), in float64 so ranks are not decided by
+    float32 rounding; zero vectors score 0."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    return np.einsum("nd,nd->n", a, b) / np.where(norms > 0, norms, 1.0)
+
+
+def spearman_x100(predicted: Sequence[float], gold: Sequence[float]) -> float:
+    """Spearman's rho (ties get average ranks) x 100."""
+    if len(predicted) != len(gold) or len(gold) < 2:
+        raise ValueError(f"Spearman needs two equal-length lists of >= 2 values; got {len(predicted)} and {len(gold)}")
+    return float(spearmanr(predicted, gold).statistic) * 100.0
+
+
+def pair_similarities(encode: Encode, pairs: Sequence[StsPair]) -> np.ndarray:
+    """Cosine similarity of every pair (N,). Each distinct sentence is encoded once."""
+    texts = list(dict.fromkeys(text for pair in pairs for text in (pair.sentence1, pair.sentence2)))
+    row = {text: i for i, text in enumerate(texts)}
+    embeddings = encode(texts)  # (T, d)
+    first = embeddings[[row[pair.sentence1] for pair in pairs]]  # (N, d)
+    second = embeddings[[row[pair.sentence2] for pair in pairs]]  # (N, d)
+    return cosine_similarity_rows(first, second)
+
+
+def spearman_score(encode: Encode, pairs: Sequence[StsPair]) -> float:
+    """Spearman x 100 of cosine similarity against gold, over all ``pairs`` at once.
+
+    ``encode`` maps a list of texts to an (N, d) array, e.g. ``functools.partial(model.encode,
+    batch_size=64)``. This is the model-selection score on STS-B dev (Appendix A).
+    """
+    if not pairs:
+        raise ValueError("no STS pairs to score")
+    return spearman_x100(pair_similarities(encode, pairs), [pair.score for pair in pairs])
+
+
+def sts_task_scores(similarities: np.ndarray, pairs: Sequence[StsPair]) -> dict:
+    """Spearman over all pairs ("all"), per subset, and the subsets' plain and weighted means."""
+    gold = np.array([pair.score for pair in pairs])
+    subsets = np.array([pair.subset for pair in pairs])
+    per_subset = {}
+    sizes = {}
+    for name in dict.fromkeys(subsets.tolist()):
+        if not name:
+            continue
+        chosen = subsets == name
+        per_subset[name] = spearman_x100(similarities[chosen], gold[chosen])
+        sizes[name] = int(chosen.sum())
+    scores = {"all": spearman_x100(similarities, gold), "pairs": len(pairs)}
+    if per_subset:
+        values = np.array(list(per_subset.values()))
+        weights = np.array(list(sizes.values()), dtype=np.float64)
+        scores.update(
+            mean=float(values.mean()),
+            wmean=float((values * weights).sum() / weights.sum()),
+            subsets=per_subset,
+            subset_pairs=sizes,
+        )
+    return scores
+
+
+class STSEvaluator:
+    """STS tasks; primary metric: Spearman x 100 over all pairs of a task ("all")."""
+
+    family = "sts"
+    metric = "spearman"
+
+    def __init__(self, tasks: Mapping[str, Sequence[StsPair]], missing: Mapping[str, Exception] | None = None) -> None:
+        self.tasks = dict(tasks)
+        self.missing = dict(missing or {})
+
+    @classmethod
+    def from_data_dir(
+        cls, data_dir: str | Path, tasks: Iterable[str] = PAPER_STS_TASKS, missing_ok: bool = False
+    ) -> "STSEvaluator":
+        loaded, missing = {}, {}
+        for task in tasks:
+            try:
+                loaded[task] = load_sts_task(data_dir, task)
+            except MissingDataError as err:
+                if not missing_ok:
+                    raise
+                logger.warning("skipping STS task %s: %s", task, err)
+                missing[task] = err
+        return cls(loaded, missing)
+
+    def texts(self) -> set[str]:
+        return {text for pairs in self.tasks.values() for pair in pairs for text in (pair.sentence1, pair.sentence2)}
+
+    def evaluate(self, encode: Encode) -> list[TaskResult]:
+        results = [TaskResult.missing(self.family, task, self.metric, err) for task, err in self.missing.items()]
+        for task, pairs in self.tasks.items():
+            scores = sts_task_scores(pair_similarities(encode, pairs), pairs)
+            results.append(TaskResult(self.family, task, self.metric, scores["all"], details=scores))
+            logger.info("%s: Spearman %.2f over %d pairs", task, scores["all"], len(pairs))
+        return in_task_order(results, list(STS_TASKS))
