@@ -206,6 +206,27 @@ def test_ddp_stopped_and_resumed_equals_an_uninterrupted_run(workspace: Path, tm
     assert_same_weights(run, ddp_reference, atol=0)
 
 
+def test_two_ranks_train_from_prepared_shards(workspace: Path, tmp_path: Path) -> None:
+    """data prepare -> WebDataset shards -> 2 ranks x 1 loader worker in exact mode."""
+    shards = tmp_path / "shards"
+    prepared = subprocess.run(
+        [sys.executable, "-m", "vascl_scale", "data", "prepare", str(workspace / "train.txt"), "--output", str(shards),
+         "--shard-size", "50"],
+        cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert prepared.returncode == 0, prepared.stderr
+    config = write_config(
+        workspace, tmp_path / "config.yaml", data={"train": str(shards), "num_workers": 1, "mode": "exact"}, eval={"every_steps": 0}
+    )
+    run = tmp_path / "run"
+    run_train(config, run, "--num-processes", "2")
+    records = [yaml.safe_load(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    windows = [r for r in records if "data/samples" in r]
+    # Every loss call takes 16 sentences from the shards: 2 and 4 steps read 32 and 64 in total.
+    assert [(r["step"], r["data/samples"], r["data/corrupt_shards_skipped"]) for r in windows] == [(2, 32, 0), (4, 64, 0)]
+    assert (run / "final" / "model.safetensors").is_file()
+
+
 def test_two_simulated_nodes_equal_two_local_processes(workspace: Path, tmp_path: Path, ddp_reference: Path) -> None:
     from vascl_scale.train.launch import free_port
 

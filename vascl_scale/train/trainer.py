@@ -452,6 +452,11 @@ class Trainer:
             "lr/encoder": self.scheduler.get_last_lr()[0],
             "lr/head": self.scheduler.get_last_lr()[1],
         }
+        # Data counters (samples read, corrupt shards skipped, ...) summed over ranks, so that
+        # nothing the stream drops goes unreported; the epoch is the mean over ranks.
+        data = self._mean_over_ranks({k: float(v) for k, v in self.stream.stats().items()})
+        for name, value in data.items():
+            values[f"data/{name.removeprefix('data_')}"] = value if name == "data_epoch" else value * self.world_size
         if self.accelerator.device.type == "cuda":  # this rank's peak since the start, for sweeps
             values["peak_memory_mb"] = torch.cuda.max_memory_allocated(self.accelerator.device) / 2**20
         if self.metrics is not None:
