@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The end-to-end CPU demo (the README's main command), about 15 minutes on 2 cores:
+# The end-to-end CPU demo (the README's main command), about 20 minutes on 2 idle cores:
 #   1. prepare: a shuffled slice of the Wikipedia corpus -> WebDataset shards
 #   2. train:   VaSCL on the packaged all-MiniLM-L6-v2, 2 ranks (configs/cpu-demo.yaml)
 #   3. eval:    STS, clustering and few-shot intent on the trained model (eval all); with

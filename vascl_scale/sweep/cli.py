@@ -13,7 +13,7 @@ from rich.table import Table
 
 from vascl_scale.log import console
 from vascl_scale.sweep.grid import SweepPlan, expand, invalid_cells, parse_grid_axis
-from vascl_scale.sweep.report import collect
+from vascl_scale.sweep.report import collect, headline_columns
 from vascl_scale.sweep.run import read_status, run_cell, run_sweep
 from vascl_scale.sweep.slurm import write_array_script
 
@@ -42,8 +42,8 @@ def _parse_seeds(text: str) -> list[int]:
 
 
 def _print_summary(result: dict, sweep_dir: Path) -> None:
-    metrics, plan = result["metrics"], SweepPlan.load(sweep_dir)
-    table = Table(title=f"sweep {sweep_dir.name}: mean ± std over seeds")
+    metrics, plan = headline_columns(result["metrics"]), SweepPlan.load(sweep_dir)
+    table = Table(title=f"sweep {sweep_dir.name}: mean ± std over seeds (every metric in results.md)")
     for column in [*plan.grid, "seeds", *metrics]:
         table.add_column(column.split(".")[-1], justify="right")
     for entry in result["entries"]:

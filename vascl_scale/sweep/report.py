@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -48,10 +49,16 @@ def _eval_metrics(report_path: Path) -> dict[str, float]:
         return {}
     record = json.loads(report_path.read_text(encoding="utf-8"))
     metrics = {}
+    by_family: dict[str, list[float]] = defaultdict(list)
     for result in record["models"][0]["results"]:
         if result.get("primary") is not None:
             key = f"{result['family']}/{result['task']}" + (f"/{result['variant']}" if result.get("variant") else "")
             metrics[key] = float(result["primary"])
+            by_family[result["family"]].append(float(result["primary"]))
+    # The paper's "Avg." column: the mean of the family's primary metrics.
+    for family, values in by_family.items():
+        if len(values) > 1:
+            metrics[f"{family}/avg"] = statistics.fmean(values)
     return metrics
 
 
@@ -81,6 +88,15 @@ def metric_columns(rows: list[dict[str, Any]], plan: SweepPlan) -> list[str]:
                 found.append(key)
     quality = sorted(k for k in found if k not in COST_COLUMNS)
     return quality + [k for k in COST_COLUMNS if k in found]
+
+
+def headline_columns(metrics: list[str]) -> list[str]:
+    """What fits a terminal: family averages (or the lone task of a family), then the costs."""
+    averages = [m for m in metrics if m.endswith("/avg")]
+    families_with_average = {m.split("/")[0] for m in averages}
+    singles = [m for m in metrics if "/" in m and m.split("/")[0] not in families_with_average and m not in averages]
+    costs = [m for m in ("step_seconds", "sentences_per_second", "peak_rss_mb") if m in metrics]
+    return averages + singles + costs
 
 
 def aggregate(rows: list[dict[str, Any]], plan: SweepPlan, metrics: list[str]) -> list[dict[str, Any]]:
@@ -128,6 +144,11 @@ def _x_axis(plan: SweepPlan) -> str:
     return next(iter(plan.grid))
 
 
+def _natural_key(label: str) -> list:
+    """Sort "k=4" before "k=16"."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label)]
+
+
 def plot(entries: list[dict[str, Any]], plan: SweepPlan, metrics: list[str], out_dir: Path) -> list[Path]:
     """One PNG per metric against the x axis (the global batch when swept), a line per
     combination of the other grid keys, error bars = std over seeds."""
@@ -150,7 +171,7 @@ def plot(entries: list[dict[str, Any]], plan: SweepPlan, metrics: list[str], out
             continue
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         numeric_x = all(isinstance(x, (int, float)) for points in lines.values() for x, _, _ in points)
-        for label, points in sorted(lines.items()):
+        for label, points in sorted(lines.items(), key=lambda item: _natural_key(item[0])):
             points.sort(key=lambda p: p[0] if numeric_x else str(p[0]))
             xs = [p[0] if numeric_x else str(p[0]) for p in points]
             ax.errorbar(xs, [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3, label=label)
