@@ -104,77 +104,40 @@ def _run(
     logger.info("wrote %s and %s; wall time %.1f s", output, markdown_path, wall)
 
 
-@app.command("sts")
-def sts(
-    model: List[Path] = MODEL,
-    data_dir: Optional[Path] = DATA_DIR,
-    output: Path = OUTPUT,
-    markdown_path: Optional[Path] = MARKDOWN,
-    task: Optional[List[str]] = TASK,
-    batch_size: int = BATCH,
-    max_length: Optional[int] = MAX_LENGTH,
-    pooling: Optional[str] = POOLING,
-    device: Optional[str] = DEVICE,
-    cache_dir: Optional[Path] = CACHE,
-    no_cache: bool = NO_CACHE,
-) -> None:
-    """STS12-16, STS-B, SICK-R (extra tasks: sickr-full, stsb-dev): Spearman x 100 of cosine."""
-    _run(["sts"], model, data_dir, output, markdown_path, task, batch_size, max_length, pooling, device, cache_dir, no_cache, False)
+def _family_command(families: list[str], missing_ok: bool, doc: str):
+    """One ``eval`` sub-command over ``families``; all four share their options."""
+
+    def command(
+        model: List[Path] = MODEL,
+        data_dir: Optional[Path] = DATA_DIR,
+        output: Path = OUTPUT,
+        markdown_path: Optional[Path] = MARKDOWN,
+        task: Optional[List[str]] = TASK,
+        batch_size: int = BATCH,
+        max_length: Optional[int] = MAX_LENGTH,
+        pooling: Optional[str] = POOLING,
+        device: Optional[str] = DEVICE,
+        cache_dir: Optional[Path] = CACHE,
+        no_cache: bool = NO_CACHE,
+    ) -> None:
+        _run(families, model, data_dir, output, markdown_path, task, batch_size, max_length, pooling, device, cache_dir, no_cache, missing_ok)
+
+    command.__doc__ = doc
+    return command
 
 
-@app.command("clustering")
-def clustering(
-    model: List[Path] = MODEL,
-    data_dir: Optional[Path] = DATA_DIR,
-    output: Path = OUTPUT,
-    markdown_path: Optional[Path] = MARKDOWN,
-    task: Optional[List[str]] = TASK,
-    batch_size: int = BATCH,
-    max_length: Optional[int] = MAX_LENGTH,
-    pooling: Optional[str] = POOLING,
-    device: Optional[str] = DEVICE,
-    cache_dir: Optional[Path] = CACHE,
-    no_cache: bool = NO_CACHE,
-) -> None:
-    """Short text clustering: KMeans (10 seeds), Hungarian accuracy and NMI."""
-    _run(["clustering"], model, data_dir, output, markdown_path, task, batch_size, max_length, pooling, device, cache_dir, no_cache, False)
-
-
-@app.command("intent")
-def intent(
-    model: List[Path] = MODEL,
-    data_dir: Optional[Path] = DATA_DIR,
-    output: Path = OUTPUT,
-    markdown_path: Optional[Path] = MARKDOWN,
-    task: Optional[List[str]] = TASK,
-    batch_size: int = BATCH,
-    max_length: Optional[int] = MAX_LENGTH,
-    pooling: Optional[str] = POOLING,
-    device: Optional[str] = DEVICE,
-    cache_dir: Optional[Path] = CACHE,
-    no_cache: bool = NO_CACHE,
-) -> None:
-    """Few-shot intent (5/10/20 shots, 5 splits): linear softmax probe on frozen embeddings."""
-    _run(["intent"], model, data_dir, output, markdown_path, task, batch_size, max_length, pooling, device, cache_dir, no_cache, False)
-
-
-@app.command("all")
-def all_tasks(
-    model: List[Path] = MODEL,
-    data_dir: Optional[Path] = DATA_DIR,
-    output: Path = OUTPUT,
-    markdown_path: Optional[Path] = MARKDOWN,
-    task: Optional[List[str]] = TASK,
-    batch_size: int = BATCH,
-    max_length: Optional[int] = MAX_LENGTH,
-    pooling: Optional[str] = POOLING,
-    device: Optional[str] = DEVICE,
-    cache_dir: Optional[Path] = CACHE,
-    no_cache: bool = NO_CACHE,
-) -> None:
-    """All three families on one encoding pass; a missing dataset is skipped and marked missing."""
-    families = ["sts", "clustering", "intent"]
-    _run(families, model, data_dir, output, markdown_path, task, batch_size, max_length, pooling, device, cache_dir, no_cache, True)
+for _name, _families, _missing_ok, _doc in (
+    ("sts", ["sts"], False, "STS12-16, STS-B, SICK-R (extra tasks: sickr-full, stsb-dev): Spearman x 100 of cosine."),
+    ("clustering", ["clustering"], False, "Short text clustering: KMeans (10 seeds), Hungarian accuracy and NMI."),
+    ("intent", ["intent"], False, "Few-shot intent (5/10/20 shots, 5 splits): linear softmax probe on frozen embeddings."),
+    (
+        "all",
+        ["sts", "clustering", "intent"],
+        True,
+        "All three families on one encoding pass; a missing dataset is skipped and marked missing.",
+    ),
+):
+    app.command(_name)(_family_command(_families, _missing_ok, _doc))
 
 
 @app.command("neighbours")

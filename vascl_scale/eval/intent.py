@@ -125,6 +125,7 @@ def _accuracy(features: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor
     return (logits.argmax(-1) == labels).float().mean(-1) * 100.0
 
 
+@_torch_threads(1)  # small matmuls: one thread beats contention between the probe splits
 def train_linear_probes(
     train_x: torch.Tensor,
     train_y: torch.Tensor,
@@ -145,22 +146,6 @@ def train_linear_probes(
     """
     if len(seeds) != train_x.shape[0]:
         raise ValueError(f"need one seed per split; got {len(seeds)} seeds for {train_x.shape[0]} splits")
-    with _torch_threads(1):
-        return _train_probes(train_x, train_y, valid_x, valid_y, test_x, test_y, n_classes, seeds, protocol)
-
-
-def _train_probes(
-    train_x: torch.Tensor,
-    train_y: torch.Tensor,
-    valid_x: torch.Tensor,
-    valid_y: torch.Tensor,
-    test_x: torch.Tensor,
-    test_y: torch.Tensor,
-    n_classes: int,
-    seeds: Sequence[int],
-    protocol: FewShotProtocol,
-) -> list[dict]:
-    """The body of :func:`train_linear_probes`, run on one thread."""
     splits, n_train, dim = train_x.shape
     generators = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
     bound = 1.0 / math.sqrt(dim)  # nn.Linear's default: U(-1/sqrt(d), 1/sqrt(d)) for weight and bias
