@@ -67,7 +67,7 @@ def test_defaults_follow_appendix_a() -> None:
         ({"model": {}, "data": {"train": "x"}}, "missing key model.path"),
         (minimal(loss={"kk": 3}), "unknown key loss.kk; allowed keys in loss: detach, eps, eps_mode, k"),
         (minimal(loss={"similarity": "l2"}), "loss.similarity must be one of 'dot', 'cosine'"),
-        (minimal(loss={"eps_mode": "scaled"}), "loss.eps_mode must be one of 'absolute', 'relative'"),
+        (minimal(loss={"eps_mode": "scaled"}), "loss.eps_mode must be one of 'absolute', 'relative', 'relative_instance'"),
         (minimal(extra={"a": 1}), "unknown key extra"),
         (minimal(objective="moco"), "objective must be one of 'vascl', 'simcse'; got 'moco'"),
         (minimal(model={"pooling": "max"}), "model.pooling must be one of 'mean', 'cls'"),

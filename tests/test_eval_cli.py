@@ -112,6 +112,16 @@ def test_single_family_run_fails_on_a_missing_file(tiny_model, data_dir, tmp_pat
     assert "sickr/test.tsv not found" in result.output and "layout" in result.output
 
 
+def test_clustering_subsample_through_the_cli(tiny_model, data_dir, tmp_path):
+    common = ["--model", str(tiny_model), "--data-dir", str(data_dir), "--no-cache"]
+    result = invoke("clustering", *common, "--task", "agnews", "--clustering-max-texts", "12", "--output", str(tmp_path / "c.json"))
+    assert result.exit_code == 0, result.output
+    details = json.loads((tmp_path / "c.json").read_text())["models"][0]["results"][0]["details"]
+    assert details["texts"] == 12 and details["clusters"] == 3  # 60 texts, 3 classes of 20 -> 4 each
+    refused = invoke("sts", *common, "--clustering-max-texts", "12", "--output", str(tmp_path / "s.json"))
+    assert refused.exit_code == 2 and "only applies to clustering" in refused.output
+
+
 def test_unknown_task_and_missing_data_dir_are_user_errors(tiny_model, data_dir, tmp_path, monkeypatch):
     result = invoke("sts", "--model", str(tiny_model), "--data-dir", str(data_dir), "--task", "agnews")
     assert result.exit_code == 2 and "unknown task" in result.output

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from vascl_scale.eval.clustering import cluster_accuracy, contingency, nmi
+from vascl_scale.eval.clustering import cluster_accuracy, contingency, nmi, stratified_subsample
 from vascl_scale.eval.neighbours import alignment, neighbour_statistics, uniformity
 from vascl_scale.eval.sts import StsPair, cosine_similarity_rows, spearman_score, spearman_x100, sts_task_scores
 
@@ -117,3 +117,16 @@ def test_alignment_and_uniformity_known_values():
     square = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]]) * 3.0
     expected = math.log((4 * math.exp(-4.0) + 2 * math.exp(-8.0)) / 6)
     assert uniformity(square) == pytest.approx(expected)
+
+
+def test_stratified_subsample_keeps_every_class_and_its_share():
+    labels = ["a"] * 600 + ["b"] * 300 + ["c"] * 99 + ["d"]
+    keep = stratified_subsample(labels, 100, seed=0)
+    kept = [labels[i] for i in keep]
+    assert {c: kept.count(c) for c in "abcd"} == {"a": 60, "b": 30, "c": 10, "d": 1}  # a rare class keeps one
+    assert list(keep) == sorted(set(keep.tolist()))  # distinct, in file order
+    assert np.array_equal(keep, stratified_subsample(labels, 100, seed=0))  # same subset for every model
+    assert not np.array_equal(keep, stratified_subsample(labels, 100, seed=1))
+    assert np.array_equal(stratified_subsample(labels[:50], 100), np.arange(50))  # small sets stay whole
+    with pytest.raises(ValueError, match="max_texts must be >= 1"):
+        stratified_subsample(labels, 0)

@@ -88,6 +88,26 @@ def test_relative_strengths_scale_with_the_mean_embedding_norm() -> None:
     torch.testing.assert_close(relative.loss, absolute.loss)
 
 
+def test_instance_relative_strengths_scale_with_each_embedding_norm() -> None:
+    torch.manual_seed(12)
+    e1 = torch.randn(12, 16) * torch.linspace(1.0, 9.0, 12)[:, None]  # norms differ row by row
+    head = ProjectionHead(16, 4)
+    init_dir = torch.rand(12, 16) - 0.5
+    norms = e1.norm(dim=-1)
+    out = vascl_objective(
+        e1, e1 + 0.1, head, k=3, eps=0.5, xi=0.2, eps_mode="relative_instance", xi_mode="relative_instance", init_dir=init_dir
+    )
+    torch.testing.assert_close(out.delta.norm(dim=-1), 0.5 * norms)
+    assert out.stats["delta_to_embedding"] == pytest.approx(0.5)
+    # Row i alone equals an absolute run with eps = 0.5 ||e_i|| and xi = 0.2 ||e_i||: the power
+    # iteration of row i depends only on row i's radius.
+    for row in (0, 11):
+        absolute = vascl_objective(
+            e1, e1 + 0.1, head, k=3, eps=0.5 * norms[row].item(), xi=0.2 * norms[row].item(), init_dir=init_dir
+        )
+        torch.testing.assert_close(out.delta[row], absolute.delta[row])
+
+
 def test_near_duplicate_share_counts_copies_among_neighbours() -> None:
     torch.manual_seed(11)
     base = torch.randn(6, 16)
@@ -369,8 +389,8 @@ def test_logits_stay_float32_under_bf16_autocast() -> None:
         (dict(power_iters=1.5), "power_iters must be an integer >= 1"),
         (dict(init_dir=torch.zeros(6, 3)), "init_dir must have the shape of e1"),
         (dict(similarity="l2"), "similarity must be one of dot, cosine"),
-        (dict(eps_mode="scaled"), "eps_mode must be one of absolute, relative"),
-        (dict(xi_mode="per-batch"), "xi_mode must be one of absolute, relative"),
+        (dict(eps_mode="scaled"), "eps_mode must be one of absolute, relative, relative_instance"),
+        (dict(xi_mode="per-batch"), "xi_mode must be one of absolute, relative, relative_instance"),
     ],
 )
 def test_vascl_bad_input(kwargs, match) -> None:

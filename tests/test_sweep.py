@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from tests.test_model import packaged_minilm_dir
 from vascl_scale.cli import app
-from vascl_scale.sweep.grid import expand, parse_grid_axis
+from vascl_scale.sweep.grid import SweepPlan, expand, parse_grid_axis, parse_variant
+from vascl_scale.sweep.run import eval_command
 
 WORDS = "the a cat dog runs jumps over under quickly slowly red blue green house tree car river".split()
 
@@ -146,3 +147,49 @@ def test_grid_parsing_and_expansion() -> None:
     cells = expand({"a.b": [1, 2], "c": ["x"]}, seeds=[0, 1])
     assert [c.name for c in cells] == ["a.b-1__c-x__seed-0", "a.b-1__c-x__seed-1", "a.b-2__c-x__seed-0", "a.b-2__c-x__seed-1"]
     assert cells[3].assignments() == ["a.b=2", 'c="x"', "train.seed=1"]
+
+
+def test_variant_sweep_applies_each_bundle_and_reports_it(workspace: Path) -> None:
+    out = workspace / "svariants"
+    result = _sweep(
+        "--config", str(workspace / "base.yaml"),
+        "--variant", "simcse:objective=simcse",
+        "--variant", "rel-0.5:loss.eps_mode=relative,loss.xi_mode=relative,loss.eps=0.5,loss.xi=0.5",
+        "--grid", "loss.k=2,3", "--seeds", "0,1", "--output", str(out), "--eval", "none",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [(r["variant"], r["loss.k"], r["seed"], r["state"]) for r in rows] == [
+        (variant, k, seed, "done") for variant in ("simcse", "rel-0.5") for k in ("2", "3") for seed in ("0", "1")
+    ]
+    resolved = (out / "cells" / "variant-rel-0.5__loss.k-3__seed-1" / "run" / "config.yaml").read_text()
+    assert "eps_mode: relative" in resolved and "eps: 0.5" in resolved and "k: 3" in resolved and "seed: 1" in resolved
+    assert "objective: simcse" in (out / "cells" / "variant-simcse__loss.k-2__seed-0" / "run" / "config.yaml").read_text()
+    assert "| variant | loss.k | seeds |" in (out / "results.md").read_text()
+    record = json.loads((out / "results.json").read_text())
+    assert [(e["variant"], e["loss.k"], e["seeds"]) for e in record["mean_over_seeds"]] == [
+        ("simcse", 2, 2), ("simcse", 3, 2), ("rel-0.5", 2, 2), ("rel-0.5", 3, 2)
+    ]
+
+
+def test_variant_parsing_and_eval_arguments(tmp_path: Path) -> None:
+    assert parse_variant("rel:loss.eps_mode=relative,loss.eps=0.5") == ("rel", {"loss.eps_mode": "relative", "loss.eps": 0.5})
+    for text, message in (
+        ("objective=simcse", "NAME:key=value"),
+        ("a b:objective=simcse", "letters, digits"),
+        ("x:loss.kk=1", "unknown key loss.kk"),
+        ("x:loss.k=1,loss.k=2", "sets loss.k twice"),
+        ("x:loss.k", "expected key=value"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            parse_variant(text)
+    cells = expand({}, seeds=[0], variants={"a": {"loss.k": 4}, "b": {"objective": "simcse"}})
+    assert [(c.name, c.assignments()) for c in cells] == [
+        ("variant-a__seed-0", ["loss.k=4", "train.seed=0"]),
+        ("variant-b__seed-0", ['objective="simcse"', "train.seed=0"]),
+    ]
+    plan = SweepPlan("base.yaml", {}, [0], eval_tasks="all", eval_args=["--task", "stsb", "--clustering-max-texts", "10"])
+    command = eval_command(plan, tmp_path / "run", tmp_path / "eval.json")
+    assert command[-4:] == ["--task", "stsb", "--clustering-max-texts", "10"] and "all" in command
+    refused = _sweep("--config", "base.yaml", "--variant", "a:loss.k=2", "--variant", "a:loss.k=3", "--output", str(tmp_path / "s"))
+    assert refused.exit_code == 2 and "share a name" in _flat(refused.output)

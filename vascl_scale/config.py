@@ -87,9 +87,10 @@ class LossConfig:
     detach: bool = True  # the authors' choice: the neighbourhood term trains the head only
     similarity: Literal["dot", "cosine"] = "dot"  # neighbour search; dot is the authors' choice
     # "relative": eps (xi) is a multiple of the mean ||e|| over the global batch, so one value
-    # transfers across backbones with different embedding norms; "absolute": the paper's Delta.
-    eps_mode: Literal["absolute", "relative"] = "absolute"
-    xi_mode: Literal["absolute", "relative"] = "absolute"
+    # transfers across backbones with different embedding norms; "relative_instance": of each
+    # sentence's own ||e_i||; "absolute": the paper's Delta.
+    eps_mode: Literal["absolute", "relative", "relative_instance"] = "absolute"
+    xi_mode: Literal["absolute", "relative", "relative_instance"] = "absolute"
 
     def __post_init__(self) -> None:
         _require(self.temperature > 0, "loss.temperature", f"must be > 0; got {self.temperature}")

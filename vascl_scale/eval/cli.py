@@ -27,6 +27,12 @@ POOLING = typer.Option(None, "--pooling", help="mean or cls; default: the model'
 DEVICE = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ...; default: cuda when available.")
 CACHE = typer.Option(None, "--cache-dir", help="Embedding cache; default $VASCL_CACHE/embeddings or ~/.cache/vascl-scale.")
 NO_CACHE = typer.Option(False, "--no-cache", help="Encode everything afresh and store nothing.")
+CLUSTERING_MAX_TEXTS = typer.Option(
+    None,
+    "--clustering-max-texts",
+    min=1,
+    help="Cluster a fixed stratified subsample of N texts per dataset (quick ablations; default: all).",
+)
 
 
 def _fail(err: Exception) -> None:
@@ -65,6 +71,7 @@ def _run(
     cache_dir: Optional[Path],
     no_cache: bool,
     missing_ok: bool,
+    clustering_max_texts: Optional[int],
 ) -> None:
     from vascl_scale.eval.embed import default_cache_dir, resolve_model
     from vascl_scale.eval.report import markdown, rich_tables
@@ -77,7 +84,7 @@ def _run(
         if routed is not None:
             families = [family for family in families if family in routed]
         specs = [resolve_model(path, pooling, max_length) for path in models]
-        evaluators = build_evaluators(data, families, routed, missing_ok=missing_ok)
+        evaluators = build_evaluators(data, families, routed, missing_ok=missing_ok, clustering_max_texts=clustering_max_texts)
         cache = None if no_cache else (cache_dir or default_cache_dir())
         report = run_evaluation(specs, evaluators, data, batch_size, cache, device)
     except ValueError as err:
@@ -119,8 +126,24 @@ def _family_command(families: list[str], missing_ok: bool, doc: str):
         device: Optional[str] = DEVICE,
         cache_dir: Optional[Path] = CACHE,
         no_cache: bool = NO_CACHE,
+        clustering_max_texts: Optional[int] = CLUSTERING_MAX_TEXTS,
     ) -> None:
-        _run(families, model, data_dir, output, markdown_path, task, batch_size, max_length, pooling, device, cache_dir, no_cache, missing_ok)
+        _run(
+            families,
+            model,
+            data_dir,
+            output,
+            markdown_path,
+            task,
+            batch_size,
+            max_length,
+            pooling,
+            device,
+            cache_dir,
+            no_cache,
+            missing_ok,
+            clustering_max_texts,
+        )
 
     command.__doc__ = doc
     return command

@@ -84,6 +84,22 @@ def kmeans_runs(embeddings: np.ndarray, n_clusters: int, seeds: Sequence[int]) -
         return list(pool.map(lambda seed: kmeans_clusters(embeddings, n_clusters, seed), seeds))
 
 
+def stratified_subsample(labels: Sequence[str], max_texts: int, seed: int = 0) -> np.ndarray:
+    """Sorted indices of about ``max_texts`` items, each class keeping its share (at least one
+    item), drawn with a fixed seed so every model is scored on the same subset."""
+    if max_texts < 1:
+        raise ValueError(f"max_texts must be >= 1; got {max_texts}")
+    labels = np.asarray(labels)
+    if len(labels) <= max_texts:
+        return np.arange(len(labels))
+    order = np.random.default_rng(seed).permutation(len(labels))
+    keep = []
+    for label in np.unique(labels):
+        members = order[labels[order] == label]  # this class, in the seeded order
+        keep.append(members[: max(1, round(len(members) * max_texts / len(labels)))])
+    return np.sort(np.concatenate(keep))
+
+
 class ClusteringEvaluator:
     """Clustering datasets; primary metric: Hungarian accuracy x 100, mean over seeds."""
 
@@ -109,18 +125,27 @@ class ClusteringEvaluator:
         tasks: Iterable[str] = CLUSTERING_TASKS,
         missing_ok: bool = False,
         seeds: Sequence[int] = tuple(range(10)),
+        max_texts: int | None = None,
     ) -> "ClusteringEvaluator":
+        """``max_texts``: score each dataset on a fixed stratified subsample of that size (for
+        quick ablations; the paper's numbers use every text, the default)."""
         loaded, missing = {}, {}
         for task in tasks:
             if task not in CLUSTERING_TASKS:
                 raise ValueError(f"unknown clustering task {task!r}; choose from {', '.join(CLUSTERING_TASKS)}")
             try:
-                loaded[task] = load_labelled_texts(Path(data_dir) / "clustering" / f"{task}.tsv")
+                texts, labels = load_labelled_texts(Path(data_dir) / "clustering" / f"{task}.tsv")
             except MissingDataError as err:
                 if not missing_ok:
                     raise
                 logger.warning("skipping clustering task %s: %s", task, err)
                 missing[task] = err
+                continue
+            if max_texts is not None:
+                keep = stratified_subsample(labels, max_texts)
+                logger.info("clustering %s: scoring a stratified subsample of %d of %d texts", task, len(keep), len(texts))
+                texts, labels = [texts[i] for i in keep], [labels[i] for i in keep]
+            loaded[task] = (texts, labels)
         return cls(loaded, missing, seeds)
 
     def texts(self) -> set[str]:

@@ -39,12 +39,16 @@ def build_evaluators(
     missing_ok: bool = False,
     clustering_seeds: int = 10,
     protocol: FewShotProtocol = FewShotProtocol(),
+    clustering_max_texts: int | None = None,
 ) -> list:
     """One evaluator per family, its data loaded. With ``missing_ok`` a task whose file is absent
-    is skipped with a warning and reported as missing; otherwise its absence raises."""
+    is skipped with a warning and reported as missing; otherwise its absence raises.
+    ``clustering_max_texts``: see :meth:`ClusteringEvaluator.from_data_dir`."""
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         raise ValueError(f"unknown task families {unknown}; choose from {', '.join(FAMILIES)}")
+    if clustering_max_texts is not None and "clustering" not in families:
+        raise ValueError("--clustering-max-texts only applies to clustering tasks (eval clustering or eval all)")
     tasks = {**DEFAULT_TASKS, **(tasks or {})}
     evaluators = []
     for family in families:
@@ -52,7 +56,9 @@ def build_evaluators(
             evaluators.append(STSEvaluator.from_data_dir(data_dir, tasks["sts"], missing_ok))
         elif family == "clustering":
             seeds = tuple(range(clustering_seeds))
-            evaluators.append(ClusteringEvaluator.from_data_dir(data_dir, tasks["clustering"], missing_ok, seeds))
+            evaluators.append(
+                ClusteringEvaluator.from_data_dir(data_dir, tasks["clustering"], missing_ok, seeds, clustering_max_texts)
+            )
         else:
             evaluators.append(IntentEvaluator.from_data_dir(data_dir, tasks["intent"], missing_ok, protocol))
     return evaluators

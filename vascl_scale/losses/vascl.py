@@ -13,7 +13,7 @@ Per step, for the b sentences on this rank (B = W * b over all ranks):
    features (no gradient) of i (positive) and of N(i) (negatives). delta_i = eps * d_i,
    so ||delta_i|| = eps, the paper's Delta. delta is a constant afterwards (Danskin).
    With ``eps_mode="relative"`` (and ``xi_mode``) eps and xi are multiples of the mean
-   ||e1|| over the global batch instead.
+   ||e1|| over the global batch instead; with "relative_instance", of each row's own ||e1_i||.
 4. Eq. 5 for anchor i in both directions: (z_i*, z_i) and (z_i, z_i*), each against the
    clean and augmented features of its k neighbours (2k negatives), z_i* = h(e_i + delta_i).
 5. Loss = SimCSE mean over the 2B anchors + mean over the 2B anchors of the two Eq. 5
@@ -51,7 +51,7 @@ from vascl_scale.losses.simcse import simcse_from_gathered
 Head = Callable[[Tensor], Tensor]
 
 SIMILARITIES = ("dot", "cosine")
-STRENGTH_MODES = ("absolute", "relative")
+STRENGTH_MODES = ("absolute", "relative", "relative_instance")
 # A neighbour whose embedding has at least this cosine with the anchor's counts as a
 # near-duplicate of it (the share is logged: a neighbourhood of copies teaches nothing).
 NEAR_DUPLICATE_COSINE = 0.95
@@ -104,14 +104,15 @@ def adversarial_direction(
     negatives: Tensor,
     *,
     init_dir: Tensor,
-    xi: float,
+    xi: float | Tensor,
     power_iters: int,
     temperature: float,
 ) -> Tensor:
     """Unit-norm direction per row that increases Eq. 2 (power iteration, Eq. 3).
 
     embeddings (b, d) without gradient; positive (b, D) and negatives (b, k, D) are clean
-    features without gradient; init_dir (b, d). Returns (b, d), rows of norm 1 (a row whose
+    features without gradient; init_dir (b, d); xi a number or (b, 1), one radius per row.
+    Returns (b, d), rows of norm 1 (a row whose
     gradient vanishes stays 0). Only the direction is differentiated (autograd.grad), so no
     parameter gradient or DDP/ZeRO gradient hook is touched.
     """
@@ -168,6 +169,20 @@ def _check_arguments(
         )
 
 
+def _strength(value: float, mode: str, e1: Tensor, global_embeddings: Tensor) -> float | Tensor:
+    """A norm (xi or eps) in absolute units: a number, or (b, 1) for "relative_instance".
+
+    "relative" uses the mean ||e|| of the gathered global batch (B, d), which every rank
+    holds already, so all ranks agree without another collective.
+    """
+    if mode == "absolute":
+        return value
+    wide = torch.promote_types(e1.dtype, torch.float32)
+    if mode == "relative":
+        return value * float(global_embeddings.detach().to(wide).norm(dim=-1).mean())
+    return value * e1.detach().to(wide).norm(dim=-1, keepdim=True).to(e1.dtype)  # (b, 1)
+
+
 def vascl_objective(
     e1: Tensor,
     e2: Tensor,
@@ -189,7 +204,9 @@ def vascl_objective(
 
     ``eps_mode`` / ``xi_mode`` "relative" read eps / xi in units of the mean norm of e1 over
     the global batch (the same number on every rank), so one setting transfers across
-    backbones whose embedding norms differ; "absolute" is the paper's Delta.
+    backbones whose embedding norms differ; "relative_instance" in units of each row's own
+    ||e1_i|| (so ||delta_i|| / ||e1_i|| = eps for every i); "absolute" is the paper's Delta.
+    The norms are constants (no gradient), like Delta itself.
     """
     rank, world_size = distributed.world()
     rows = e1.shape[0] if e1.dim() == 2 else 0
@@ -208,11 +225,8 @@ def vascl_objective(
     anchors = e1.detach() if detach else e1  # (b, d)
     global_embeddings = distributed.all_gather_no_grad(e1)  # (B, d)
     neighbours = nearest_neighbours(e1.detach(), global_embeddings, k, offset, similarity)  # (b, k) in [0, B)
-    # Relative strengths: multiples of the global batch's mean embedding norm (no extra gather).
-    wide = torch.promote_types(global_embeddings.dtype, torch.float32)
-    mean_norm = float(global_embeddings.to(wide).norm(dim=-1).mean()) if "relative" in (eps_mode, xi_mode) else 1.0
-    xi_abs = xi * mean_norm if xi_mode == "relative" else xi
-    eps_abs = eps * mean_norm if eps_mode == "relative" else eps
+    xi_abs = _strength(xi, xi_mode, e1, global_embeddings)  # number or (b, 1)
+    eps_abs = _strength(eps, eps_mode, e1, global_embeddings)  # number or (b, 1)
     # Global row g sits in rank g // b's block [z1; z2] at position g % b of its z1 half.
     view1_rows = (neighbours // rows) * (2 * rows) + neighbours % rows  # (b, k)
     own_rows = torch.arange(rows, device=e1.device)
@@ -236,7 +250,7 @@ def vascl_objective(
         power_iters=power_iters,
         temperature=temperature,
     )
-    delta = eps_abs * direction  # (b, d), ||delta_i|| = eps (absolute)
+    delta = eps_abs * direction  # (b, d), ||delta_i|| = eps_abs (per row for relative_instance)
 
     z_aug = project(head, anchors + delta)  # (b, D): z_i* of Eq. 5
     global_aug = distributed.all_gather_with_grad(z_aug)  # (B, D)

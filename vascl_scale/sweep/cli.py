@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
@@ -12,7 +13,7 @@ import typer
 from rich.table import Table
 
 from vascl_scale.log import console
-from vascl_scale.sweep.grid import SweepPlan, expand, invalid_cells, parse_grid_axis
+from vascl_scale.sweep.grid import SweepPlan, expand, invalid_cells, parse_grid_axis, parse_variant
 from vascl_scale.sweep.report import collect, headline_columns
 from vascl_scale.sweep.run import read_status, run_cell, run_sweep
 from vascl_scale.sweep.slurm import write_array_script
@@ -44,10 +45,10 @@ def _parse_seeds(text: str) -> list[int]:
 def _print_summary(result: dict, sweep_dir: Path) -> None:
     metrics, plan = headline_columns(result["metrics"]), SweepPlan.load(sweep_dir)
     table = Table(title=f"sweep {sweep_dir.name}: mean ± std over seeds (every metric in results.md)")
-    for column in [*plan.grid, "seeds", *metrics]:
+    for column in [*plan.columns, "seeds", *metrics]:
         table.add_column(column.split(".")[-1], justify="right")
     for entry in result["entries"]:
-        cells = [str(entry[k]) for k in plan.grid] + [str(entry["seeds"])]
+        cells = [str(entry[k]) for k in plan.columns] + [str(entry["seeds"])]
         for metric in metrics:
             value = entry.get(metric)
             std = entry.get(f"{metric}_std")
@@ -67,11 +68,17 @@ def sweep(
     ctx: typer.Context,
     config: Optional[Path] = typer.Option(None, "--config", help="Base training config (YAML)."),
     grid: list[str] = typer.Option([], "--grid", help="One axis, e.g. train.global_batch_size=256,512,1024 (repeatable)."),
+    variant: list[str] = typer.Option(
+        [], "--variant", help="A named bundle of settings, e.g. simcse:objective=simcse (repeatable; crossed with --grid)."
+    ),
     seeds: str = typer.Option("0", "--seeds", help="Seeds per grid point, e.g. 0,1,2."),
     output: Optional[Path] = typer.Option(None, "--output", help="Sweep directory, e.g. sweeps/batch-k."),
     launcher: str = typer.Option("local", "--launcher", help="local (run the cells here, one after another) or slurm."),
     eval_tasks: str = typer.Option("sts", "--eval", help="Evaluation per cell: sts, clustering, intent, all or none."),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Evaluation data (default $VASCL_DATA)."),
+    eval_args: str = typer.Option(
+        "", "--eval-args", help="Extra options of each cell's vascl-scale eval, e.g. '--task stsb --task stsb-dev'."
+    ),
     overrides: list[str] = typer.Option([], "--set", help="Override applied to every cell (repeatable)."),
     num_processes: int = typer.Option(1, "--num-processes", help="Processes per cell (as vascl-scale train)."),
     deepspeed: Optional[str] = typer.Option(None, "--deepspeed", help="DeepSpeed JSON for every cell."),
@@ -81,8 +88,8 @@ def sweep(
     if ctx.invoked_subcommand is not None:
         return
     try:
-        if config is None or output is None or not grid:
-            raise ValueError("vascl-scale sweep needs --config, at least one --grid and --output")
+        if config is None or output is None or not (grid or variant):
+            raise ValueError("vascl-scale sweep needs --config, --output and at least one --grid or --variant")
         if launcher not in ("local", "slurm"):
             raise ValueError(f"--launcher must be local or slurm; got {launcher!r}")
         if eval_tasks not in EVAL_CHOICES:
@@ -92,6 +99,9 @@ def sweep(
         axes = dict(parse_grid_axis(axis) for axis in grid)
         if len(axes) != len(grid):
             raise ValueError("--grid names the same key twice; give each key one axis with all its values")
+        variants = dict(parse_variant(text) for text in variant)
+        if len(variants) != len(variant):
+            raise ValueError("two --variant options share a name; give each variant its own name")
         fixed = list(overrides) + ([f"train.max_steps={max_steps}"] if max_steps is not None else [])
         plan = SweepPlan(
             base_config=str(config.resolve()),
@@ -102,8 +112,12 @@ def sweep(
             deepspeed=str(Path(deepspeed).resolve()) if deepspeed else None,
             eval_tasks=eval_tasks,
             data_dir=data_dir,
+            variants=variants,
+            eval_args=shlex.split(eval_args),
         )
-        plan.cells = expand(plan.grid, plan.seeds)
+        if plan.eval_args and eval_tasks == "none":
+            raise ValueError("--eval-args needs an evaluation; drop it or choose --eval sts/clustering/intent/all")
+        plan.cells = expand(plan.grid, plan.seeds, plan.variants)
         problems = invalid_cells(plan, world_size=num_processes)
         if problems:
             table = Table(title=f"{len(problems)} of {len(plan.cells)} cells are invalid; nothing was run")

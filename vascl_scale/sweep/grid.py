@@ -1,4 +1,9 @@
-"""Sweep plans: a grid of config overrides x seeds, expanded into cells and validated up front.
+"""Sweep plans: named variants x a grid of config overrides x seeds, expanded into cells and
+validated up front.
+
+A grid axis sets one key to each of its values (the cartesian product over axes); a variant is
+a named bundle of settings (e.g. ``simcse`` = objective simcse, ``rel-0.5`` = relative strength
+0.5 for eps and xi), for studies whose rows are not a product of axes.
 
 A plan is saved as ``sweep.json`` in the sweep directory, so ``run-cell`` (a SLURM array
 task), a resumed local sweep and ``sweep collect`` all read the same list of cells.
@@ -28,10 +33,14 @@ class Cell:
     name: str  # directory name under cells/, readable and unique
     values: dict[str, Any]  # dotted config key -> value, in grid order
     seed: int
+    variant: str | None = None  # name of the cell's variant, if the sweep has variants
+    variant_values: dict[str, Any] = field(default_factory=dict)  # that variant's settings
 
     def assignments(self) -> list[str]:
-        """``--set`` arguments of this cell (values as JSON, which YAML reads back unchanged)."""
-        return [f"{key}={json.dumps(value)}" for key, value in self.values.items()] + [f"train.seed={self.seed}"]
+        """``--set`` arguments of this cell (values as JSON, which YAML reads back unchanged);
+        grid values come after the variant's, so an axis may vary a key a variant sets."""
+        settings = [*self.variant_values.items(), *self.values.items()]
+        return [f"{key}={json.dumps(value)}" for key, value in settings] + [f"train.seed={self.seed}"]
 
 
 @dataclass
@@ -47,6 +56,13 @@ class SweepPlan:
     eval_tasks: str = "sts"  # an ``vascl-scale eval`` sub-command, or "none"
     data_dir: str | None = None
     cells: list[Cell] = field(default_factory=list)
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> settings, in order
+    eval_args: list[str] = field(default_factory=list)  # extra options of the eval command
+
+    @property
+    def columns(self) -> list[str]:
+        """What tells the cells of one seed apart: "variant" (if any), then the grid keys."""
+        return (["variant"] if self.variants else []) + list(self.grid)
 
     def save(self, sweep_dir: Path) -> None:
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -78,21 +94,47 @@ def parse_grid_axis(text: str) -> tuple[str, list[Any]]:
     return key, values
 
 
+def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    """``rel-0.5:loss.eps_mode=relative,loss.eps=0.5`` -> ("rel-0.5", {...}); values as YAML."""
+    name, sep, body = text.partition(":")
+    name = name.strip()
+    if not sep or not name or not body.strip():
+        raise ValueError(
+            f"--variant expects NAME:key=value,key=value (e.g. simcse:objective=simcse); got {text!r}"
+        )
+    if _slug(name) != name:
+        raise ValueError(f"--variant name {name!r} may use letters, digits and . + - only (it names directories)")
+    settings: dict[str, Any] = {}
+    for assignment in body.split(","):
+        key, eq, raw = assignment.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise ValueError(f"--variant {name}: expected key=value, got {assignment!r}")
+        if key in settings:
+            raise ValueError(f"--variant {name} sets {key} twice")
+        settings[key] = yaml.safe_load(raw)
+        apply_override({}, f"{key}={json.dumps(settings[key])}")  # unknown keys fail here
+    return name, settings
+
+
 def _slug(value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", str(value))
 
 
-def expand(grid: dict[str, list[Any]], seeds: list[int]) -> list[Cell]:
-    """The cartesian product of the grid axes (in the order given) times the seeds."""
+def expand(grid: dict[str, list[Any]], seeds: list[int], variants: dict[str, dict[str, Any]] | None = None) -> list[Cell]:
+    """Each variant (in the order given) x the cartesian product of the grid axes x the seeds."""
     if not seeds:
         raise ValueError("--seeds needs at least one seed")
     cells = []
     keys = list(grid)
-    for combo in itertools.product(*(grid[k] for k in keys)):
-        for seed in seeds:
-            values = dict(zip(keys, combo))
-            name = "__".join([f"{k}-{_slug(v)}" for k, v in values.items()] + [f"seed-{seed}"])
-            cells.append(Cell(len(cells), name, values, seed))
+    for variant in list(variants or {}) or [None]:
+        settings = (variants or {}).get(variant, {})
+        for combo in itertools.product(*(grid[k] for k in keys)):
+            for seed in seeds:
+                values = dict(zip(keys, combo))
+                parts = ([f"variant-{variant}"] if variant else []) + [f"{k}-{_slug(v)}" for k, v in values.items()]
+                name = "__".join(parts + [f"seed-{seed}"])
+                cells.append(Cell(len(cells), name, values, seed, variant, dict(settings)))
     return cells
 
 

@@ -67,7 +67,8 @@ def cell_rows(sweep_dir: Path, plan: SweepPlan) -> list[dict[str, Any]]:
     for cell in plan.cells:
         status = read_status(sweep_dir, cell)
         directory = cell_dir(sweep_dir, cell)
-        row: dict[str, Any] = {**cell.values, "seed": cell.seed, "state": status.get("state", "pending")}
+        row: dict[str, Any] = {**({"variant": cell.variant} if plan.variants else {}), **cell.values}
+        row.update(seed=cell.seed, state=status.get("state", "pending"))
         if status.get("error"):
             row["error"] = status["error"].splitlines()[0]
         row.update(_eval_metrics(directory / "eval.json"))
@@ -80,7 +81,7 @@ def cell_rows(sweep_dir: Path, plan: SweepPlan) -> list[dict[str, Any]]:
 
 
 def metric_columns(rows: list[dict[str, Any]], plan: SweepPlan) -> list[str]:
-    fixed = set(plan.grid) | {"seed", "state", "error"}
+    fixed = set(plan.columns) | {"seed", "state", "error"}
     found = []
     for row in rows:
         for key, value in row.items():
@@ -104,10 +105,10 @@ def aggregate(rows: list[dict[str, Any]], plan: SweepPlan, metrics: list[str]) -
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         if row["state"] == "done":
-            groups[tuple(json.dumps(row[k]) for k in plan.grid)].append(row)
+            groups[tuple(json.dumps(row[k]) for k in plan.columns)].append(row)
     table = []
     for key, members in groups.items():
-        entry: dict[str, Any] = {k: json.loads(v) for k, v in zip(plan.grid, key)}
+        entry: dict[str, Any] = {k: json.loads(v) for k, v in zip(plan.columns, key)}
         entry["seeds"] = len(members)
         for metric in metrics:
             values = [m[metric] for m in members if isinstance(m.get(metric), (int, float))]
@@ -141,7 +142,7 @@ def _x_axis(plan: SweepPlan) -> str:
     for key in plan.grid:
         if key.endswith("global_batch_size"):
             return key
-    return next(iter(plan.grid))
+    return next(iter(plan.grid)) if plan.grid else "variant"
 
 
 def _natural_key(label: str) -> list:
@@ -149,46 +150,65 @@ def _natural_key(label: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label)]
 
 
+def _draw(ax, entries: list[dict[str, Any]], plan: SweepPlan, metric: str) -> bool:
+    """``metric`` against the x axis on ``ax``, a line per combination of the other columns,
+    error bars = std over seeds; False when no entry has the metric."""
+    x_key = _x_axis(plan)
+    line_keys = [k for k in plan.columns if k != x_key]
+    lines: dict[str, list[tuple[Any, float, float]]] = defaultdict(list)
+    for entry in entries:
+        if metric in entry:
+            label = ", ".join(f"{k.split('.')[-1]}={entry[k]}" for k in line_keys) or metric
+            lines[label].append((entry[x_key], entry[metric], entry.get(f"{metric}_std", 0.0)))
+    if not lines:
+        return False
+    numeric_x = all(isinstance(x, (int, float)) for points in lines.values() for x, _, _ in points)
+    order = list(plan.variants) if x_key == "variant" else []
+    for label, points in sorted(lines.items(), key=lambda item: _natural_key(item[0])):
+        points.sort(key=lambda p: p[0] if numeric_x else (order.index(p[0]) if p[0] in order else str(p[0])))
+        xs = [p[0] if numeric_x else str(p[0]) for p in points]
+        ax.errorbar(xs, [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3, label=label)
+    if numeric_x and all(x > 0 for points in lines.values() for x, _, _ in points):
+        ax.set_xscale("log", base=2)
+        ticks = sorted({x for points in lines.values() for x, _, _ in points})
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+    if not numeric_x:
+        ax.tick_params(axis="x", labelrotation=35)
+    ax.set_xlabel(x_key)
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    if len(lines) > 1:
+        ax.legend(fontsize=8)
+    return True
+
+
 def plot(entries: list[dict[str, Any]], plan: SweepPlan, metrics: list[str], out_dir: Path) -> list[Path]:
-    """One PNG per metric against the x axis (the global batch when swept), a line per
-    combination of the other grid keys, error bars = std over seeds."""
+    """One PNG per metric against the x axis (the global batch when swept, else the first grid
+    key, else the variant), and ``overview.png``: the headline quality metrics side by side."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    x_key = _x_axis(plan)
-    line_keys = [k for k in plan.grid if k != x_key]
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for metric in metrics:
-        lines: dict[str, list[tuple[Any, float, float]]] = defaultdict(list)
-        for entry in entries:
-            if metric in entry:
-                label = ", ".join(f"{k.split('.')[-1]}={entry[k]}" for k in line_keys) or metric
-                lines[label].append((entry[x_key], entry[metric], entry.get(f"{metric}_std", 0.0)))
-        if not lines:
-            continue
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
-        numeric_x = all(isinstance(x, (int, float)) for points in lines.values() for x, _, _ in points)
-        for label, points in sorted(lines.items(), key=lambda item: _natural_key(item[0])):
-            points.sort(key=lambda p: p[0] if numeric_x else str(p[0]))
-            xs = [p[0] if numeric_x else str(p[0]) for p in points]
-            ax.errorbar(xs, [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3, label=label)
-        if numeric_x and all(x > 0 for points in lines.values() for x, _, _ in points):
-            ax.set_xscale("log", base=2)
-            ticks = sorted({x for points in lines.values() for x, _, _ in points})
-            ax.set_xticks(ticks, [str(t) for t in ticks])
-        ax.set_xlabel(x_key)
-        ax.set_ylabel(metric)
-        ax.grid(alpha=0.3)
-        if len(lines) > 1 or line_keys:
-            ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = out_dir / (metric.replace("/", "_") + ".png")
-        fig.savefig(path, dpi=110)
+        if _draw(ax, entries, plan, metric):
+            fig.tight_layout()
+            written.append(out_dir / (metric.replace("/", "_") + ".png"))
+            fig.savefig(written[-1], dpi=110)
         plt.close(fig)
-        written.append(path)
+    overview = [m for m in headline_columns(metrics) if m not in COST_COLUMNS and m != "peak_rss_mb"]
+    if len(overview) > 1:
+        fig, axes = plt.subplots(1, len(overview), figsize=(4.2 * len(overview), 3.8), squeeze=False)
+        for ax, metric in zip(axes[0], overview):
+            _draw(ax, entries, plan, metric)
+            ax.set_title(metric, fontsize=9)
+        fig.tight_layout()
+        written.append(out_dir / "overview.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
     return written
 
 
@@ -199,7 +219,7 @@ def collect(sweep_dir: Path) -> dict[str, Any]:
     rows = cell_rows(sweep_dir, plan)
     metrics = metric_columns(rows, plan)
     entries = aggregate(rows, plan, metrics)
-    grid_columns = list(plan.grid)
+    grid_columns = plan.columns
 
     columns = [*grid_columns, "seed", "state", *metrics, "error"]
     with (sweep_dir / "results.csv").open("w", newline="", encoding="utf-8") as handle:

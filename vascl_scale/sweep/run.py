@@ -84,7 +84,7 @@ def eval_command(plan: SweepPlan, run_dir: Path, report: Path) -> list[str]:
     command = [sys.executable, "-m", "vascl_scale", "eval", plan.eval_tasks, "--model", str(run_dir), "--output", str(report)]
     if plan.data_dir:
         command += ["--data-dir", plan.data_dir]
-    return command
+    return command + list(plan.eval_args)
 
 
 def run_cell(sweep_dir: Path, plan: SweepPlan, cell: Cell) -> dict[str, Any]:
@@ -96,7 +96,7 @@ def run_cell(sweep_dir: Path, plan: SweepPlan, cell: Cell) -> dict[str, Any]:
     directory.mkdir(parents=True)
     env = dict(os.environ)
     started = time.perf_counter()
-    status: dict[str, Any] = {"cell": cell.name, "values": cell.values, "seed": cell.seed}
+    status: dict[str, Any] = {"cell": cell.name, "variant": cell.variant, "values": cell.values, "seed": cell.seed}
 
     code, peak_rss_mb = _run_logged(train_command(plan, cell, run_dir), log_path, env)
     status["train_seconds"] = time.perf_counter() - started
