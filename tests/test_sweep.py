@@ -170,6 +170,12 @@ def test_variant_sweep_applies_each_bundle_and_reports_it(workspace: Path) -> No
     assert [(e["variant"], e["loss.k"], e["seeds"]) for e in record["mean_over_seeds"]] == [
         ("simcse", 2, 2), ("simcse", 3, 2), ("rel-0.5", 2, 2), ("rel-0.5", 3, 2)
     ]
+    chosen = CliRunner().invoke(app, ["sweep", "collect", str(out), "--metric", "sentences_per_second"])
+    assert chosen.exit_code == 0, chosen.output
+    summary = (out / "results.md").read_text().split("## Mean")[0]
+    assert "| variant | loss.k | seeds | sentences_per_second |" in summary and "step_seconds" not in summary
+    unknown = CliRunner().invoke(app, ["sweep", "collect", str(out), "--metric", "sts/stsb"])
+    assert unknown.exit_code == 2 and "has metric(s) ['sts/stsb']" in _flat(unknown.output)
 
 
 def test_variant_parsing_and_eval_arguments(tmp_path: Path) -> None:

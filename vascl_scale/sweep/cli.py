@@ -14,7 +14,7 @@ from rich.table import Table
 
 from vascl_scale.log import console
 from vascl_scale.sweep.grid import SweepPlan, expand, invalid_cells, parse_grid_axis, parse_variant
-from vascl_scale.sweep.report import collect, headline_columns
+from vascl_scale.sweep.report import collect
 from vascl_scale.sweep.run import read_status, run_cell, run_sweep
 from vascl_scale.sweep.slurm import write_array_script
 
@@ -43,7 +43,7 @@ def _parse_seeds(text: str) -> list[int]:
 
 
 def _print_summary(result: dict, sweep_dir: Path) -> None:
-    metrics, plan = headline_columns(result["metrics"]), SweepPlan.load(sweep_dir)
+    metrics, plan = result["headline"], SweepPlan.load(sweep_dir)
     table = Table(title=f"sweep {sweep_dir.name}: mean ± std over seeds (every metric in results.md)")
     for column in [*plan.columns, "seeds", *metrics]:
         table.add_column(column.split(".")[-1], justify="right")
@@ -152,10 +152,15 @@ def sweep(
 
 
 @app.command("collect")
-def collect_command(sweep_dir: Path = typer.Argument(..., help="A sweep directory (holds sweep.json).")) -> None:
+def collect_command(
+    sweep_dir: Path = typer.Argument(..., help="A sweep directory (holds sweep.json)."),
+    metric: list[str] = typer.Option(
+        [], "--metric", help="A metric of the summary table and overview plot, e.g. sts/stsb-dev (repeatable)."
+    ),
+) -> None:
     """Gather every cell's results into results.{csv,json,md} and plots/ (e.g. after SLURM)."""
     try:
-        result = collect(sweep_dir)
+        result = collect(sweep_dir, metric or None)
     except ValueError as err:
         _fail(err)
     _print_summary(result, sweep_dir)

@@ -17,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from vascl_scale.eval.report import AVERAGED
 from vascl_scale.sweep.grid import SweepPlan
 from vascl_scale.sweep.run import cell_dir, read_status
 
@@ -54,8 +55,10 @@ def _eval_metrics(report_path: Path) -> dict[str, float]:
         if result.get("primary") is not None:
             key = f"{result['family']}/{result['task']}" + (f"/{result['variant']}" if result.get("variant") else "")
             metrics[key] = float(result["primary"])
-            by_family[result["family"]].append(float(result["primary"]))
-    # The paper's "Avg." column: the mean of the family's primary metrics.
+            if result["task"] in AVERAGED[result["family"]]:
+                by_family[result["family"]].append(float(result["primary"]))
+    # The paper's "Avg." column: the mean of the family's primary metrics over its paper tasks
+    # (extras such as stsb-dev, the model-selection set, stay out of it).
     for family, values in by_family.items():
         if len(values) > 1:
             metrics[f"{family}/avg"] = statistics.fmean(values)
@@ -182,7 +185,7 @@ def _draw(ax, entries: list[dict[str, Any]], plan: SweepPlan, metric: str) -> bo
     return True
 
 
-def plot(entries: list[dict[str, Any]], plan: SweepPlan, metrics: list[str], out_dir: Path) -> list[Path]:
+def plot(entries: list[dict[str, Any]], plan: SweepPlan, metrics: list[str], headline: list[str], out_dir: Path) -> list[Path]:
     """One PNG per metric against the x axis (the global batch when swept, else the first grid
     key, else the variant), and ``overview.png``: the headline quality metrics side by side."""
     import matplotlib
@@ -199,7 +202,7 @@ def plot(entries: list[dict[str, Any]], plan: SweepPlan, metrics: list[str], out
             written.append(out_dir / (metric.replace("/", "_") + ".png"))
             fig.savefig(written[-1], dpi=110)
         plt.close(fig)
-    overview = [m for m in headline_columns(metrics) if m not in COST_COLUMNS and m != "peak_rss_mb"]
+    overview = [m for m in headline if m not in COST_COLUMNS]
     if len(overview) > 1:
         fig, axes = plt.subplots(1, len(overview), figsize=(4.2 * len(overview), 3.8), squeeze=False)
         for ax, metric in zip(axes[0], overview):
@@ -212,12 +215,20 @@ def plot(entries: list[dict[str, Any]], plan: SweepPlan, metrics: list[str], out
     return written
 
 
-def collect(sweep_dir: Path) -> dict[str, Any]:
-    """Write results.{csv,json,md} and plots/*.png; return what was written and the counts."""
+def collect(sweep_dir: Path, headline: list[str] | None = None) -> dict[str, Any]:
+    """Write results.{csv,json,md} and plots/*.png; return what was written and the counts.
+
+    ``headline``: the metrics of the summary (the first table of results.md, the terminal
+    table and plots/overview.png); default: :func:`headline_columns`.
+    """
     sweep_dir = Path(sweep_dir)
     plan = SweepPlan.load(sweep_dir)
     rows = cell_rows(sweep_dir, plan)
     metrics = metric_columns(rows, plan)
+    unknown = [m for m in headline or [] if m not in metrics]
+    if unknown:
+        raise ValueError(f"no cell of {sweep_dir} has metric(s) {unknown}; choose from {', '.join(metrics)}")
+    headline = list(headline or headline_columns(metrics))
     entries = aggregate(rows, plan, metrics)
     grid_columns = plan.columns
 
@@ -230,7 +241,9 @@ def collect(sweep_dir: Path) -> dict[str, Any]:
         json.dumps({"plan": str(sweep_dir / "sweep.json"), "cells": rows, "mean_over_seeds": entries}, indent=1) + "\n",
         encoding="utf-8",
     )
-    markdown = "## Mean ± std over seeds\n\n" + markdown_table(entries, [*grid_columns, "seeds", *metrics], True)
+    markdown = "## Summary: mean ± std over seeds\n\n" + markdown_table(entries, [*grid_columns, "seeds", *headline], True)
+    markdown += "\n## Mean ± std over seeds, every metric\n\n"
+    markdown += markdown_table(entries, [*grid_columns, "seeds", *metrics], True)
     markdown += "\n## Every cell\n\n" + markdown_table(rows, [*grid_columns, "seed", "state", *metrics], False)
     failed = [r for r in rows if r["state"] == "failed"]
     if failed:
@@ -238,7 +251,7 @@ def collect(sweep_dir: Path) -> dict[str, Any]:
             f"- {', '.join(f'{k}={r[k]}' for k in grid_columns)}, seed {r['seed']}: {r.get('error', '')}" for r in failed
         ) + "\n"
     (sweep_dir / "results.md").write_text(markdown, encoding="utf-8")
-    plots = plot(entries, plan, metrics, sweep_dir / "plots")
+    plots = plot(entries, plan, metrics, headline, sweep_dir / "plots")
     counts = {state: sum(r["state"] == state for r in rows) for state in ("done", "failed", "pending")}
-    return {"rows": rows, "entries": entries, "metrics": metrics, "plots": plots, "counts": counts}
+    return {"rows": rows, "entries": entries, "metrics": metrics, "headline": headline, "plots": plots, "counts": counts}
 
