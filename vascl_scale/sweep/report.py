@@ -125,7 +125,7 @@ def aggregate(rows: list[dict[str, Any]], plan: SweepPlan, metrics: list[str]) -
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:.2f}" if abs(value) >= 0.01 or value == 0 else f"{value:.2e}"
+        return f"{value:.2f}" if abs(value) >= 0.01 or value == 0 else f"{value:.2g}"
     return str(value)
 
 
@@ -170,7 +170,9 @@ def _draw(ax, entries: list[dict[str, Any]], plan: SweepPlan, metric: str) -> bo
     for label, points in sorted(lines.items(), key=lambda item: _natural_key(item[0])):
         points.sort(key=lambda p: p[0] if numeric_x else (order.index(p[0]) if p[0] in order else str(p[0])))
         xs = [p[0] if numeric_x else str(p[0]) for p in points]
-        ax.errorbar(xs, [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3, label=label)
+        # Categorical x (variants, names) has no order between points: markers only.
+        style = "-" if numeric_x else "none"
+        ax.errorbar(xs, [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3, linestyle=style, label=label)
     if numeric_x and all(x > 0 for points in lines.values() for x, _, _ in points):
         ax.set_xscale("log", base=2)
         ticks = sorted({x for points in lines.values() for x, _, _ in points})
