@@ -63,7 +63,11 @@ def test_batched_probes_match_probes_trained_alone():
     )
     for s, (x, y) in enumerate([(train_x, train_y), (train_x.flip(0), train_y.flip(0)), (train_x, train_y)]):
         alone = train_linear_probes(x[None], y[None], valid_x[None], valid_y[None], test_x, test_y, 3, [seeds[s]], protocol)
-        assert stacked[s]["curve"] == pytest.approx(alone[0]["curve"])
+        batched, single = stacked[s]["curve"], alone[0]["curve"]
+        # same evaluation points, and at each the same validation and test accuracy
+        assert [point["iteration"] for point in batched] == [point["iteration"] for point in single]
+        for key in ("valid", "test"):
+            assert [point[key] for point in batched] == pytest.approx([point[key] for point in single])
         assert stacked[s]["test_accuracy"] == alone[0]["test_accuracy"]
 
 

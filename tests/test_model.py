@@ -87,3 +87,18 @@ def test_packaged_minilm_gives_sentence_embeddings() -> None:
     e = model.encode(["A man is playing a guitar.", "A person plays the guitar.", "Stocks fell sharply today."])
     e = e / np.linalg.norm(e, axis=1, keepdims=True)
     assert e[0] @ e[1] > 0.6 and abs(e[0] @ e[2]) < 0.3
+
+
+def test_a_model_directory_without_a_tokenizer_vocabulary_is_refused(tmp_path) -> None:
+    """The issue's case: config, weights and tokenizer_config.json, but no vocabulary file."""
+    tokenizer = AutoTokenizer.from_pretrained(str(packaged_minilm_dir()))
+    BertModel(tiny_bert_config(vocab_size=tokenizer.vocab_size)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "vocab.txt"):
+        (tmp_path / name).unlink(missing_ok=True)  # transformers 5 writes tokenizer.json only
+    assert (tmp_path / "tokenizer_config.json").is_file()
+    with pytest.raises(ValueError, match=r"has no tokenizer vocabulary: none of tokenizer.json, vocab.txt, vocab.json \+ merges.txt"):
+        SentenceEncoder.from_pretrained(tmp_path)
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")  # a vocabulary of special tokens
+    with pytest.raises(ValueError, match=r"turns every word of .* into its unknown token '\[UNK\]'.*5 tokens"):
+        SentenceEncoder.from_pretrained(tmp_path)

@@ -9,8 +9,10 @@ two simulated nodes) and whether or not they were stopped and resumed.
 from __future__ import annotations
 
 import importlib.resources
+import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -273,7 +275,9 @@ def _worker_pids(launcher_pid: int) -> dict[int, int]:
     return found
 
 
-def test_sigkill_of_one_rank_ends_the_job_and_the_last_checkpoint_resumes(workspace: Path, tmp_path: Path) -> None:
+def _start_endless_run(workspace: Path, tmp_path: Path) -> tuple[Path, Path, subprocess.Popen, dict[int, int]]:
+    """A 2-rank run that checkpoints every 2 steps and never ends by itself, in its own session
+    (as a terminal or scheduler starts it); returns once its first checkpoint is complete."""
     config = write_config(
         workspace,
         tmp_path / "config.yaml",
@@ -288,14 +292,22 @@ def test_sigkill_of_one_rank_ends_the_job_and_the_last_checkpoint_resumes(worksp
         env=cli_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
+    deadline = time.monotonic() + 180
+    while not list((run / "checkpoints").glob("step-*/trainer_state.json")):
+        if time.monotonic() > deadline or launcher.poll() is not None:
+            launcher.kill()
+            raise AssertionError("no checkpoint appeared")
+        time.sleep(0.2)
+    workers = _worker_pids(launcher.pid)
+    assert sorted(workers) == [0, 1]
+    return config, run, launcher, workers
+
+
+def test_sigkill_of_one_rank_ends_the_job_and_the_last_checkpoint_resumes(workspace: Path, tmp_path: Path) -> None:
+    config, run, launcher, workers = _start_endless_run(workspace, tmp_path)
     try:
-        deadline = time.monotonic() + 180
-        while not list((run / "checkpoints").glob("step-*/trainer_state.json")):
-            assert time.monotonic() < deadline and launcher.poll() is None, "no checkpoint appeared"
-            time.sleep(0.2)
-        workers = _worker_pids(launcher.pid)
-        assert sorted(workers) == [0, 1]
         os.kill(workers[1], signal.SIGKILL)
         killed_at = time.monotonic()
         returncode = launcher.wait(timeout=120)  # the other rank must not hang
@@ -407,9 +419,210 @@ def test_non_finite_loss_stops_before_the_update_and_keeps_the_last_good_checkpo
     run = tmp_path / "run"
     config = load_config(write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0}), [f"train.output_dir={run}"])
     try:
-        with pytest.raises(trainer_module.NonFiniteLossError, match="non-finite loss at step 3"):
+        with pytest.raises(trainer_module.NonFiniteLossError, match="non-finite loss at step 3") as stopped:
             trainer_module.Trainer(config).fit()
     finally:
         AcceleratorState._reset_state(True)
     assert [p.name for p in complete_checkpoints(run)] == ["step-00000002"]
+    assert f"the last good checkpoint is {run / 'checkpoints' / 'step-00000002'}" in str(stopped.value)
     assert not (run / "final").exists()
+    # A NaN before the first checkpoint: the message must not point at one that does not exist.
+    calls.clear()
+    early = tmp_path / "early"
+    config = load_config(
+        write_config(workspace, tmp_path / "early.yaml", eval={"every_steps": 0}, checkpoint={"every_steps": 5}),
+        [f"train.output_dir={early}"],
+    )
+    try:
+        with pytest.raises(trainer_module.NonFiniteLossError, match="no checkpoint had been written yet"):
+            trainer_module.Trainer(config).fit()
+    finally:
+        AcceleratorState._reset_state(True)
+
+
+# --- checkpoint safety and completeness (no training: a stand-in for accelerate's state) ---
+
+
+class _OneProcessAccelerator:
+    """What save_checkpoint needs of an Accelerator: one process writing model-like files."""
+
+    is_main_process = True
+    process_index = 0
+
+    def wait_for_everyone(self) -> None:
+        pass
+
+    def save_state(self, directory: str) -> None:
+        from safetensors.torch import save_file
+
+        save_file({"weight": torch.arange(64.0)}, str(Path(directory) / "model.safetensors"))
+        torch.save({"state": {0: {"exp_avg": torch.ones(8)}}}, Path(directory) / "optimizer.bin")
+
+
+def _save(run: Path, step: int, keep_last: int = 5) -> Path:
+    from vascl_scale.config import config_from_dict
+    from vascl_scale.train.checkpoint import TrainerState, save_checkpoint
+
+    config = config_from_dict({"model": {"path": "m"}, "data": {"train": "t"}, "train": {"global_batch_size": 64}})
+    state = TrainerState(step=step, world_size=1, scheduler={})
+    return save_checkpoint(_OneProcessAccelerator(), run, config, state, {"epoch": 0}, keep_last)
+
+
+class _RunsCode:
+    """A pickle that runs a shell command when unpickled without weights_only."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def test_a_kill_while_a_checkpoint_is_replaced_leaves_the_older_ones_resumable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vascl_scale.train import checkpoint as ckpt
+
+    run = tmp_path / "run"
+    _save(run, 1)
+    _save(run, 2)
+    real_rmtree = shutil.rmtree
+
+    def killed_inside_rmtree(path, *args, **kwargs):
+        (Path(path) / "model.safetensors").unlink()  # the kill lands after the weights went
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckpt.shutil, "rmtree", killed_inside_rmtree)
+    with pytest.raises(KeyboardInterrupt):
+        _save(run, 2)  # the same step saved again replaces step-2
+    monkeypatch.setattr(ckpt.shutil, "rmtree", real_rmtree)
+    assert [p.name for p in ckpt.complete_checkpoints(run)] == ["step-00000001"]
+    assert ckpt.resolve_resume("latest", run).name == "step-00000001"
+    _save(run, 3)  # the next save clears what the killed one left
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000001", "step-00000003"]
+
+
+def test_resume_skips_a_checkpoint_whose_files_are_gone_and_names_what_is_missing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from vascl_scale.train import checkpoint as ckpt
+
+    run = tmp_path / "run"
+    _save(run, 1)
+    broken = _save(run, 2)
+    (broken / "model.safetensors").unlink()  # trainer_state.json is still there
+    with caplog.at_level("WARNING"):
+        assert ckpt.resolve_resume("latest", run).name == "step-00000001"
+    assert "skipping incomplete checkpoint" in caplog.text and "model.safetensors is missing" in caplog.text
+    with pytest.raises(ValueError, match=r"model.safetensors is missing.*--resume-from .*step-00000001"):
+        ckpt.resolve_resume(str(broken), run)
+    truncated = _save(run, 3)
+    data = (truncated / "optimizer.bin").read_bytes()
+    (truncated / "optimizer.bin").write_bytes(data[: len(data) // 2])
+    assert ckpt.resolve_resume("latest", run).name == "step-00000001"
+    with pytest.raises(ValueError, match=r"optimizer.bin has \d+ bytes, not the \d+ it was written with"):
+        ckpt.resolve_resume(str(truncated), run)
+
+
+def test_symlinks_out_of_a_checkpoint_and_code_carrying_pickles_are_refused_before_any_load(tmp_path: Path) -> None:
+    from vascl_scale.train.checkpoint import verify_checkpoint_files
+
+    run = tmp_path / "run"
+    _save(run, 1)
+    checkpoint = _save(run, 2)
+    verify_checkpoint_files(checkpoint)  # what save_checkpoint writes passes
+    marker = tmp_path / "code-ran"
+    # The attack of the issue: DeepSpeed's model directory replaced by a symlink to a directory
+    # whose mp_rank_00_model_states.pt runs a command when DeepSpeed unpickles it.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    torch.save({"module": _RunsCode(f"touch {marker}")}, elsewhere / "mp_rank_00_model_states.pt")
+    (checkpoint / "pytorch_model").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(ValueError, match=r"pytorch_model is a symlink to .*elsewhere, outside the checkpoint.*step-00000001"):
+        verify_checkpoint_files(checkpoint)
+    (checkpoint / "pytorch_model").unlink()
+    # The same file inside the checkpoint, and a symlink that stays inside, are opened weights-only.
+    (checkpoint / "pytorch_model").mkdir()
+    shutil.move(str(elsewhere / "mp_rank_00_model_states.pt"), checkpoint / "pytorch_model")
+    (checkpoint / "inner-link").symlink_to(checkpoint / "pytorch_model", target_is_directory=True)
+    with pytest.raises(ValueError, match=r"mp_rank_00_model_states.pt cannot be loaded safely \(UnpicklingError"):
+        verify_checkpoint_files(checkpoint)
+    assert not marker.exists()
+
+
+def test_truncated_checkpoint_files_are_refused_with_the_file_and_the_previous_checkpoint(tmp_path: Path) -> None:
+    from vascl_scale.train.checkpoint import STATE_FILE, TrainerState, verify_checkpoint_files
+
+    run = tmp_path / "run"
+    _save(run, 1)
+    checkpoint = _save(run, 2)
+    weights = checkpoint / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-40])
+    with pytest.raises(ValueError, match=r"model.safetensors cannot be loaded safely \(SafetensorError.*--resume-from .*step-00000001"):
+        verify_checkpoint_files(checkpoint)
+    state = checkpoint / STATE_FILE
+    state.write_text(state.read_text()[:30])
+    with pytest.raises(ValueError, match=rf"{STATE_FILE} is unreadable or incomplete"):
+        TrainerState.from_file(state)
+
+
+@pytest.mark.deepspeed
+def test_deepspeed_with_one_process_trains_resumes_and_refuses_a_symlinked_model_state(
+    workspace: Path, tmp_path: Path
+) -> None:
+    config = write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0})
+    run = tmp_path / "run"
+    run_train(config, run, "--deepspeed", ZERO2, "--max-steps", "2", timeout=420)
+    checkpoint = run / "checkpoints" / "step-00000002"
+    assert (checkpoint / "pytorch_model" / "mp_rank_00_model_states.pt").is_file()
+    attacked = tmp_path / "attacked"
+    shutil.copytree(run, attacked)
+    # The issue's attack on a real ZeRO-2 checkpoint: DeepSpeed's directory replaced by a
+    # symlink to one whose model states run a command when unpickled with weights_only=False.
+    model_states = attacked / "checkpoints" / "step-00000002" / "pytorch_model"
+    evil = tmp_path / "evil"
+    shutil.move(str(model_states), evil)
+    marker = tmp_path / "code-ran"
+    torch.save({"module": _RunsCode(f"touch {marker}")}, evil / "mp_rank_00_model_states.pt")
+    model_states.symlink_to(evil, target_is_directory=True)
+    state_file = model_states.parent / "trainer_state.json"  # the attacker rewrites the file list too
+    state = json.loads(state_file.read_text())
+    state["files"]["pytorch_model/mp_rank_00_model_states.pt"] = (evil / "mp_rank_00_model_states.pt").stat().st_size
+    state_file.write_text(json.dumps(state))
+    failure = run_train(config, attacked, "--deepspeed", ZERO2, "--resume", "--max-steps", "3", timeout=300, expect=2)
+    assert "outside the checkpoint directory" in failure.stderr and not marker.exists()
+    run_train(config, run, "--deepspeed", ZERO2, "--resume", "--max-steps", "3", timeout=300)  # DeepSpeed's own files pass
+    assert (run / "checkpoints" / "step-00000003" / "trainer_state.json").is_file()
+
+
+def test_workers_die_with_a_killed_launcher_and_a_run_directory_holds_one_run(workspace: Path, tmp_path: Path) -> None:
+    config, run, launcher, workers = _start_endless_run(workspace, tmp_path)
+    try:
+        second = run_train(config, run, "--num-processes", "2", "--resume", timeout=120, expect=2)
+        assert f"run directory {run} is in use by another run (pid {launcher.pid}" in second.stderr
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in workers.values()):
+            assert time.monotonic() < deadline, f"workers {workers} outlived their launcher"
+            time.sleep(0.2)
+    finally:
+        for pid in [launcher.pid, *workers.values()]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    from vascl_scale.train.checkpoint import complete_checkpoints
+
+    step = int(complete_checkpoints(run)[-1].name.split("-")[1])  # the dead run's lock is gone
+    run_train(config, run, "--num-processes", "2", "--resume", "--max-steps", str(step + 1))
+    assert (run / "final" / "model.safetensors").is_file()
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting for its parent counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import math
 import os
 import re
 import types
@@ -146,6 +147,7 @@ class TrainConfig:
         _require(self.grad_accum_steps >= 1, "train.grad_accum_steps", f"must be >= 1; got {self.grad_accum_steps}")
         _require(self.max_steps >= 1, "train.max_steps", f"must be >= 1; got {self.max_steps}")
         _require(bool(self.output_dir), "train.output_dir", "must name a directory")
+        self.output_dir = expand_path(self.output_dir, "train.output_dir")
         _require(self.log_every >= 1, "train.log_every", f"must be >= 1; got {self.log_every}")
         _require(
             self.dist_timeout_minutes >= 1,
@@ -237,6 +239,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     origin = typing.get_origin(annotation)
     if origin is Literal:
         allowed = typing.get_args(annotation)
+        if value is False and "no" in allowed:  # YAML 1.1 reads a bare `no` as false
+            value = "no"
         if value not in allowed:
             raise ValueError(f"{key} must be one of {', '.join(repr(v) for v in allowed)}; got {value!r}")
         return value
@@ -275,6 +279,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{key} must be a number; got {value!r}")
+        if not math.isfinite(value):  # no setting has a meaningful infinite or NaN value
+            raise ValueError(f"{key} must be a finite number; got {value!r}")
         return float(value)
     if annotation is str:
         if not isinstance(value, str):
@@ -341,7 +347,23 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         elif not last:
             raise ValueError(f"{'.'.join(parts[: i + 1])} is a value, not a section")
         else:
-            node[part] = yaml.safe_load(raw) if raw.strip() else ""
+            node[part] = _parse_yaml(raw, f"--set {assignment!r}", in_file=False) if raw.strip() else ""
+
+
+def _parse_yaml(text: str, where: str, in_file: bool = True) -> Any:
+    """``yaml.safe_load`` with errors that name the file, line and column (or the option)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        position = f":{mark.line + 1}:{mark.column + 1}" if in_file and mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        hint = (
+            "; configs are read with a safe loader, so write plain values (no !!python tags)"
+            if isinstance(err, yaml.constructor.ConstructorError)
+            else ""
+        )
+        raise ValueError(f"{where}{position}: invalid YAML: {problem}{hint}") from err
 
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> RunConfig:
@@ -351,8 +373,7 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> Ru
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"config file {path} does not exist")
-        with path.open(encoding="utf-8") as handle:
-            loaded = yaml.safe_load(handle)
+        loaded = _parse_yaml(path.read_text(encoding="utf-8"), str(path))
         if loaded is not None and not isinstance(loaded, dict):
             raise ValueError(f"{path}: the top level must be a mapping of sections")
         data = loaded or {}

@@ -2,19 +2,36 @@
 
 Library code logs through ``logging.getLogger(__name__)``; only the CLI calls
 :func:`setup_logging`. Ranks other than 0 log warnings and errors only, so a
-many-rank run prints one progress stream, not one per process.
+many-rank run prints one progress stream, not one per process. Tables are printed with
+:func:`print_table`, which never cuts a cell to fit the console.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from copy import copy
 
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.measure import Measurement
+from rich.table import Table
 
 # One console for tables and progress bars; stderr keeps stdout clean for piping results.
 console = Console(stderr=True)
+
+
+def print_table(table: Table) -> None:
+    """Print ``table`` on the console at its natural width, never narrower.
+
+    Rich fits a table to the console, 80 columns when the output is a file or a pipe, by cutting
+    cells ("64.…"); a table of scores must keep every digit, so it is printed as wide as its
+    widest cells and uncropped (a narrower terminal wraps its lines instead).
+    """
+    natural = Measurement.get(console, console.options.update_width(1 << 16), table).maximum  # unbounded
+    wide = copy(table)  # shallow: the caller's table keeps its own width setting
+    wide.width = natural
+    console.print(wide, crop=False)
 
 
 def process_rank() -> int:

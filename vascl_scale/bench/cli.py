@@ -54,10 +54,16 @@ def step(
     """Median / p10 / p90 time of full training steps and the VaSCL / SimCSE ratio, in one run."""
     from vascl_scale.bench.step import run_step_bench, save_result, step_table
     from vascl_scale.log import console
-    from vascl_scale.train.launch import LaunchPlan, in_distributed_worker, launch_workers
+    from vascl_scale.train.launch import LaunchPlan, become_single_rank, exit_with_parent, in_distributed_worker, launch_workers
 
-    if not in_distributed_worker() and (num_processes > 1 or deepspeed is not None):
-        raise typer.Exit(launch_workers(LaunchPlan(processes_per_machine=num_processes, deepspeed=deepspeed is not None)))
+    if in_distributed_worker():
+        exit_with_parent()
+    else:
+        plan = LaunchPlan(processes_per_machine=num_processes, deepspeed=deepspeed is not None)
+        if plan.needs_launcher:
+            raise typer.Exit(launch_workers(plan))
+        if plan.deepspeed:
+            become_single_rank()
     try:
         result = run_step_bench(
             model,
@@ -100,9 +106,10 @@ def comm(
 
     from vascl_scale.bench.comm import comm_report, comm_table, measure_step, save_report
     from vascl_scale.log import console
-    from vascl_scale.train.launch import LaunchPlan, in_distributed_worker, launch_workers
+    from vascl_scale.train.launch import LaunchPlan, exit_with_parent, in_distributed_worker, launch_workers
 
     if in_distributed_worker():  # a rank of the measured step
+        exit_with_parent()
         measured = measure_step(model, global_batch, k, head_dim)
         if measured["rank"] == 0 and worker_output is not None:
             worker_output.write_text(json.dumps(measured), encoding="utf-8")

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from vascl_scale.log import console
+from vascl_scale.log import console, print_table
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def _run(
     except ValueError as err:
         _fail(err)
     for table in rich_tables(report):
-        console.print(table)
+        print_table(table)
     report.save(output)
     markdown_path = markdown_path or output.with_suffix(".md")
     markdown_path.parent.mkdir(parents=True, exist_ok=True)
@@ -215,7 +215,7 @@ def neighbours(
     for name, by_k in statistics.items():
         cells = [f"{by_k[size]['same_class']:.1f} / {by_k[size]['distance']:.3f}" for size in ks]
         table.add_row(name, *cells, f"{geometry[name]['alignment']:.3f}", f"{geometry[name]['uniformity']:.3f}")
-    console.print(table)
+    print_table(table)
     plot_path = plot_neighbours(statistics, plot or Path(f"neighbours-{dataset}.png"), dataset)
     logger.info("wrote %s", plot_path)
     if output is not None:
@@ -241,4 +241,4 @@ def compare(
                 raise ValueError(f"{path} holds {len(report.models)} model(s); --index must be below that")
     except ValueError as err:
         _fail(err)
-    console.print(compare_table(first.models[index_a], second.models[index_b]))
+    print_table(compare_table(first.models[index_a], second.models[index_b]))

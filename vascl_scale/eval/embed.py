@@ -20,6 +20,7 @@ import logging
 import os
 import time
 import uuid
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -197,19 +198,49 @@ def default_cache_dir() -> Path:
     return (Path(root) if root else Path.home() / ".cache" / "vascl-scale") / "embeddings"
 
 
+def embedding_width(spec: ModelSpec) -> int:
+    """d of the model's embeddings: its encoder's hidden size, which SentenceEncoder pools to."""
+    from transformers import AutoConfig  # imported only when a cache is read: it costs about 1 s
+
+    return int(AutoConfig.from_pretrained(str(spec.directory)).hidden_size)
+
+
 class EmbeddingCache:
     """Embeddings of one model fingerprint: ``<root>/<fingerprint>/part-*.npz`` files, each with
-    ``keys`` (M,) text hashes and ``embeddings`` (M, d) float32. New rows go to a new part,
+    ``keys`` (M,) text hashes and ``embeddings`` (M, width) float32. New rows go to a new part,
     written to a temporary name and renamed, so a crashed or concurrent run never leaves a
-    half-written part behind."""
+    half-written part behind. A part that cannot be read or does not hold that shape (a damaged
+    disk, a file copied in by hand) is skipped with a warning: its texts are a cache miss."""
 
-    def __init__(self, root: str | Path, fingerprint: str) -> None:
+    def __init__(self, root: str | Path, fingerprint: str, width: int) -> None:
         self.directory = Path(root) / fingerprint
+        self.width = width
         self._rows: dict[str, np.ndarray] = {}
         if self.directory.is_dir():
             for part in sorted(self.directory.glob("part-*.npz")):
-                with np.load(part) as stored:
-                    self._rows.update(zip(stored["keys"].tolist(), stored["embeddings"]))
+                self._rows.update(self._read_part(part))
+
+    def _read_part(self, part: Path) -> dict[str, np.ndarray]:
+        """The rows of one part, or none (with a warning) when it is unreadable or inconsistent."""
+        try:
+            with np.load(part) as stored:  # reading a member checks its CRC-32
+                keys, embeddings = stored["keys"], stored["embeddings"]
+        except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as err:
+            problem = f"cannot be read ({type(err).__name__}: {err})"
+        else:
+            shape_ok = keys.ndim == 1 and embeddings.shape == (len(keys), self.width)
+            if shape_ok and keys.dtype.kind == "U" and embeddings.dtype.kind == "f":
+                return dict(zip(keys.tolist(), embeddings))
+            problem = (
+                f"holds keys {keys.shape} {keys.dtype} and embeddings {embeddings.shape} {embeddings.dtype}, "
+                f"not (M,) text hashes and (M, {self.width}) floats"
+            )
+        logger.warning(
+            "embedding cache part %s %s; ignoring it and encoding its texts again (delete it to stop this warning)",
+            part,
+            problem,
+        )
+        return {}
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -299,7 +330,7 @@ class Embedder:
         cache = None
         if self.cache_dir is not None:
             self.stats.fingerprint = model_fingerprint(self.spec)
-            cache = EmbeddingCache(self.cache_dir, self.stats.fingerprint)
+            cache = EmbeddingCache(self.cache_dir, self.stats.fingerprint, embedding_width(self.spec))
         found = {text: cache.get(text_key(text)) for text in distinct} if cache is not None else {}
         todo = [text for text in distinct if found.get(text) is None]
         self.stats.load_seconds = time.perf_counter() - started

@@ -57,15 +57,19 @@ PAPER_STS_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 def load_sts_tsv(path: str | Path) -> list[StsPair]:
     """Pairs of one ``<task>/<split>.tsv`` (sentence1, sentence2, score[, subset])."""
     path = Path(path)
-    require_file(path)
-    with path.open(encoding="utf-8") as handle:
-        has_subset = "subset" in handle.readline().rstrip("\r\n").split("\t")
-    columns = ["sentence1", "sentence2", "score"] + (["subset"] if has_subset else [])
+    rows = read_tsv(path, ("sentence1", "sentence2", "score"), ("sentence1", "sentence2"), optional=("subset",))
     pairs = []
-    for line, row in read_tsv(path, columns, text_columns=("sentence1", "sentence2")):
+    for line, row in rows:
         score = parse_float(row["score"], path, line, "score")
         pairs.append(StsPair(row["sentence1"], row["sentence2"], score, row.get("subset", "")))
     return pairs
+
+
+def _lines(path: Path) -> list[str]:
+    """A text file's lines, split at line ends only: ``str.splitlines`` also splits at U+0085,
+    U+2028 and form feeds, which a sentence (or mojibake in it) can hold."""
+    with path.open(encoding="utf-8", newline="") as handle:
+        return [line.rstrip("\r\n") for line in handle]
 
 
 def load_senteval_sts_dir(directory: str | Path) -> list[StsPair]:
@@ -85,8 +89,7 @@ def load_senteval_sts_dir(directory: str | Path) -> list[StsPair]:
         gold_path = require_file(
             directory / f"STS.gs.{subset}.txt", f"every STS.input.{subset}.txt needs its STS.gs.{subset}.txt"
         )
-        sentences = input_path.read_text(encoding="utf-8").splitlines()
-        gold = gold_path.read_text(encoding="utf-8").splitlines()
+        sentences, gold = _lines(input_path), _lines(gold_path)
         if len(sentences) != len(gold):
             raise ValueError(
                 f"{input_path} has {len(sentences)} lines but {gold_path} has {len(gold)}; they must align line by line"
@@ -127,13 +130,10 @@ def load_sick_txt(path: str | Path) -> list[StsPair]:
     """A SICK release file with a header: ``SICK.txt`` (whose ``SemEval_set`` column becomes the
     subset) or the SemEval-2014 ``SICK_train.txt`` / ``SICK_trial.txt`` / ``SICK_test_annotated.txt``.
     Columns are found by name: sentence_A, sentence_B, relatedness_score."""
-    path = Path(path)
-    require_file(path, "expected a SICK txt file with a header row")
-    with path.open(encoding="utf-8") as handle:
-        header = handle.readline().rstrip("\r\n").split("\t")
-    columns = ["sentence_A", "sentence_B", "relatedness_score"] + (["SemEval_set"] if "SemEval_set" in header else [])
+    path = require_file(Path(path), "expected a SICK txt file with a header row")
+    columns = ("sentence_A", "sentence_B", "relatedness_score")
     pairs = []
-    for line, row in read_tsv(path, columns, text_columns=("sentence_A", "sentence_B")):
+    for line, row in read_tsv(path, columns, ("sentence_A", "sentence_B"), optional=("SemEval_set",)):
         score = parse_float(row["relatedness_score"], path, line, "relatedness_score")
         pairs.append(StsPair(row["sentence_A"], row["sentence_B"], score, row.get("SemEval_set", "")))
     return pairs

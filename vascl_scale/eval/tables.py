@@ -1,14 +1,18 @@
 """Reading the evaluation data files, with errors that name the file, the line and the fix.
 
 Every ``.tsv`` under the data directory has a header row and is written by a CSV writer with
-minimal quoting, so it is parsed with :mod:`csv` (never ``line.split("\\t")``).
+minimal quoting, so it is parsed with :mod:`csv` (never ``line.split("\\t")``), by
+:func:`read_tsv` alone: the STS, SICK, clustering and intent loaders all go through it, so each
+gets its checks (a quote that merges lines, row widths, empty texts) and :func:`parse_float`'s
+refusal of non-finite gold scores.
 """
 
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence, TextIO
 
 LAYOUT_HINT = (
     "expected the layout of ../shared/data (see its README): sts/<task>/<split>.tsv, "
@@ -31,27 +35,70 @@ def require_file(path: Path, hint: str = LAYOUT_HINT) -> Path:
     return path
 
 
-def read_tsv(
-    path: Path, columns: Sequence[str], text_columns: Sequence[str] = ()
-) -> list[tuple[int, dict[str, str]]]:
-    """(line number, row) for each row of a headed TSV; a row holds ``columns`` only.
+# The fix of every quote that swallowed line breaks.
+QUOTE_FIX = (
+    'a text holds no line break, so this is a stray ": remove it, or quote the whole field and '
+    'double each quote inside it ("")'
+)
 
-    Raises ``ValueError`` naming the file and line for a missing column, a row with the wrong
+
+def _records(path: Path, handle: TextIO) -> Iterator[tuple[int, list[str]]]:
+    """(physical line, fields) of each CSV record of an open TSV, the header first.
+
+    A record spanning several lines means a ``"`` at the start of a field opened a quoted field
+    that ran on to the next ``"`` of the file (many rows read as one text) or to the end of the
+    file; either way it is reported at the line where the quote opened, naming the column.
+    """
+    reader = csv.reader(handle, delimiter="\t")
+    header: list[str] = []
+    end = 0  # the last physical line read so far
+    while True:
+        start = end + 1
+        try:
+            record = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:  # "field larger than field limit": an unclosed quote ran on
+            raise ValueError(
+                f"{path}:{start}: a quoted field opened on this line is still open on line {reader.line_num} "
+                f"({err}); {QUOTE_FIX}"
+            ) from None
+        end = reader.line_num
+        if end > start:
+            i = next(i for i, value in enumerate(record) if "\n" in value or "\r" in value)
+            column = repr(header[i]) if i < len(header) else f"number {i + 1}"
+            raise ValueError(
+                f"{path}:{start}: a quote opens column {column} on this line and is not closed before line "
+                f"{end}, so lines {start} to {end} were read as one row; {QUOTE_FIX}"
+            )
+        if start == 1:
+            header = record
+        yield start, record
+
+
+def read_tsv(
+    path: Path, columns: Sequence[str], text_columns: Sequence[str] = (), optional: Sequence[str] = ()
+) -> list[tuple[int, dict[str, str]]]:
+    """(line number, row) for each row of a headed TSV; a row holds ``columns`` and those of
+    ``optional`` that the header has.
+
+    The one reader of every evaluation TSV. Raises ``ValueError`` naming the file and line for a
+    quote that merges lines (see :func:`_records`), a missing column, a row with the wrong
     number of fields, or an empty value in one of ``text_columns``.
     """
     path = require_file(path)
     with path.open(newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle, delimiter="\t")
-        header = next(reader, None)
+        records = _records(path, handle)
+        _, header = next(records, (1, None))
         if header is None:
             raise ValueError(f"{path} is empty; expected a header row with columns {list(columns)}")
         absent = [name for name in columns if name not in header]
         if absent:
             raise ValueError(f"{path}:1: header {header} lacks columns {absent}; expected {list(columns)}")
-        where = [header.index(name) for name in columns]
+        kept = list(columns) + [name for name in optional if name in header]
+        where = [header.index(name) for name in kept]
         rows = []
-        for record in reader:
-            line = reader.line_num  # physical line where this record ends (1-based, header is 1)
+        for line, record in records:
             if not record:
                 continue  # a blank line carries no row
             if len(record) != len(header):
@@ -59,7 +106,7 @@ def read_tsv(
                     f"{path}:{line}: malformed row with {len(record)} fields, expected {len(header)} "
                     f"({', '.join(header)}); fix or remove this line"
                 )
-            row = {name: record[i] for name, i in zip(columns, where)}
+            row = {name: record[i] for name, i in zip(kept, where)}
             for name in text_columns:
                 if not row[name].strip():
                     raise ValueError(f"{path}:{line}: empty text in column {name!r}; remove the row or fill it in")
@@ -68,7 +115,12 @@ def read_tsv(
 
 
 def parse_float(value: str, path: Path, line: int, column: str) -> float:
+    """A gold score; non-finite values (``nan``, ``inf``, ``1e999``) are refused, since one of
+    them turns a Spearman correlation into NaN or silently ranks as the largest score."""
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         raise ValueError(f"{path}:{line}: {column} {value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{path}:{line}: {column} {value!r} is not a finite number; give a real score or remove the row")
+    return number

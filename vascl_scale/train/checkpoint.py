@@ -1,4 +1,4 @@
-"""Atomic, resumable checkpoints of a training run.
+"""Atomic, resumable checkpoints of a training run, and safe loading of them.
 
 Layout of ``<run>/checkpoints/step-00000100/``:
 
@@ -6,26 +6,33 @@ Layout of ``<run>/checkpoints/step-00000100/``:
   and per-rank RNG states; under DeepSpeed the engine's (ZeRO-partitioned) checkpoint;
 - ``data/rank-00000.pt``: each rank's position in its training stream;
 - ``config.yaml``: the resolved config of the run that wrote it;
-- ``trainer_state.json``: step, scheduler, best score, world size. Written last.
+- ``trainer_state.json``: step, scheduler, best score, world size and the size of every
+  other file of the checkpoint. Written last: it is the completion marker.
 
-Every rank writes into ``checkpoints/.tmp-step-00000100``; after a barrier, rank 0 writes
-``trainer_state.json`` and renames the directory. A directory named ``step-*`` is therefore
-complete, and a run killed while saving leaves only a ``.tmp-*`` directory, which the next
-save removes. Requires the run directory on a file system that every machine sees.
+Every rank writes into ``checkpoints/.tmp-step-00000100``; after a barrier, rank 0 lists the
+files, writes ``trainer_state.json`` and renames the directory. A checkpoint is deleted by
+renaming it away (``.trash-*``) first, so a run killed while saving or deleting leaves only a
+``.tmp-*`` or ``.trash-*`` directory, which the next save removes, and never a ``step-*``
+directory with files missing. A checkpoint whose files do not match its marker (lost or
+truncated afterwards) is not complete: ``--resume`` falls back to the newest complete one.
+Requires the run directory on a file system that every machine sees.
 
-Loading is safe: accelerate reads its files with ``torch.load(weights_only=True)``; DeepSpeed
-reads its own with ``weights_only=False``, so each rank first opens the DeepSpeed files it
-will read with ``weights_only=True`` and a short allowlist of DeepSpeed's plain data types,
-and refuses a checkpoint that holds anything else.
+Loading is safe: accelerate reads its files with ``torch.load(weights_only=True)`` or
+safetensors, but DeepSpeed reads its own with ``weights_only=False``. So before anything is
+loaded, :func:`verify_checkpoint_files` refuses symlinks that leave the checkpoint directory,
+opens every pickle-based file that any loader may read with ``weights_only=True`` and a short
+allowlist of DeepSpeed's plain data types, and every safetensors file with safetensors.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +46,8 @@ logger = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"
 _NAME = re.compile(r"^step-(\d{8})$")
+# Files that loaders read with pickle (torch.load): accelerate's .bin / .pkl, DeepSpeed's .pt.
+PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".pkl"}
 
 
 @dataclass
@@ -50,58 +59,100 @@ class TrainerState:
     scheduler: dict[str, Any]
     best_score: float | None = None  # best STS-B dev Spearman x 100 so far
     best_step: int | None = None
+    # Size in bytes of every other file of the checkpoint, by path relative to it (all ranks').
+    files: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2)
 
     @classmethod
     def from_file(cls, path: Path) -> "TrainerState":
-        return cls(**json.loads(path.read_text(encoding="utf-8")))
+        try:
+            return cls(**json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError, ValueError, TypeError) as err:  # JSONDecodeError is a ValueError
+            raise ValueError(f"{path} is unreadable or incomplete ({err})") from err
 
 
 def checkpoint_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def complete_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """Why ``checkpoint`` is not complete, or None when its files match its marker."""
+    marker = Path(checkpoint) / STATE_FILE
+    if not marker.is_file():
+        return f"it has no {STATE_FILE} (the completion marker)"
+    try:
+        state = TrainerState.from_file(marker)
+    except ValueError as err:
+        return str(err)
+    for name, size in sorted(state.files.items()):
+        path = Path(checkpoint) / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, not the {size} it was written with (truncated or replaced)"
+    return None
+
+
+def _step_directories(run_dir: Path) -> list[Path]:
+    """``step-*`` directories of a run, oldest first, complete or not."""
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if _NAME.match(p.name) and (p / STATE_FILE).is_file()]
+    found = [p for p in root.iterdir() if _NAME.match(p.name) and p.is_dir()]
     return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    return [p for p in _step_directories(run_dir) if checkpoint_problem(p) is None]
+
+
+def previous_checkpoint_hint(checkpoint: Path) -> str:
+    """What to resume from instead of ``checkpoint``: the newest complete one before it."""
+    run_dir = Path(checkpoint).parent.parent
+    earlier = [p for p in complete_checkpoints(run_dir) if p.name < Path(checkpoint).name]
+    if not earlier:
+        return "no earlier complete checkpoint exists; start a new run with another --output"
+    return f"resume from the previous complete checkpoint with --resume-from {earlier[-1]}"
 
 
 def prepare_run_dir(run_dir: Path, resume: str | None) -> None:
     """Refuse to mix two runs in one directory."""
-    if resume is None and complete_checkpoints(run_dir):
+    if resume is None and _step_directories(run_dir):
         raise ValueError(
             f"{run_dir} already holds checkpoints of a run; pass --resume to continue it or a new --output"
         )
 
 
 def resolve_resume(target: str, run_dir: Path) -> Path:
-    """``latest`` -> the newest complete checkpoint of ``run_dir``; a run dir -> its newest;
-    a checkpoint dir -> itself."""
+    """``latest`` -> the newest complete checkpoint of ``run_dir``; a run dir -> its newest
+    complete one (incomplete ones are skipped with a warning); a checkpoint dir -> itself, if complete."""
     candidate = Path(run_dir) if target == "latest" else Path(target)
-    if (candidate / STATE_FILE).is_file():
+    if _NAME.match(candidate.name) or (candidate / STATE_FILE).exists():
+        problem = checkpoint_problem(candidate)
+        if problem is not None:
+            raise ValueError(f"--resume-from {candidate} is not a complete checkpoint: {problem}; {previous_checkpoint_hint(candidate)}")
         return candidate
-    checkpoints = complete_checkpoints(candidate)
-    if not checkpoints:
-        raise ValueError(
-            f"--resume: no complete checkpoint under {candidate / CHECKPOINTS} "
-            "(a complete one is a step-* directory holding trainer_state.json)"
-        )
-    return checkpoints[-1]
+    for checkpoint in reversed(_step_directories(candidate)):
+        problem = checkpoint_problem(checkpoint)
+        if problem is None:
+            return checkpoint
+        logger.warning("skipping incomplete checkpoint %s: %s", checkpoint, problem)
+    raise ValueError(
+        f"--resume: no complete checkpoint under {candidate / CHECKPOINTS} "
+        f"(a complete one is a step-* directory whose files match its {STATE_FILE})"
+    )
 
 
 def check_resume_compatible(checkpoint: Path, config: RunConfig, world_size: int) -> TrainerState:
     """The saved state, after checking that this run can continue it: same model, same batch, same world."""
     state = TrainerState.from_file(checkpoint / STATE_FILE)
-    saved = yaml.safe_load((checkpoint / "config.yaml").read_text(encoding="utf-8"))
+    saved = _saved_config(checkpoint)
     current = config.to_dict()
     changed = [f"model.{key}" for key in current["model"] if saved["model"].get(key) != current["model"][key]]
-    if saved["train"]["global_batch_size"] != current["train"]["global_batch_size"]:
+    if saved["train"].get("global_batch_size") != current["train"]["global_batch_size"]:
         changed.append("train.global_batch_size")
     if changed:
         details = ", ".join(
@@ -120,6 +171,18 @@ def check_resume_compatible(checkpoint: Path, config: RunConfig, world_size: int
     return state
 
 
+def _saved_config(checkpoint: Path) -> dict[str, Any]:
+    """The config a checkpoint was written with, with the sections the resume check compares."""
+    path = checkpoint / "config.yaml"
+    try:
+        saved = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise ValueError(f"{path} is unreadable ({err}); {previous_checkpoint_hint(checkpoint)}") from err
+    if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict) or not isinstance(saved.get("train"), dict):
+        raise ValueError(f"{path} lacks the model and train sections; {previous_checkpoint_hint(checkpoint)}")
+    return saved
+
+
 def _lookup(tree: dict[str, Any], dotted: str) -> Any:
     for part in dotted.split("."):
         tree = tree[part]
@@ -128,6 +191,17 @@ def _lookup(tree: dict[str, Any], dotted: str) -> Any:
 
 def data_state_path(checkpoint: Path, rank: int) -> Path:
     return checkpoint / "data" / f"rank-{rank:05d}.pt"
+
+
+def _remove(directory: Path) -> None:
+    """Delete a checkpoint directory; renamed away first, so a kill mid-delete leaves no ``step-*``."""
+    trash = directory.parent / f".trash-{directory.name}-{uuid.uuid4().hex[:8]}"
+    directory.rename(trash)
+    shutil.rmtree(trash)
+
+
+def _file_sizes(directory: Path) -> dict[str, int]:
+    return {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 def save_checkpoint(
@@ -144,7 +218,7 @@ def save_checkpoint(
     staging = root / f".tmp-{final.name}"
     if accelerator.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(".tmp-*"):  # left by a run killed while saving
+        for stale in [*root.glob(".tmp-*"), *root.glob(".trash-*")]:  # left by a run killed while saving
             shutil.rmtree(stale, ignore_errors=True)
         staging.mkdir()
     accelerator.wait_for_everyone()
@@ -155,56 +229,88 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         save_config(config, staging / "config.yaml")
+        state.files = _file_sizes(staging)  # every rank's files: the run directory is shared
         (staging / STATE_FILE).write_text(state.to_json(), encoding="utf-8")
         if final.exists():  # the same step saved again (a resumed run that stopped there)
-            shutil.rmtree(final)
+            _remove(final)
         staging.rename(final)
         for old in complete_checkpoints(run_dir)[:-keep_last]:
-            shutil.rmtree(old)
+            _remove(old)
         logger.info("saved checkpoint %s", final)
     accelerator.wait_for_everyone()
     return final
 
 
-# Plain data types that DeepSpeed pickles into its checkpoint files next to tensors.
-def _deepspeed_safe_globals() -> list[Any]:
+def _safe_globals() -> list[Any]:
+    """Types the loaders' files hold besides tensors: accelerate's allowlist (numpy RNG
+    states), and the plain data types that DeepSpeed pickles next to its tensors."""
     import argparse
     import collections
 
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
+    from accelerate.utils.other import TORCH_SAFE_GLOBALS
 
-    return [
-        ZeroStageEnum,
-        fragment_address,
-        LossScaler,  # its attributes are numbers
-        DynamicLossScaler,
-        collections.OrderedDict,
-        argparse.Namespace,
-        set,
-    ]
+    globals_: list[Any] = [*TORCH_SAFE_GLOBALS, collections.OrderedDict, argparse.Namespace, set]
+    try:
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+    except ImportError:  # without DeepSpeed no checkpoint can hold its types
+        return globals_
+    return [*globals_, ZeroStageEnum, fragment_address, LossScaler, DynamicLossScaler]  # scalers hold numbers
 
 
-def verify_deepspeed_files(checkpoint: Path, rank: int) -> None:
-    """Open the DeepSpeed files this rank will read with ``weights_only=True``; refuse others."""
-    rank_marker = re.compile(r"zero_pp_rank_(\d+)_")
-    for path in sorted(checkpoint.rglob("*.pt")):
-        match = rank_marker.search(path.name)
-        if path.parent.name == "data" or (match and int(match.group(1)) != rank):
+def _files_inside(checkpoint: Path) -> list[Path]:
+    """Every file under ``checkpoint``, through symlinks, after refusing any that leave it."""
+    root = checkpoint.resolve()
+    files: list[Path] = []
+    seen: set[Path] = set()
+    for directory, dirnames, filenames in os.walk(checkpoint, followlinks=True):
+        real = Path(directory).resolve()
+        if real in seen:  # a link back up the tree: visited already
+            dirnames[:] = []
             continue
-        try:
-            with torch.serialization.safe_globals(_deepspeed_safe_globals()):
-                torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # an unpickling error names the offending global
-            raise ValueError(
-                f"refusing to load {path}: it holds objects outside the safe allowlist ({err})"
-            ) from err
+        seen.add(real)
+        for name in [*dirnames, *filenames]:
+            path = Path(directory) / name
+            if path.is_symlink() and not path.resolve().is_relative_to(root):
+                raise ValueError(f"{path} is a symlink to {path.resolve()}, outside the checkpoint directory")
+        files += [Path(directory) / name for name in filenames]
+    return files
 
 
-def load_checkpoint(accelerator, checkpoint: Path, deepspeed: bool) -> dict[str, Any]:
+def verify_checkpoint_files(checkpoint: Path) -> None:
+    """Refuse a checkpoint that any loader could not read safely; the error names the file.
+
+    Pickle-based files are opened with ``weights_only=True`` (memory-mapped, so only the
+    pickle is read, not the tensor data); safetensors files are opened with safetensors,
+    which checks that the header covers the file.
+    """
+    from safetensors import safe_open
+
+    checkpoint = Path(checkpoint)
+    try:
+        files = _files_inside(checkpoint)
+        for path in files:
+            try:
+                if path.suffix in PICKLE_SUFFIXES:
+                    with torch.serialization.safe_globals(_safe_globals()):
+                        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                elif path.suffix == ".safetensors":
+                    with safe_open(str(path), framework="pt"):
+                        pass
+            except Exception as err:  # unpickling errors name the offending global; any error refuses the file
+                raise ValueError(f"{path} cannot be loaded safely ({type(err).__name__}: {err})") from err
+    except ValueError as err:
+        raise ValueError(f"refusing checkpoint {checkpoint}: {err}; {previous_checkpoint_hint(checkpoint)}") from err
+
+
+def load_checkpoint(accelerator, checkpoint: Path) -> dict[str, Any]:
     """Restore accelerate's state from ``checkpoint``; returns this rank's data position."""
-    if deepspeed:
-        verify_deepspeed_files(checkpoint, accelerator.process_index)
-    accelerator.load_state(str(checkpoint))
-    return torch.load(data_state_path(checkpoint, accelerator.process_index), weights_only=True)
+    verify_checkpoint_files(checkpoint)
+    try:
+        accelerator.load_state(str(checkpoint))
+        return torch.load(data_state_path(checkpoint, accelerator.process_index), weights_only=True)
+    except Exception as err:  # files that passed the checks but do not fit this model or run
+        raise ValueError(
+            f"could not load checkpoint {checkpoint} ({type(err).__name__}: {err}); {previous_checkpoint_hint(checkpoint)}"
+        ) from err

@@ -10,7 +10,15 @@ from typing import Optional
 import typer
 
 from vascl_scale.config import load_config
-from vascl_scale.train.launch import LaunchPlan, check_writable, in_distributed_worker, launch_workers
+from vascl_scale.train.launch import (
+    LaunchPlan,
+    become_single_rank,
+    check_writable,
+    exit_with_parent,
+    in_distributed_worker,
+    launch_workers,
+)
+from vascl_scale.train.run_lock import HELD_ENV, RunDirectoryLock
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +53,12 @@ def train_command(
         assignments.append(f"objective={json.dumps(objective)}")
     from vascl_scale.train.checkpoint import check_resume_compatible, prepare_run_dir, resolve_resume
 
+    run_lock: RunDirectoryLock | None = None
     try:
         run_config = load_config(config, assignments)
         deepspeed_path = str(deepspeed) if deepspeed is not None else None
         if in_distributed_worker():
+            exit_with_parent()  # never train on as an orphan of a killed launcher
             return _train(run_config, deepspeed_path, resume_target)
         plan = LaunchPlan(
             processes_per_machine=num_processes,
@@ -62,6 +72,8 @@ def train_command(
         run_config.per_device_batch_size(plan.world_size)
         run_dir = Path(run_config.train.output_dir)
         check_writable(run_dir)
+        if plan.needs_launcher and plan.machine_rank == 0:  # machine 0 holds the shared run directory
+            run_lock = RunDirectoryLock(run_dir).acquire()
         prepare_run_dir(run_dir, resume_target)
         if resume_target is not None:
             check_resume_compatible(resolve_resume(resume_target, run_dir), run_config, plan.world_size)
@@ -71,8 +83,14 @@ def train_command(
         logger.error("%s", err)
         raise typer.Exit(2) from err
     if plan.needs_launcher:
-        raise typer.Exit(launch_workers(plan))
-    _train(run_config, deepspeed_path, resume_target)
+        try:  # the workers see that the lock is held for them (every machine's, by machine 0)
+            raise typer.Exit(launch_workers(plan, worker_env={HELD_ENV: "1"}))
+        finally:
+            if run_lock is not None:
+                run_lock.release()
+    if plan.deepspeed:
+        become_single_rank()
+    _train(run_config, deepspeed_path, resume_target)  # the Trainer locks the run directory itself
 
 
 def _train(run_config, deepspeed_path: str | None, resume: str | None) -> None:

@@ -1,12 +1,17 @@
 """Starting a run: train in this process, or hand the command to accelerate's launcher.
 
 ``vascl-scale train`` is both the launcher and the worker. Outside a distributed launch,
-with more than one process (or with DeepSpeed, which needs a process group even for one
-process), it re-runs its own command line (``python -m vascl_scale ...``) under
-``accelerate launch``; accelerate starts the workers through torch's elastic agent, which
+with more than one process, it re-runs its own command line (``python -m vascl_scale ...``)
+under ``accelerate launch``; accelerate starts the workers through torch's elastic agent, which
 also ends the surviving workers when one of them dies. Inside a worker (``RANK`` and
 ``WORLD_SIZE`` set by ``accelerate launch``, ``torchrun``, the ``deepspeed`` launcher, or an
-``srun`` script that exports them) it trains.
+``srun`` script that exports them) it trains. One process with DeepSpeed trains in place in a
+one-rank process group (:func:`become_single_rank`): DeepSpeed needs a group even then.
+
+The elastic agent starts each worker in a new session, so a signal to the launcher's process
+group (a SIGKILL from a scheduler or a terminal) misses the workers: every worker therefore
+watches its parent (:func:`exit_with_parent`) and exits when the launcher is gone, instead of
+training on as an orphan.
 
 DeepSpeed is configured in the worker from ``--deepspeed`` (see
 :mod:`vascl_scale.train.trainer`), so every launcher gives the same run; accelerate's
@@ -19,6 +24,8 @@ import logging
 import os
 import socket
 import sys
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,8 +86,8 @@ class LaunchPlan:
 
     @property
     def needs_launcher(self) -> bool:
-        """One plain process trains in place; anything else needs a process group."""
-        return self.world_size > 1 or self.deepspeed
+        """One process trains in place (in a one-rank group under DeepSpeed); more need a launcher."""
+        return self.world_size > 1
 
     def accelerate_arguments(self, worker_argv: list[str]) -> list[str]:
         """``accelerate launch`` arguments that run ``python -m vascl_scale <worker_argv>``."""
@@ -100,11 +107,48 @@ class LaunchPlan:
         return arguments + worker_argv
 
 
-def launch_workers(plan: LaunchPlan, worker_argv: list[str] | None = None) -> int:
+def become_single_rank() -> None:
+    """Make this process rank 0 of a one-rank process group (torchrun's environment).
+
+    DeepSpeed initialises torch.distributed even for one process; accelerate's launcher
+    refuses ``--multi_gpu`` with one process, so the group is formed here, in place.
+    """
+    os.environ.update(
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+    )
+
+
+def exit_with_parent(poll_seconds: float = 0.5) -> None:
+    """End this worker when its parent (the launcher or elastic agent) is gone.
+
+    A daemon thread polls the parent PID; once the process has been re-parented (the parent
+    died, even by SIGKILL), it exits at once with status 1. Checkpoints are atomic, so an
+    exit in the middle of one leaves the last complete checkpoint intact.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_seconds)
+        sys.stderr.write(f"vascl-scale worker {os.getpid()}: the launcher (pid {parent}) is gone; exiting\n")
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def launch_workers(
+    plan: LaunchPlan, worker_argv: list[str] | None = None, worker_env: dict[str, str] | None = None
+) -> int:
     """Run this command line on ``plan.world_size`` ranks through accelerate; the exit status.
 
     ``worker_argv`` defaults to this process's own arguments: the workers parse the same
-    command and, seeing the launcher's environment, train.
+    command and, seeing the launcher's environment, train. ``worker_env`` is added to the
+    workers' environment only (this process's is restored afterwards).
     """
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -118,12 +162,17 @@ def launch_workers(plan: LaunchPlan, worker_argv: list[str] | None = None) -> in
         plan.num_machines,
         " ".join(arguments),
     )
+    saved_env = dict(os.environ)
     # One thread per rank unless the user chose otherwise: ranks share the machine's cores.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.update(worker_env or {})  # the elastic agent copies this environment to the workers
     try:
         launch_command(launch_command_parser().parse_args(arguments))
     except ChildFailedError as err:
         failures = "; ".join(f"rank {rank}: exit code {failure.exitcode}" for rank, failure in err.failures.items())
         logger.error("the run failed (%s); the last complete checkpoint can be resumed with --resume", failures)
         return 1
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
     return 0

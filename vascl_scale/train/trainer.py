@@ -33,12 +33,14 @@ from vascl_scale.model import SentenceEncoder
 from vascl_scale.train.checkpoint import (
     TrainerState,
     check_resume_compatible,
+    complete_checkpoints,
     load_checkpoint,
     prepare_run_dir,
     resolve_resume,
     save_checkpoint,
 )
 from vascl_scale.train.export import export_model
+from vascl_scale.train.run_lock import HELD_ENV, RunDirectoryLock
 from vascl_scale.train.tracking import MetricsSink
 
 logger = logging.getLogger(__name__)
@@ -216,6 +218,7 @@ class Trainer:
         self.rank = acc.process_index
         self.per_device_batch = config.per_device_batch_size(self.world_size)
         self.run_dir = Path(config.train.output_dir)
+        self.run_lock = self._lock_run_dir()
         prepare_run_dir(self.run_dir, resume)
         self.resume_from = resolve_resume(resume, self.run_dir) if resume is not None else None
         self.state = TrainerState(step=0, world_size=self.world_size, scheduler={})
@@ -243,11 +246,27 @@ class Trainer:
         self.stream = self._build_stream()
 
         if self.resume_from is not None:
-            data_state = load_checkpoint(acc, self.resume_from, self.deepspeed)
+            data_state = load_checkpoint(acc, self.resume_from)
             self.stream.load_state_dict(data_state)
             self.scheduler.load_state_dict(self.state.scheduler)
             logger.info("resumed from %s at step %d", self.resume_from, self.state.step)
         self.dev_pairs = stsb_dev_pairs(config)
+
+    def _lock_run_dir(self) -> RunDirectoryLock | None:
+        """Hold the run directory on rank 0, unless the process that started this run holds it.
+
+        Every rank learns of a refusal together, so none waits at a later collective.
+        """
+        lock, error = None, None
+        if os.environ.get(HELD_ENV) != "1" and self.accelerator.is_main_process:
+            try:
+                lock = RunDirectoryLock(self.run_dir).acquire()
+            except ValueError as err:
+                error = err
+        refused = torch.tensor([0.0 if error is None else 1.0], device=self.accelerator.device)
+        if self.accelerator.reduce(refused, reduction="sum").item() > 0:
+            raise error or ValueError(f"run directory {self.run_dir} is in use by another run (see rank 0's error)")
+        return lock
 
     def _log_batch_arithmetic(self) -> None:
         cfg = self.config.train
@@ -307,10 +326,14 @@ class Trainer:
         """Stop every rank together when any rank's loss is NaN or infinite (before the update)."""
         bad = torch.tensor([0.0 if torch.isfinite(loss.detach()).all() else 1.0], device=self.accelerator.device)
         if self.accelerator.reduce(bad, reduction="sum").item() > 0:
-            raise NonFiniteLossError(
-                f"non-finite loss at step {step + 1}; the update was not applied. The last good "
-                f"checkpoint is kept under {self.run_dir / 'checkpoints'} (resume with --resume)"
+            saved = complete_checkpoints(self.run_dir)
+            kept = (
+                f"the last good checkpoint is {saved[-1]} (resume with --resume)"
+                if saved
+                else "no checkpoint had been written yet, so the run must start again (lower optim.lr, "
+                "or set checkpoint.every_steps to keep good states)"
             )
+            raise NonFiniteLossError(f"non-finite loss at step {step + 1}; the update was not applied; {kept}")
 
     def _mean_over_ranks(self, stats: dict[str, float]) -> dict[str, float]:
         names = sorted(stats)

@@ -1,0 +1,57 @@
+"""One run per run directory: an advisory lock that ends with the processes holding it.
+
+Two runs writing checkpoints into one directory corrupt each other (one deletes the other's
+staging directory). The process that starts a run (the launcher, or the one process that
+trains in place) takes an exclusive ``flock`` on ``<run>/.run.lock`` and keeps it until it
+exits; the kernel releases it however the process ends, SIGKILL included, so a dead run
+never holds a directory. Its workers find ``VASCL_RUN_LOCK_HELD`` in their environment and
+do not lock again; workers started by another launcher (torchrun, srun) take the lock on
+global rank 0 (see :class:`vascl_scale.train.trainer.Trainer`).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+from typing import IO
+
+LOCK_FILE = ".run.lock"
+HELD_ENV = "VASCL_RUN_LOCK_HELD"  # set for the workers of a process that holds the lock
+
+
+class RunDirectoryLock:
+    """An exclusive, non-blocking lock on a run directory, held until :meth:`release` or exit."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self._handle: IO[str] | None = None
+
+    def acquire(self) -> "RunDirectoryLock":
+        """Take the lock or raise ``ValueError`` naming the run that holds it."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        handle = self.path.open("a+", encoding="utf-8")  # "a+": never truncates another run's owner line
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            owner = handle.read().strip() or "another process"
+            handle.close()
+            raise ValueError(
+                f"run directory {self.run_dir} is in use by another run ({owner}); wait for it to end "
+                "or stop it, or pass another --output (the lock is released when that run's processes exit)"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        handle.flush()
+        self._handle = handle
+        return self
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()  # closing the only descriptor drops the flock
+            self._handle = None
