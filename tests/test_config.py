@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vascl_scale.config import RunConfig, apply_override, config_from_dict, expand_path, load_config, save_config
+from vascl_scale.config import RunConfig, apply_override, config_from_dict, load_config, save_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 MINIMAL = {"model": {"path": "some/model"}, "data": {"train": "some/text.txt"}}

@@ -132,7 +132,7 @@ def test_unknown_task_and_missing_data_dir_are_user_errors(tiny_model, data_dir,
 
 def test_model_directory_without_tokenizer_is_rejected(tmp_path, data_dir):
     bare = save_tiny_bert(tmp_path / "bare", tokenizer=False)
-    with pytest.raises(ValueError, match="has no tokenizer files"):
+    with pytest.raises(ValueError, match="has no tokenizer vocabulary"):
         resolve_model(bare)
     result = invoke("sts", "--model", str(bare), "--data-dir", str(data_dir), "--task", "stsb")
     assert result.exit_code == 2 and "tokenizer" in result.output

@@ -132,7 +132,7 @@ def test_slurm_mode_writes_a_valid_array_script(workspace: Path) -> None:
     assert subprocess.run(["bash", "-n", str(out / "sweep.sbatch")]).returncode == 0
     assert not (out / "cells").exists()  # nothing ran here
     collected = CliRunner().invoke(app, ["sweep", "collect", str(out)])
-    assert collected.exit_code == 0 and "0 done, 0 failed, 4 pending" in _flat(collected.output)
+    assert collected.exit_code == 0 and "0 done, 0 failed, 0 interrupted, 4 pending" in _flat(collected.output)
 
 
 def test_grid_parsing_and_expansion() -> None:

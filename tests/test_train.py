@@ -626,3 +626,19 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+def test_a_pipe_source_that_never_gives_data_stops_the_run_naming_the_command(workspace: Path, tmp_path: Path) -> None:
+    config = write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0})
+    started = time.monotonic()
+    failure = run_train(
+        config,
+        tmp_path / "run",
+        "--set", f"data.train=pipe:sleep 3600; cat {workspace / 'train.txt'}",
+        "--set", "data.allow_pipe=true",
+        "--set", "data.pipe_timeout=2",
+        timeout=120,
+        expect=2,
+    )  # fmt: skip
+    assert time.monotonic() - started < 90
+    assert "stalled" in failure.stderr and "sleep 3600" in failure.stderr and "Traceback" not in failure.stderr

@@ -67,12 +67,16 @@ class DataConfig:
     shuffle_buffer: int = 10000
     on_corrupt: Literal["skip", "fail"] = "skip"
     allow_pipe: bool = False  # ``pipe:`` sources run a shell command: opt in explicitly
+    # Seconds a ``pipe:`` command may give no data (or run on after its output ended) before
+    # the run stops naming it; below torch.distributed's 10-minute collective timeout.
+    pipe_timeout: float = 300.0
 
     def __post_init__(self) -> None:
         _require(bool(self.train), "data.train", "must name the training text (file, shard directory or URL)")
         _require(self.max_length >= 2, "data.max_length", f"must be >= 2; got {self.max_length}")
         _require(self.num_workers >= 0, "data.num_workers", f"must be >= 0; got {self.num_workers}")
         _require(self.shuffle_buffer >= 1, "data.shuffle_buffer", f"must be >= 1; got {self.shuffle_buffer}")
+        _require(self.pipe_timeout > 0, "data.pipe_timeout", f"must be > 0 seconds; got {self.pipe_timeout}")
 
 
 @dataclass

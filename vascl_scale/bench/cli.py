@@ -24,14 +24,14 @@ def data(
 ) -> None:
     """Tokenised sentences/s of the training stream per worker count vs the bare fast tokenizer."""
     from vascl_scale.data.bench import results_table, run_data_bench
-    from vascl_scale.log import console
+    from vascl_scale.log import print_table
 
     try:
         counts = [int(part) for part in workers.split(",") if part.strip()]
         result = run_data_bench(shards, counts, tokenizer, max_length, batch_size, seconds, repeats)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from err
-    console.print(results_table(result, f"bench data {shards} (batch {batch_size}, max length {max_length}, medians of {repeats})"))
+    print_table(results_table(result, f"bench data {shards} (batch {batch_size}, max length {max_length}, medians of {repeats})"))
     if output is not None:
         output.write_text(json.dumps(result.as_dict(), indent=2) + "\n", encoding="utf-8")
 
@@ -53,7 +53,7 @@ def step(
 ) -> None:
     """Median / p10 / p90 time of full training steps and the VaSCL / SimCSE ratio, in one run."""
     from vascl_scale.bench.step import run_step_bench, save_result, step_table
-    from vascl_scale.log import console
+    from vascl_scale.log import console, print_table
     from vascl_scale.train.launch import LaunchPlan, become_single_rank, exit_with_parent, in_distributed_worker, launch_workers
 
     if in_distributed_worker():
@@ -81,7 +81,7 @@ def step(
         raise typer.BadParameter(str(err)) from err
     if result["rank"] != 0:
         return
-    console.print(step_table(result))
+    print_table(step_table(result))
     if "vascl_over_simcse" in result:
         console.print(f"VaSCL / SimCSE median step time: {result['vascl_over_simcse']:.3f}")
     console.print(f"peak resident memory of this process: {result['process_peak_rss_mb']:.0f} MiB")
@@ -105,7 +105,7 @@ def comm(
     import tempfile
 
     from vascl_scale.bench.comm import comm_report, comm_table, measure_step, save_report
-    from vascl_scale.log import console
+    from vascl_scale.log import console, print_table
     from vascl_scale.train.launch import LaunchPlan, exit_with_parent, in_distributed_worker, launch_workers
 
     if in_distributed_worker():  # a rank of the measured step
@@ -129,7 +129,7 @@ def comm(
                 raise typer.Exit(code or 1)
             measured = json.loads(result_file.read_text(encoding="utf-8"))
     report = comm_report(model, global_batch, world_size, head_dim, measured)
-    console.print(comm_table(report))
+    print_table(comm_table(report))
     if measured is not None:
         for objective, ratios in report["measured_vs_computed"].items():
             console.print(

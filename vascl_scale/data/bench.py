@@ -123,6 +123,8 @@ def _source_sentences(source: str, count: int) -> list[str]:
             return [line.strip() for line in islice((l for l in handle if l.strip()), count)]
     sentences: list[str] = []
     for url in shards.urls:
+        if url in shards.missing:  # listed in the manifest, but the file is gone
+            continue
         with ShardStream(url) as stream:
             for _, fields in iter_tar_samples(stream):
                 if "txt" in fields:
@@ -145,11 +147,11 @@ def run_data_bench(
         raise ValueError(f"--workers must list positive worker counts, e.g. 1,2; got {workers}")
     if seconds <= 0 or repeats < 1:
         raise ValueError(f"--seconds must be > 0 and --repeats >= 1; got {seconds}, {repeats}")
-    from transformers import AutoTokenizer
+    from vascl_scale.tokenizer import load_tokenizer
 
     # The floor is one core; the loader's workers also run the tokenizer single-threaded.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or packaged_tokenizer_dir())
+    tokenizer = load_tokenizer(tokenizer_dir or packaged_tokenizer_dir())
     sentences = _source_sentences(source, _SAMPLE_SENTENCES)
     if len(sentences) < batch_size:
         raise ValueError(f"{source} holds {len(sentences)} sentences, fewer than one batch of {batch_size}")

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from vascl_scale.data.prepare import PrepareOptions, prepare_shards, summary_table
-from vascl_scale.log import console
+from vascl_scale.log import print_table
 
 app = typer.Typer(help="Training data: prepare WebDataset shards.", no_args_is_help=True)
 
@@ -32,7 +32,9 @@ def prepare(
         None, "--tokenizer", help="Also store token ids from this tokenizer directory."
     ),
     max_length: int = typer.Option(32, "--max-length", help="Truncation length for stored token ids."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace shards already in --output."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace the shards in --output, once the new set is complete."
+    ),
 ) -> None:
     """Write filtered text as WebDataset shards with a manifest of counts, hashes and drops."""
     try:
@@ -50,4 +52,4 @@ def prepare(
         result = prepare_shards(list(inputs), output, options, overwrite=overwrite)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from err
-    console.print(summary_table(result))
+    print_table(summary_table(result))

@@ -27,12 +27,18 @@ How the work is split
     tokenizer fingerprint and ``max_length`` match the loader's, workers pad the stored ids
     instead of tokenising (same tensors, less CPU).
 
-Corrupt shards
-    A read error (truncated or corrupt tar, failed ``pipe:`` command) or a sample count that
-    differs from the manifest's ends that shard with a warning and a count
-    (``TrainStream.corrupt_shards_skipped``); samples read before the error are kept. With
-    ``on_corrupt="fail"`` it raises :class:`CorruptShardError` instead. A rank that reads no
-    sample in ``MAX_EMPTY_PASSES`` consecutive passes raises instead of looping forever.
+Corrupt, mismatched and missing shards
+    A read error (truncated or corrupt tar, failed ``pipe:`` command) or a sample
+    count that differs from the manifest's ends that shard with a warning and a count
+    (``TrainStream.corrupt_shards_skipped``); samples read before the error are kept. A shard
+    read to its end whose size or sha256 differs from its manifest entry (rewritten or damaged
+    after ``data prepare``) is warned about and counted in ``shards_mismatched``: its samples
+    were streamed already and are kept. Only a shard read to its end is checked, so a resumed
+    stream or a stopped worker never reports one falsely. A shard file listed in the manifest
+    but absent is counted in ``shards_missing`` each time it is drawn; when files are missing
+    at start the stream is built only with ``on_corrupt="skip"``. With ``on_corrupt="fail"``
+    every one of these raises :class:`CorruptShardError` instead. A rank that reads no sample
+    in ``MAX_EMPTY_PASSES`` consecutive passes raises instead of looping forever.
 
 Resume (``state_dict`` / ``load_state_dict``)
     The stream is a deterministic function of (source, mode, seed, W, K, batch size, shuffle
@@ -69,7 +75,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from vascl_scale.data.shards import ShardSource, ShardStream, iter_tar_samples, resolve_source, tokenizer_fingerprint
+from vascl_scale.data.shards import (
+    PIPE_TIMEOUT,
+    ShardMismatchError,
+    ShardSource,
+    ShardStream,
+    iter_tar_samples,
+    resolve_source,
+    tokenizer_fingerprint,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +97,16 @@ Sample = TypeVar("Sample")
 
 
 class CorruptShardError(RuntimeError):
-    """A shard could not be read and the stream was built with ``on_corrupt="fail"``."""
+    """A shard could not be read, differs from its manifest entry or is missing, with
+    ``on_corrupt="fail"``; or a ``pipe:`` command stalled (whatever the policy)."""
+
+
+# Kinds of bad shard (keys of a piece's event lists): what the warning and error call each.
+_PROBLEMS = {
+    "corrupt": "corrupt shard",
+    "mismatched": "shard not matching its manifest entry",
+    "missing": "missing shard",
+}
 
 
 def seeded_rng(*parts: object) -> random.Random:
@@ -136,10 +159,11 @@ def _worker_init(worker_id: int) -> None:
 class _PieceDataset(IterableDataset):
     """Runs in each DataLoader worker: one pass of this slot's samples as tokenised pieces.
 
-    A piece is a dict with ``rows`` (samples in it), ``corrupt`` (shards given up on since
-    the last piece), ``missing`` (samples lacking the field read: ``txt``, or ``ids``) and,
-    unless it is a placeholder for a piece skipped on resume, the tokenizer output as int64
-    NumPy arrays (rows, L_piece).
+    A piece is a dict with ``rows`` (samples in it), the URLs of the shards found corrupt,
+    mismatched or missing since the last piece (lists under those keys of ``_PROBLEMS``),
+    ``missing_field`` (samples lacking the field read: ``txt``, or ``ids``) and, unless it is a
+    placeholder for a piece skipped on resume, the tokenizer output as int64 NumPy arrays
+    (rows, L_piece).
     """
 
     def __init__(
@@ -156,6 +180,7 @@ class _PieceDataset(IterableDataset):
         shuffle_buffer: int,
         on_corrupt: str,
         use_stored_ids: bool,
+        pipe_timeout: float,
     ) -> None:
         super().__init__()
         self.source = source
@@ -170,6 +195,7 @@ class _PieceDataset(IterableDataset):
         self.shuffle_buffer = shuffle_buffer
         self.on_corrupt = on_corrupt
         self.use_stored_ids = use_stored_ids
+        self.pipe_timeout = pipe_timeout
         self.pad_token_id = tokenizer.pad_token_id
         self.left_padding = getattr(tokenizer, "padding_side", "right") == "left"
         self.with_token_types = "token_type_ids" in getattr(tokenizer, "model_input_names", ())
@@ -182,7 +208,7 @@ class _PieceDataset(IterableDataset):
         worker = info.id if info is not None else 0
         epoch = int(self.shared_epoch.value)
         skip_pieces = int(self.shared_skip_pieces.value)
-        events = {"corrupt": [], "missing": 0}
+        events: dict = {**{kind: [] for kind in _PROBLEMS}, "missing_field": 0}
         samples = self._samples(epoch, worker, events)
         buffer_rng = seeded_rng(self.seed, "buffer", epoch, self.rank, worker)
         shuffled = buffer_shuffle(samples, self.shuffle_buffer, buffer_rng)
@@ -193,13 +219,15 @@ class _PieceDataset(IterableDataset):
                 yield self._piece(chunk, events, placeholder=skip_pieces > 0)
                 skip_pieces -= 1
                 chunk = []
-        if chunk or events["corrupt"] or events["missing"]:
+        if chunk or any(events.values()):
             yield self._piece(chunk, events, placeholder=skip_pieces > 0)
 
     def _piece(self, samples: list, events: dict, placeholder: bool) -> dict:
-        piece = {"rows": len(samples), "corrupt": list(events["corrupt"]), "missing": events["missing"]}
-        events["corrupt"].clear()
-        events["missing"] = 0
+        piece = {"rows": len(samples), **{kind: list(events[kind]) for kind in _PROBLEMS}}
+        piece["missing_field"] = events["missing_field"]
+        for kind in _PROBLEMS:
+            events[kind].clear()
+        events["missing_field"] = 0
         if not samples or placeholder:
             return piece
         if self.use_stored_ids:
@@ -239,7 +267,7 @@ class _PieceDataset(IterableDataset):
             len(self.source.urls), self.mode, self.seed, epoch, self.rank, self.world_size, self.workers, worker
         )
         for index in shards:
-            yield from self._shard_samples(self.source.urls[index], self.source.counts[index], events)
+            yield from self._shard_samples(index, events)
 
     def _text_file_lines(self, worker: int) -> Iterator[str]:
         slots = self.world_size * self.workers
@@ -255,29 +283,40 @@ class _PieceDataset(IterableDataset):
                     yield text
                 index += 1
 
-    def _shard_samples(self, url: str, expected: int | None, events: dict) -> Iterator[str | bytes]:
+    def _shard_samples(self, index: int, events: dict) -> Iterator[str | bytes]:
+        url, expected = self.source.urls[index], self.source.counts[index]
         read = 0
         field = "ids" if self.use_stored_ids else "txt"
         try:
-            with ShardStream(url) as stream:
+            with ShardStream(url, self.source.checks[index], self.pipe_timeout) as stream:
                 for _, fields in iter_tar_samples(stream):
                     payload = fields.get(field)
                     if payload is None:
-                        events["missing"] += 1
+                        events["missing_field"] += 1
                         continue
                     read += 1
                     yield payload if self.use_stored_ids else payload.decode("utf-8")
+        except FileNotFoundError:
+            self._bad_shard("missing", url, "listed in the manifest, but the file is gone", events)
+            return
+        except ShardMismatchError as err:
+            reason = f"{err}, after streaming its {read} samples (changed since `data prepare`?)"
+            self._bad_shard("mismatched", url, reason, events)
+            return
+        except TimeoutError as err:  # a stalled command is a setup problem, not a bad shard: stop
+            raise CorruptShardError(f"pipe: source {url} stalled: {err}") from err
         except (OSError, EOFError, ValueError) as err:  # ValueError: bad header or UTF-8
-            self._corrupt(url, f"{type(err).__name__}: {err} after {read} samples", events)
+            self._bad_shard("corrupt", url, f"{type(err).__name__}: {err} after {read} samples", events)
             return
         if expected is not None and read != expected:
-            self._corrupt(url, f"{read} samples where the manifest lists {expected} (truncated?)", events)
+            self._bad_shard("corrupt", url, f"{read} samples where the manifest lists {expected} (truncated?)", events)
 
-    def _corrupt(self, url: str, reason: str, events: dict) -> None:
+    def _bad_shard(self, kind: str, url: str, reason: str, events: dict) -> None:
+        """Apply the ``on_corrupt`` policy to a shard of one of the ``_PROBLEMS`` kinds."""
         if self.on_corrupt == "fail":
-            raise CorruptShardError(f"corrupt shard {url}: {reason}; pass on_corrupt='skip' to skip such shards")
-        logger.warning("skipping the rest of corrupt shard %s: %s", url, reason)
-        events["corrupt"].append(url)
+            raise CorruptShardError(f"{_PROBLEMS[kind]} {url}: {reason}; pass on_corrupt='skip' to skip such shards")
+        logger.warning("%s %s: %s; going on (on_corrupt='skip')", _PROBLEMS[kind], url, reason)
+        events[kind].append(url)
 
 
 class TrainStream:
@@ -314,6 +353,8 @@ class TrainStream:
         self.batches_yielded = 0
         self.corrupt_shards_skipped = 0
         self.corrupt_shards: set[str] = set()
+        self.shards_mismatched = 0
+        self.shards_missing = 0
         self.samples_missing_field = 0
         self._text_file_lines: int | None = None  # counted once, only to resume from another rank's state
         self._started = False
@@ -332,6 +373,8 @@ class TrainStream:
             "data_epoch": self._epoch,
             "data_samples": self.samples_yielded,
             "data_corrupt_shards_skipped": self.corrupt_shards_skipped,
+            "data_shards_mismatched": self.shards_mismatched,
+            "data_shards_missing": self.shards_missing,
             "data_samples_missing_field": self.samples_missing_field,
         }
 
@@ -361,6 +404,8 @@ class TrainStream:
             "origin_epoch": self._origin_epoch,
             "origin_batches": self._origin_batches,
             "corrupt_shards_skipped": self.corrupt_shards_skipped,
+            "shards_mismatched": self.shards_mismatched,
+            "shards_missing": self.shards_missing,
             "layout": self.layout(),
         }
 
@@ -375,6 +420,8 @@ class TrainStream:
             )
         self.batches_yielded = int(state["batches_yielded"])
         self.corrupt_shards_skipped = int(state.get("corrupt_shards_skipped", 0))
+        self.shards_mismatched = int(state.get("shards_mismatched", 0))
+        self.shards_missing = int(state.get("shards_missing", 0))
         if state["layout"] != self.layout():
             changed = sorted(k for k, v in self.layout().items() if state["layout"].get(k) != v)
             logger.warning(
@@ -456,7 +503,9 @@ class TrainStream:
             for piece in self._loader:
                 self.corrupt_shards_skipped += len(piece["corrupt"])
                 self.corrupt_shards.update(piece["corrupt"])
-                self.samples_missing_field += piece["missing"]
+                self.shards_mismatched += len(piece["mismatched"])
+                self.shards_missing += len(piece["missing"])
+                self.samples_missing_field += piece["missing_field"]
                 rows = piece["rows"]
                 first = epoch_rows
                 epoch_rows += rows
@@ -477,7 +526,7 @@ class TrainStream:
             if empty_passes == MAX_EMPTY_PASSES:
                 raise RuntimeError(
                     f"rank {self.rank} read no sample in {MAX_EMPTY_PASSES} data epochs up to {epoch}: every "
-                    "shard it drew is corrupt or empty; check the shards (sha256 in manifest.json)"
+                    "shard it drew is corrupt, missing or empty; check the shards (sha256 in manifest.json)"
                 )
             if skip_rows:
                 logger.warning(
@@ -558,6 +607,7 @@ def build_train_stream(
     shuffle_buffer: int = 10000,
     on_corrupt: str = "skip",
     allow_pipe: bool = False,
+    pipe_timeout: float = PIPE_TIMEOUT,
 ) -> TrainStream:
     """The infinite batch stream of one rank.
 
@@ -577,8 +627,11 @@ def build_train_stream(
             resampled on several. A text file is always read exactly.
         num_nodes: nodes in the run (for ``mode="auto"``).
         shuffle_buffer: samples in each worker's shuffle buffer (0: no shuffle).
-        on_corrupt: "skip" (warn and count) or "fail" (raise :class:`CorruptShardError`).
+        on_corrupt: "skip" (warn and count) or "fail" (raise :class:`CorruptShardError`; also a
+            :class:`ValueError` at once when shard files listed in the manifest are missing).
         allow_pipe: accept ``pipe:`` sources (shell commands).
+        pipe_timeout: seconds a ``pipe:`` command may give no output, or run on after its
+            output ended, before its shard counts as corrupt (the command is killed).
     """
     if per_device_batch_size < 1:
         raise ValueError(f"per_device_batch_size must be >= 1; got {per_device_batch_size}")
@@ -596,11 +649,22 @@ def build_train_stream(
         raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
     if on_corrupt not in ON_CORRUPT:
         raise ValueError(f"on_corrupt must be one of {', '.join(ON_CORRUPT)}; got {on_corrupt!r}")
+    if not pipe_timeout > 0:
+        raise ValueError(f"pipe_timeout must be > 0 seconds; got {pipe_timeout}")
     if tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token before building the stream")
     if not getattr(tokenizer, "is_fast", False):
         logger.warning("the tokenizer is not a fast (Rust) tokenizer: expect the data loader to be slow")
     shards = resolve_source(source, allow_pipe=allow_pipe)
+    if shards.missing:
+        count = f"{len(shards.missing)} of {len(shards.urls)}"
+        what = f"{count} shards listed in {source} are missing (first: {shards.missing[0]})"
+        if on_corrupt == "fail":
+            raise ValueError(
+                f"{what}; restore them, run `vascl-scale data prepare` again, or pass on_corrupt='skip' "
+                "(data.on_corrupt) to train on the rest"
+            )
+        logger.warning("%s: training on the rest (on_corrupt='skip')", what)
     workers = max(1, num_workers)
     if shards.text_file is not None:
         if mode == "resampled":
@@ -639,6 +703,7 @@ def build_train_stream(
         shuffle_buffer,
         on_corrupt,
         use_stored_ids,
+        pipe_timeout,
     )
     what = shards.text_file or f"{len(shards.urls)} shards ({shards.total_samples or 'unknown'} samples)"
     logger.info(

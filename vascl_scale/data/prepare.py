@@ -17,6 +17,11 @@ loader then skips tokenisation when its tokenizer and max length match.
 
 Output bytes depend only on the inputs and options (fixed tar metadata, seeded RNG), so the
 sha256 values in the manifest are reproducible.
+
+The new set is written to a hidden staging directory inside ``--output`` and swapped in only
+once complete: a failing input, a full or read-only disk or an interrupt leaves the old set
+(``--overwrite``) as it was and nothing of the new one. ``--overwrite`` therefore needs room
+for both sets until the swap.
 """
 
 from __future__ import annotations
@@ -24,10 +29,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import random
+import shutil
 import struct
 import tempfile
 import time
+import zlib
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -152,14 +160,14 @@ class _ShardSink:
         name = SHARD_PATTERN.format(index=len(self.shards))
         path = self.output / name
         token_ids = self._token_ids(self._pending) if self.tokenizer is not None else None
-        writer = ShardTarWriter(path)
-        for offset, text in enumerate(self._pending):
-            fields = {"txt": text.encode("utf-8")}
-            if token_ids is not None:
-                fields["ids"] = token_ids[offset]
-            writer.write(f"{self._written + offset:012d}", fields)
-        writer.close()
-        self.shards.append({"name": name, "samples": len(self._pending), "sha256": file_sha256(path)})
+        with ShardTarWriter(path) as writer:
+            for offset, text in enumerate(self._pending):
+                fields = {"txt": text.encode("utf-8")}
+                if token_ids is not None:
+                    fields["ids"] = token_ids[offset]
+                writer.write(f"{self._written + offset:012d}", fields)
+        entry = {"name": name, "samples": len(self._pending), "sha256": file_sha256(path), "bytes": path.stat().st_size}
+        self.shards.append(entry)
         self._written += len(self._pending)
         self._pending = []
 
@@ -213,14 +221,36 @@ def _gather(paths: list[Path], seed: int) -> Iterator[str]:
 def _check_output(output: Path, overwrite: bool) -> None:
     if output.exists() and not output.is_dir():
         raise ValueError(f"--output {output} exists and is not a directory")
-    existing = sorted(output.glob("shard-*.tar"))
-    if (output / MANIFEST_NAME).exists():
-        existing.append(output / MANIFEST_NAME)
-    if existing and not overwrite:
+    if (any(output.glob("shard-*.tar")) or (output / MANIFEST_NAME).exists()) and not overwrite:
         raise ValueError(f"--output {output} already holds shards or a manifest; pass --overwrite or another directory")
-    for path in existing:
-        path.unlink()
-    output.mkdir(parents=True, exist_ok=True)
+
+
+def _load_tokenizer(name: str):
+    from vascl_scale.tokenizer import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(name)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--tokenizer {name}: cannot load a tokenizer there ({err})") from err
+    if tokenizer_fingerprint(tokenizer) is None:
+        raise ValueError(f"--tokenizer {name} has no fast (Rust) tokenizer; stored ids need one")
+    return tokenizer
+
+
+def _swap_in(stage: Path, output: Path) -> None:
+    """Replace the shard set in ``output`` by the complete one in ``stage`` (same file system).
+
+    The old manifest goes first and the new one lands last, so a manifest never describes
+    shards other than those beside it (a crash in between leaves no manifest, not a wrong one).
+    """
+    (output / MANIFEST_NAME).unlink(missing_ok=True)
+    new = {path.name for path in stage.glob("shard-*.tar")}
+    for path in output.glob("shard-*.tar"):
+        if path.name not in new:
+            path.unlink()
+    for name in sorted(new):
+        os.replace(stage / name, output / name)
+    os.replace(stage / MANIFEST_NAME, output / MANIFEST_NAME)
 
 
 def prepare_shards(
@@ -230,20 +260,39 @@ def prepare_shards(
     overwrite: bool = False,
     show_progress: bool = True,
 ) -> PrepareResult:
-    """Read ``inputs`` in order, filter, optionally shuffle, write shards and ``manifest.json``."""
+    """Read ``inputs`` in order, filter, optionally shuffle, write shards and ``manifest.json``.
+
+    Raises ``ValueError`` for bad inputs or options and for a failed write (full or read-only
+    disk), naming the path and the cause; on any failure ``output`` is left as it was.
+    """
     if not inputs:
         raise ValueError("pass at least one input file or directory")
     readers = [open_input(Path(path), options.fmt, options.text_field) for path in inputs]
     _check_output(output, overwrite)
-    tokenizer = None
-    if options.tokenizer is not None:
-        from transformers import AutoTokenizer
+    tokenizer = _load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
+    created = not output.exists()
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".prepare-", dir=output, ignore_cleanup_errors=True) as staging:
+            result = _write_set(readers, Path(staging), options, tokenizer, show_progress)
+            _swap_in(Path(staging), output)
+    except BaseException as err:
+        if created:  # made by this call: nothing of the user's is in it
+            shutil.rmtree(output, ignore_errors=True)
+        if isinstance(err, OSError):  # input read errors are ValueErrors already: this is the output side
+            raise ValueError(
+                f"cannot write shards to --output {output}: {err.strerror or err}; free disk space, make it "
+                "writable or pass another --output (nothing in it was changed)"
+            ) from err
+        raise
+    logger.info("wrote %d shards to %s in %.1f s", len(result.shards), output, result.seconds)
+    return PrepareResult(output, result.shards, result.dropped, result.lines_read, result.seconds)
 
-        tokenizer = AutoTokenizer.from_pretrained(options.tokenizer)
-        if tokenizer_fingerprint(tokenizer) is None:
-            raise ValueError(f"--tokenizer {options.tokenizer} has no fast (Rust) tokenizer; stored ids need one")
+
+def _write_set(readers: list, stage: Path, options: PrepareOptions, tokenizer, show_progress: bool) -> PrepareResult:
+    """Write the shards and ``manifest.json`` of :func:`prepare_shards` into ``stage``."""
     line_filter = _LineFilter(options)
-    sink = _ShardSink(output, options.shard_size, tokenizer, options.max_length)
+    sink = _ShardSink(stage, options.shard_size, tokenizer, options.max_length)
     lines_read = 0
     start = time.perf_counter()
     progress = Progress(
@@ -260,13 +309,16 @@ def prepare_shards(
         for reader in readers:
             task = progress.add_task(f"read {reader.path.name}", total=None, lines=0)
             count = 0
-            for record in reader.records():
-                count += 1
-                text = line_filter(record)
-                if text is not None:
-                    yield text
-                if count % 16384 == 0:
-                    progress.update(task, total=reader.total or None, completed=reader.position(), lines=count)
+            try:
+                for record in reader.records():
+                    count += 1
+                    text = line_filter(record)
+                    if text is not None:
+                        yield text
+                    if count % 16384 == 0:
+                        progress.update(task, total=reader.total or None, completed=reader.position(), lines=count)
+            except (OSError, EOFError, zlib.error) as err:  # a damaged file: truncated or corrupt gzip, I/O error
+                raise ValueError(f"cannot read input {reader.path} after {count} records: {err}") from err
             lines_read += count
             progress.update(task, total=max(reader.total, 1), completed=max(reader.total, 1), lines=count)
 
@@ -275,7 +327,7 @@ def prepare_shards(
             for text in kept_texts():
                 sink.add(text)
         else:
-            with tempfile.TemporaryDirectory(prefix=".shuffle-", dir=output) as bucket_dir:
+            with tempfile.TemporaryDirectory(prefix=".shuffle-", dir=stage) as bucket_dir:
                 buckets = _scatter(kept_texts(), Path(bucket_dir), options.shuffle_seed)
                 for text in _gather(buckets, options.shuffle_seed):
                     sink.add(text)
@@ -297,9 +349,8 @@ def prepare_shards(
         "options": asdict(options),
         "shards": sink.shards,
     }
-    (output / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    logger.info("wrote %d shards to %s in %.1f s", len(sink.shards), output, seconds)
-    return PrepareResult(output, sink.shards, dropped, lines_read, seconds)
+    (stage / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return PrepareResult(stage, sink.shards, dropped, lines_read, seconds)
 
 
 def summary_table(result: PrepareResult) -> Table:

@@ -7,8 +7,11 @@ Members carry fixed metadata (mtime 0, uid/gid 0, no user names, mode 0644) so t
 sentences in the same order always give the same bytes and the same sha256.
 
 The manifest (``manifest.json`` next to the shards) records every shard's file name, sample
-count and sha256. Readers take only plain file names from it, resolved inside the manifest's
-directory: a manifest can never name a ``pipe:`` command or a path elsewhere.
+count, sha256 and byte size. Readers take only plain file names from it, resolved inside the
+manifest's directory: a manifest can never name a ``pipe:`` command or a path elsewhere. A
+:class:`ShardStream` opened with the shard's :class:`ShardCheck` hashes the bytes as they
+stream in and, once the shard is read to its end, raises :class:`ShardMismatchError` when they
+are not the bytes the manifest describes (a shard rewritten or damaged after ``data prepare``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ import hashlib
 import io
 import json
 import logging
+import os
+import re
+import selectors
+import signal
 import subprocess
 import tarfile
 from dataclasses import dataclass
@@ -33,6 +40,23 @@ MANIFEST_VERSION = 1
 SHARD_PATTERN = "shard-{index:06d}.tar"
 PIPE_PREFIX = "pipe:"
 TEXT_SUFFIXES = (".txt", ".txt.gz")
+# Seconds a ``pipe:`` command may go without output (or without exiting once its output ends).
+# Below torch.distributed's default 10-minute collective timeout, so a stalled download names
+# its command instead of surfacing as a collective timeout on the other ranks.
+PIPE_TIMEOUT = 300.0
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class ShardMismatchError(ValueError):
+    """A shard read to its end is not the bytes its manifest entry describes (size or sha256)."""
+
+
+@dataclass(frozen=True)
+class ShardCheck:
+    """What a manifest entry promises about a shard file's bytes."""
+
+    sha256: str
+    size: int | None  # None in manifests written before sizes were recorded
 
 
 class ShardTarWriter:
@@ -59,6 +83,15 @@ class ShardTarWriter:
 
     def close(self) -> None:
         self._tar.close()
+
+    def __enter__(self) -> ShardTarWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # a failed write (a full disk): release the file without writing the end blocks
+            self._tar.fileobj.close()
 
 
 def file_sha256(path: Path) -> str:
@@ -160,45 +193,149 @@ def iter_tar_samples(stream: IO[bytes]) -> Iterator[tuple[str, dict[str, bytes]]
         yield key, fields
 
 
+class _DigestReader:
+    """Passes reads through, keeping the sha256 and byte count of everything read so far."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self._handle = handle
+        self._digest = hashlib.sha256()
+        self._size = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._handle.read(size)
+        self._digest.update(data)
+        self._size += len(data)
+        return data
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def verify(self, check: ShardCheck) -> None:
+        """Compare with the manifest entry; only meaningful once the shard was read to its end."""
+        if check.size is not None and self._size != check.size:
+            raise ShardMismatchError(f"{self._size} bytes where the manifest lists {check.size}")
+        digest = self._digest.hexdigest()
+        if digest != check.sha256:
+            raise ShardMismatchError(f"sha256 {digest[:12]}... where the manifest lists {check.sha256[:12]}...")
+
+
+class _PipeReader:
+    """A command's stdout, read with a deadline: ``TimeoutError`` after ``timeout`` s without a byte."""
+
+    def __init__(self, process: subprocess.Popen, command: str, timeout: float) -> None:
+        assert process.stdout is not None
+        self._fd = process.stdout.fileno()
+        self._command = command
+        self._timeout = timeout
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._fd, selectors.EVENT_READ)
+        self._chunk = b""
+        self._offset = 0  # bytes of _chunk already returned
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (all to EOF when negative); fewer only at EOF."""
+        end = self._offset + size
+        if size >= 0 and end <= len(self._chunk):  # the common case: a tar header or member in the chunk
+            data = self._chunk[self._offset : end]
+            self._offset = end
+            return data
+        parts = []
+        wanted = size
+        while wanted != 0:
+            if self._offset == len(self._chunk):
+                if not self._selector.select(self._timeout):
+                    raise TimeoutError(
+                        f"no data for {self._timeout:g} s (pipe_timeout, data.pipe_timeout: raise it for a slow "
+                        f"source) from the shard command: {self._command}"
+                    )
+                self._chunk, self._offset = os.read(self._fd, 1 << 20), 0
+                if not self._chunk:
+                    break
+            end = len(self._chunk) if wanted < 0 else min(len(self._chunk), self._offset + wanted)
+            parts.append(self._chunk[self._offset : end])
+            if wanted > 0:
+                wanted -= end - self._offset
+            self._offset = end
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self._selector.close()
+
+
 class ShardStream:
     """Context manager giving a byte stream for a local shard path or a ``pipe:`` command.
 
-    For a pipe, a non-zero exit status after a full read raises ``OSError`` (a failed
-    download is a corrupt shard, not a short one); an early close kills the command.
+    A pipe that gives no byte for ``timeout`` seconds, or does not exit that long after its
+    output ends, raises ``TimeoutError`` (an ``OSError``); a non-zero exit status after a full
+    read raises ``OSError``: a failed download is a corrupt shard, not a short one. The command
+    runs in a process group of its own, killed as a whole on an early close or a timeout.
+
+    With ``check``, a stream read to its end (the ``with`` body finished without an exception)
+    is compared with the manifest entry: :class:`ShardMismatchError` on a difference. A shard
+    left early (an error, a consumer that stopped) is not checked: its digest is unknown.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, check: ShardCheck | None = None, timeout: float = PIPE_TIMEOUT) -> None:
         self.url = url
+        self.check = check
+        self.timeout = timeout
         self._process: subprocess.Popen | None = None
-        self._handle: IO[bytes] | None = None
+        self._handle: IO[bytes] | _PipeReader | _DigestReader | None = None
 
     def __enter__(self) -> IO[bytes]:
         if self.url.startswith(PIPE_PREFIX):
             command = self.url[len(PIPE_PREFIX) :]
             logger.debug("running shard command: %s", command)
-            self._process = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, bufsize=1 << 20)
-            self._handle = self._process.stdout
+            self._process = subprocess.Popen(
+                command, shell=True, stdout=subprocess.PIPE, bufsize=0, start_new_session=True
+            )
+            self._handle = _PipeReader(self._process, command, self.timeout)
         else:
             self._handle = open(self.url, "rb", buffering=1 << 20)
-        assert self._handle is not None
-        return self._handle
+        if self.check is not None:
+            self._handle = _DigestReader(self._handle)  # type: ignore[arg-type]
+        return self._handle  # type: ignore[return-value]
 
     def __exit__(self, exc_type, exc, traceback) -> None:
         assert self._handle is not None
-        if self._process is None:
+        complete = False
+        try:
+            if exc_type is None:
+                # Read to the end: the digest covers the tar's trailing padding, and a pipe writer
+                # cut off mid-write would exit with SIGPIPE.
+                while self._handle.read(1 << 20):
+                    pass
+                complete = True
+        finally:
             self._handle.close()
-            return
-        finished = exc_type is None
-        if finished:
-            # Read the tar's trailing padding too: a writer cut off mid-write would exit with SIGPIPE.
-            while self._handle.read(1 << 20):
-                pass
-        else:
-            self._process.kill()
-        self._handle.close()
-        status = self._process.wait()
-        if finished and status != 0:
-            raise OSError(f"shard command exited with status {status}: {self.url[len(PIPE_PREFIX):]}")
+            if self._process is not None:
+                self._end_command(complete)
+        if complete and isinstance(self._handle, _DigestReader):
+            self._handle.verify(self.check)  # type: ignore[arg-type]
+
+    def _end_command(self, complete: bool) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        command = self.url[len(PIPE_PREFIX) :]
+        self._process.stdout.close()
+        if not complete:
+            self._kill_group()
+        try:
+            status = self._process.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self._kill_group()
+            self._process.wait()
+            raise TimeoutError(
+                f"the shard command did not exit {self.timeout:g} s (pipe_timeout) after its output ended: {command}"
+            ) from None
+        if complete and status != 0:
+            raise OSError(f"shard command exited with status {status}: {command}")
+
+    def _kill_group(self) -> None:
+        assert self._process is not None
+        try:
+            os.killpg(self._process.pid, signal.SIGKILL)  # the shell and everything it started
+        except ProcessLookupError:  # already gone
+            pass
 
 
 def tokenizer_fingerprint(tokenizer) -> str | None:
@@ -217,16 +354,20 @@ def tokenizer_fingerprint(tokenizer) -> str | None:
 
 @dataclass(frozen=True)
 class ShardSource:
-    """What a loader reads: shard URLs with their sample counts (None when unknown), or a text file.
+    """What a loader reads: shard URLs with their sample counts and manifest checks, or a text file.
 
-    ``token_ids`` is the manifest's record of token ids stored in the shards (tokenizer
-    fingerprint and truncation length), or None.
+    ``counts[i]`` is None when unknown and 0 for a shard in ``missing`` (listed in the manifest,
+    file absent); ``checks[i]`` is None when no manifest describes shard ``i``. ``token_ids`` is
+    the manifest's record of token ids stored in the shards (tokenizer fingerprint and
+    truncation length), or None.
     """
 
     urls: tuple[str, ...]
     counts: tuple[int | None, ...]
+    checks: tuple[ShardCheck | None, ...]
     text_file: str | None = None
     token_ids: dict | None = None
+    missing: tuple[str, ...] = ()
 
     @property
     def total_samples(self) -> int | None:
@@ -259,13 +400,31 @@ def read_manifest(directory: Path) -> dict:
         # Only plain file names: a manifest must never smuggle a pipe: command or another path.
         if not isinstance(name, str) or "/" in name or "\\" in name or ":" in name or name in ("", ".", ".."):
             raise ValueError(f"{path}: shard name {name!r} is not a plain file name")
+        samples, sha256, size = shard.get("samples"), shard.get("sha256"), shard.get("bytes")
+        for key, value, valid in (
+            ("samples", samples, isinstance(samples, int) and samples >= 0),
+            ("sha256", sha256, sha256 is None or isinstance(sha256, str) and _SHA256.fullmatch(sha256)),
+            ("bytes", size, size is None or isinstance(size, int) and size >= 0),
+        ):
+            if not valid:
+                raise ValueError(
+                    f"{path}: shard {name} has {key} {value!r} (expected "
+                    f"{'64 hex digits' if key == 'sha256' else 'an integer >= 0'}); write the shards again "
+                    "with `vascl-scale data prepare`"
+                )
     return manifest
 
 
-def _manifest_counts_near(urls: list[str]) -> list[int | None]:
-    """Sample counts for local shards listed in a manifest in their directory, else None."""
+def _shard_check(entry: dict) -> ShardCheck | None:
+    """The check of a manifest entry validated by :func:`read_manifest`."""
+    return None if entry.get("sha256") is None else ShardCheck(entry["sha256"], entry.get("bytes"))
+
+
+def _manifest_entries_near(urls: list[str]) -> tuple[list[int | None], list[ShardCheck | None]]:
+    """Sample counts and checks of local shards listed in a manifest in their directory, else None."""
     counts: list[int | None] = [None] * len(urls)
-    by_directory: dict[Path, dict[str, int]] = {}
+    checks: list[ShardCheck | None] = [None] * len(urls)
+    by_directory: dict[Path, dict[str, dict]] = {}
     for index, url in enumerate(urls):
         directory = Path(url).parent
         if directory not in by_directory:
@@ -276,9 +435,11 @@ def _manifest_counts_near(urls: list[str]) -> list[int | None]:
                 except ValueError as err:  # another tool's manifest.json: counts stay unknown
                     logger.info("ignoring %s: %s", directory / MANIFEST_NAME, err)
                     continue
-                by_directory[directory] = {s["name"]: int(s["samples"]) for s in manifest["shards"]}
-        counts[index] = by_directory[directory].get(Path(url).name)
-    return counts
+                by_directory[directory] = {entry["name"]: entry for entry in manifest["shards"]}
+        entry = by_directory[directory].get(Path(url).name)
+        if entry is not None:
+            counts[index], checks[index] = entry["samples"], _shard_check(entry)
+    return counts, checks
 
 
 def resolve_source(source: str, allow_pipe: bool = False) -> ShardSource:
@@ -296,19 +457,31 @@ def resolve_source(source: str, allow_pipe: bool = False) -> ShardSource:
             )
         urls = list(braceexpand(source))
         logger.info("reading %d shards through the shell command %s", len(urls), source[len(PIPE_PREFIX) :])
-        return ShardSource(urls=tuple(urls), counts=(None,) * len(urls))
+        return ShardSource(urls=tuple(urls), counts=(None,) * len(urls), checks=(None,) * len(urls))
     path = Path(source)
     if path.is_dir():
         manifest = read_manifest(path)
         urls = [str(path / shard["name"]) for shard in manifest["shards"]]
-        counts = [int(shard["samples"]) for shard in manifest["shards"]]
         if not urls:
             raise ValueError(f"the manifest in {path} lists no shards; run `vascl-scale data prepare` on more text")
-        return ShardSource(urls=tuple(urls), counts=tuple(counts), token_ids=manifest.get("token_ids"))
+        missing = tuple(url for url in urls if not Path(url).is_file())
+        if len(missing) == len(urls):
+            raise ValueError(
+                f"none of the {len(urls)} shards listed in {path / MANIFEST_NAME} exist (first: {missing[0]}); "
+                "restore them or run `vascl-scale data prepare` again"
+            )
+        return ShardSource(
+            urls=tuple(urls),
+            # A missing shard gives no sample: resume positions computed from counts stay exact.
+            counts=tuple(0 if url in missing else shard["samples"] for url, shard in zip(urls, manifest["shards"])),
+            checks=tuple(_shard_check(shard) for shard in manifest["shards"]),
+            token_ids=manifest.get("token_ids"),
+            missing=missing,
+        )
     if source.endswith(TEXT_SUFFIXES):
         if not path.is_file():
             raise ValueError(f"text file {source} does not exist")
-        return ShardSource(urls=(), counts=(), text_file=source)
+        return ShardSource(urls=(), counts=(), checks=(), text_file=source)
     urls = list(braceexpand(source))
     missing = [url for url in urls if not Path(url).is_file()]
     if missing:
@@ -316,4 +489,5 @@ def resolve_source(source: str, allow_pipe: bool = False) -> ShardSource:
             f"{len(missing)} of {len(urls)} shards in {source!r} do not exist (first: {missing[0]}); pass a "
             "directory with manifest.json, a brace list of existing .tar files, or a .txt/.txt.gz file"
         )
-    return ShardSource(urls=tuple(urls), counts=tuple(_manifest_counts_near(urls)))
+    counts, checks = _manifest_entries_near(urls)
+    return ShardSource(urls=tuple(urls), counts=tuple(counts), checks=tuple(checks))

@@ -28,21 +28,18 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from vascl_scale.log import console
+from vascl_scale.tokenizer import VOCABULARY_FILES, require_tokenizer_vocabulary
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_LENGTH = 256
-# A tokenizer is present when one of these is; the fingerprint also hashes the special-token files.
-TOKENIZER_VOCAB_FILES = (
-    "tokenizer.json",
+# The fingerprint hashes every file that shapes tokenisation.
+TOKENIZER_FILES = (
+    *(name for group in VOCABULARY_FILES for name in group),
     "tokenizer_config.json",
-    "vocab.txt",
-    "vocab.json",
-    "merges.txt",
-    "spiece.model",
-    "sentencepiece.bpe.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
 )
-TOKENIZER_FILES = TOKENIZER_VOCAB_FILES + ("special_tokens_map.json", "added_tokens.json")
 
 
 @dataclass(frozen=True)
@@ -145,11 +142,7 @@ def resolve_model(path: str | Path, pooling: str | None = None, max_length: int 
         directory, st_pooling, normalize, st_max_length = _sentence_transformers_layout(directory)
     if not (directory / "config.json").is_file():
         raise ValueError(f"{directory} has no config.json; pass a directory saved with save_pretrained")
-    if not any((directory / name).is_file() for name in TOKENIZER_VOCAB_FILES):
-        raise ValueError(
-            f"{directory} has no tokenizer files (one of {', '.join(TOKENIZER_VOCAB_FILES[:4])}, ...); "
-            "save the tokenizer next to the model with tokenizer.save_pretrained(directory)"
-        )
+    require_tokenizer_vocabulary(directory)
     if pooling is not None and st_pooling is not None and pooling != st_pooling:
         logger.warning("%s pools by %s; using --pooling %s as asked", directory, st_pooling, pooling)
     chosen_pooling = pooling or st_pooling or "mean"

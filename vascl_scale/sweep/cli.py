@@ -12,11 +12,11 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from vascl_scale.log import console
+from vascl_scale.log import console, print_table
 from vascl_scale.sweep.grid import SweepPlan, expand, invalid_cells, parse_grid_axis, parse_variant
 from vascl_scale.sweep.report import collect
-from vascl_scale.sweep.run import read_status, run_cell, run_sweep
-from vascl_scale.sweep.slurm import write_array_script
+from vascl_scale.sweep.run import Interrupted, read_status, run_cell, run_sweep
+from vascl_scale.sweep.slurm import refuse_control_characters, write_array_script
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +33,12 @@ EVAL_CHOICES = ("sts", "clustering", "intent", "all", "none")
 def _fail(err: Exception) -> None:
     logger.error("%s", err)
     raise typer.Exit(2)
+
+
+def _stopped(stop: Interrupted, resume: str) -> None:
+    """Exit as a shell reports a command ended by the signal: 128 + its number (130, 143)."""
+    logger.error("%s; %s", stop, resume)
+    raise typer.Exit(128 + stop.signum)
 
 
 def _parse_seeds(text: str) -> list[int]:
@@ -55,10 +61,11 @@ def _print_summary(result: dict, sweep_dir: Path) -> None:
             text = "" if value is None else f"{value:.2f}" + ("" if std is None else f" ± {std:.2f}")
             cells.append(text)
         table.add_row(*cells)
-    console.print(table)
+    print_table(table)
     counts = result["counts"]
     console.print(
-        f"{counts['done']} done, {counts['failed']} failed, {counts['pending']} pending; "
+        f"{counts['done']} done, {counts['failed']} failed, {counts['interrupted']} interrupted, "
+        f"{counts['pending']} pending; "
         f"tables: {sweep_dir / 'results.md'} (.csv, .json); plots: {sweep_dir / 'plots'}"
     )
 
@@ -90,6 +97,10 @@ def sweep(
     try:
         if config is None or output is None or not (grid or variant):
             raise ValueError("vascl-scale sweep needs --config, --output and at least one --grid or --variant")
+        paths = {"--config": config, "--output": output, "--deepspeed": deepspeed, "--data-dir": data_dir}
+        for option, path in paths.items():
+            if path is not None:  # a newline in a path would break every script and log line naming it
+                refuse_control_characters(str(path), option)
         if launcher not in ("local", "slurm"):
             raise ValueError(f"--launcher must be local or slurm; got {launcher!r}")
         if eval_tasks not in EVAL_CHOICES:
@@ -125,7 +136,7 @@ def sweep(
             table.add_column("reason")
             for cell, reason in problems:
                 table.add_row(cell.name, reason)
-            console.print(table)
+            print_table(table)
             raise ValueError("fix or drop the invalid grid values above (e.g. keep loss.k < global batch - 1)")
         existing = output / "sweep.json"
         if existing.is_file():
@@ -135,16 +146,23 @@ def sweep(
                     f"{output} holds a different sweep (other config, grid, seeds or settings); "
                     "rerun with the same options to resume it, or choose a new --output"
                 )
+        if launcher == "slurm":  # before the plan, so that a refused script leaves nothing behind
+            script = write_array_script(output, plan, sbatch)
         plan.save(output)
     except ValueError as err:
         _fail(err)
 
     if launcher == "slurm":
-        script = write_array_script(output, plan, sbatch)
-        console.print(f"wrote {script} ({len(plan.cells)} array tasks). Submit it with: sbatch {script}")
-        console.print(f"then gather the results with: vascl-scale sweep collect {output}")
+        quoted = shlex.quote(str(script))
+        console.print(f"wrote {script} ({len(plan.cells)} array tasks). Submit it with: sbatch {quoted}")
+        console.print(f"then gather the results with: vascl-scale sweep collect {shlex.quote(str(output))}")
         return
-    counts = run_sweep(output, plan)
+    try:
+        counts = run_sweep(output, plan)
+    except ValueError as err:
+        _fail(err)
+    except Interrupted as stop:
+        _stopped(stop, "rerun the same command to resume (done cells are skipped, interrupted ones rerun)")
     logger.info("cells: %d run, %d failed, %d skipped (done before)", counts["done"], counts["failed"], counts["skipped"])
     _print_summary(collect(output), output)
     if counts["failed"]:
@@ -182,7 +200,12 @@ def run_cell_command(
     if read_status(sweep_dir, cell).get("state") == "done":
         logger.info("cell %s is done already; skipped", cell.name)
         return
-    status = run_cell(sweep_dir, plan, cell)
+    try:
+        status = run_cell(sweep_dir, plan, cell)
+    except ValueError as err:
+        _fail(err)
+    except Interrupted as stop:
+        _stopped(stop, "the cell is recorded as interrupted; rerun this command (or its array task) to resume")
     if status["state"] != "done":
         logger.error("cell %s failed:\n%s", cell.name, status["error"])
         raise typer.Exit(1)

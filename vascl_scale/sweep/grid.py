@@ -102,7 +102,7 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
         raise ValueError(
             f"--variant expects NAME:key=value,key=value (e.g. simcse:objective=simcse); got {text!r}"
         )
-    if _slug(name) != name:
+    if slug(name) != name:
         raise ValueError(f"--variant name {name!r} may use letters, digits and . + - only (it names directories)")
     settings: dict[str, Any] = {}
     for assignment in body.split(","):
@@ -117,7 +117,8 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
     return name, settings
 
 
-def _slug(value: Any) -> str:
+def slug(value: Any) -> str:
+    """``value`` as a name for directories and job names: letters, digits and . + - only, else _."""
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", str(value))
 
 
@@ -132,7 +133,7 @@ def expand(grid: dict[str, list[Any]], seeds: list[int], variants: dict[str, dic
         for combo in itertools.product(*(grid[k] for k in keys)):
             for seed in seeds:
                 values = dict(zip(keys, combo))
-                parts = ([f"variant-{variant}"] if variant else []) + [f"{k}-{_slug(v)}" for k, v in values.items()]
+                parts = ([f"variant-{variant}"] if variant else []) + [f"{k}-{slug(v)}" for k, v in values.items()]
                 name = "__".join(parts + [f"seed-{seed}"])
                 cells.append(Cell(len(cells), name, values, seed, variant, dict(settings)))
     return cells

@@ -254,6 +254,7 @@ def collect(sweep_dir: Path, headline: list[str] | None = None) -> dict[str, Any
         ) + "\n"
     (sweep_dir / "results.md").write_text(markdown, encoding="utf-8")
     plots = plot(entries, plan, metrics, headline, sweep_dir / "plots")
-    counts = {state: sum(r["state"] == state for r in rows) for state in ("done", "failed", "pending")}
+    states = ("done", "failed", "interrupted", "pending")
+    counts = {state: sum(r["state"] == state for r in rows) for state in states}
     return {"rows": rows, "entries": entries, "metrics": metrics, "headline": headline, "plots": plots, "counts": counts}
 

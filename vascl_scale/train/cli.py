@@ -94,13 +94,19 @@ def train_command(
 
 
 def _train(run_config, deepspeed_path: str | None, resume: str | None) -> None:
-    """Train in this process; configuration errors exit with 2, a non-finite loss with 3."""
+    """Train in this process; configuration and data errors exit with 2, a non-finite loss with 3."""
+    from vascl_scale.data.loader import CorruptShardError
     from vascl_scale.train.trainer import NonFiniteLossError, Trainer, deepspeed_path_from_environment
 
     try:
         Trainer(run_config, deepspeed_path or deepspeed_path_from_environment(), resume).fit()
     except ValueError as err:
         logger.error("%s", err)
+        raise typer.Exit(2) from err
+    except CorruptShardError as err:
+        # Raised in a loader worker, it arrives wrapped in that worker's traceback: its last line
+        # is the message.
+        logger.error("%s", str(err).strip().splitlines()[-1].removeprefix(f"{CorruptShardError.__module__}."))
         raise typer.Exit(2) from err
     except NonFiniteLossError as err:
         logger.error("%s", err)

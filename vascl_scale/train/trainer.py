@@ -300,6 +300,7 @@ class Trainer:
             shuffle_buffer=data.shuffle_buffer,
             on_corrupt=data.on_corrupt,
             allow_pipe=data.allow_pipe,
+            pipe_timeout=data.pipe_timeout,
         )
 
     @property
