@@ -341,6 +341,13 @@ def test_bad_input_fails_before_training_with_a_clear_message(workspace: Path, t
     assert "is not writable" in failure.stderr
     failure = run_train(config, tmp_path / "d", "--resume", expect=2)
     assert "no complete checkpoint" in failure.stderr
+    # A model directory whose tokenizer lost its vocabulary (tokenizer_config.json alone).
+    no_vocabulary = tmp_path / "model-without-vocabulary"
+    shutil.copytree(workspace / "model", no_vocabulary)
+    for name in ("tokenizer.json", "vocab.txt"):
+        (no_vocabulary / name).unlink(missing_ok=True)
+    failure = run_train(config, tmp_path / "e", "--set", f"model.path={no_vocabulary}", expect=2)
+    assert "has no tokenizer vocabulary" in failure.stderr and not (tmp_path / "e" / "final").exists()
 
 
 def test_resume_refuses_a_changed_model_or_batch_and_a_reused_directory(workspace: Path, tmp_path: Path) -> None:
@@ -376,13 +383,23 @@ def test_zero2_stopped_and_resumed_equals_ddp(workspace: Path, tmp_path: Path, d
     assert (run / "checkpoints" / "step-00000004" / "pytorch_model").is_dir()
     assert_same_weights(run, ddp_reference)
 
-    # A DeepSpeed file holding anything but tensors and DeepSpeed's plain types is refused.
+    # A DeepSpeed file holding anything but tensors and DeepSpeed's plain types is refused, even
+    # when the file list of the checkpoint's marker is rewritten to match it.
     states = run / "checkpoints" / "step-00000004" / "pytorch_model" / "mp_rank_00_model_states.pt"
     payload = torch.load(states, weights_only=False)
     payload["ds_config"] = Path("an object weights_only refuses")
     torch.save(payload, states)
+    _relist(states.parent.parent)
     failure = run_train(config, run, "--num-processes", "2", "--deepspeed", ZERO2, "--resume", "--max-steps", "6", expect=1)
-    assert "refusing to load" in failure.stderr and "outside the safe allowlist" in failure.stderr
+    assert "mp_rank_00_model_states.pt cannot be loaded safely (UnpicklingError" in " ".join(failure.stderr.split())
+
+
+def _relist(checkpoint: Path) -> None:
+    """Rewrite a checkpoint's file list to match its files, as someone tampering with it would."""
+    state_file = checkpoint / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    state["files"] = {name: (checkpoint / name).stat().st_size for name in state["files"]}
+    state_file.write_text(json.dumps(state))
 
 
 @pytest.mark.deepspeed
@@ -585,10 +602,7 @@ def test_deepspeed_with_one_process_trains_resumes_and_refuses_a_symlinked_model
     marker = tmp_path / "code-ran"
     torch.save({"module": _RunsCode(f"touch {marker}")}, evil / "mp_rank_00_model_states.pt")
     model_states.symlink_to(evil, target_is_directory=True)
-    state_file = model_states.parent / "trainer_state.json"  # the attacker rewrites the file list too
-    state = json.loads(state_file.read_text())
-    state["files"]["pytorch_model/mp_rank_00_model_states.pt"] = (evil / "mp_rank_00_model_states.pt").stat().st_size
-    state_file.write_text(json.dumps(state))
+    _relist(model_states.parent)  # the attacker rewrites the file list too
     failure = run_train(config, attacked, "--deepspeed", ZERO2, "--resume", "--max-steps", "3", timeout=300, expect=2)
     assert "outside the checkpoint directory" in failure.stderr and not marker.exists()
     run_train(config, run, "--deepspeed", ZERO2, "--resume", "--max-steps", "3", timeout=300)  # DeepSpeed's own files pass

@@ -122,6 +122,10 @@ def measure_step(model: str, global_batch: int, k: int, head_dim: int) -> dict[s
             "gradient_payload": sum(gradient_payloads),
             "gradient_bytes_sent_ddp": sum(ring_bytes_sent("all_reduce", n, world_size) for n in gradient_payloads),
         }
+    # Leave no gloo thread running at exit (a worker could abort: "terminate called without an
+    # active exception").
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
     trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
     return {
         "rank": rank,

@@ -136,6 +136,8 @@ def run_step_bench(
             elapsed = time.perf_counter() - started
             if round_index >= warmup:
                 times[objective].append(elapsed)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()  # leave no process-group thread running at exit (see bench comm)
     # Every rank waited for the slowest in the gathers: report rank 0's view.
     result: dict[str, Any] = {
         "model": model,
