@@ -32,28 +32,62 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: f
     ``fn`` must be importable (module level). Returns the results in rank order; raises
     with the worker's traceback if any rank fails, and kills every rank after ``timeout``.
     """
+    with tempfile.TemporaryDirectory() as tmp:
+        return _collect(_rank_main, fn, world_size, (os.path.join(tmp, "rendezvous"),), args, timeout)
+
+
+def _collect(main: Callable[..., None], fn: Callable[..., Any], world_size: int, where: tuple, args: tuple, timeout: float) -> list[Any]:
+    """Spawn ``main(fn, rank, world_size, *where, results, args)`` per rank; results in rank order."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        init_file = os.path.join(tmp, "rendezvous")
-        procs = [
-            ctx.Process(target=_rank_main, args=(fn, rank, world_size, init_file, results, args))
-            for rank in range(world_size)
-        ]
+    procs = [ctx.Process(target=main, args=(fn, rank, world_size, *where, results, args)) for rank in range(world_size)]
+    for proc in procs:
+        proc.start()
+    collected: dict[int, Any] = {}
+    try:
+        for _ in range(world_size):
+            rank, status, payload = results.get(timeout=timeout)
+            if status == "error":
+                raise RuntimeError(f"rank {rank} of {world_size} failed:\n{payload}")
+            collected[rank] = payload
+    except queue.Empty as err:
+        raise TimeoutError(f"gloo ranks did not finish within {timeout} s") from err
+    finally:
         for proc in procs:
-            proc.start()
-        collected: dict[int, Any] = {}
-        try:
-            for _ in range(world_size):
-                rank, status, payload = results.get(timeout=timeout)
-                if status == "error":
-                    raise RuntimeError(f"rank {rank} of {world_size} failed:\n{payload}")
-                collected[rank] = payload
-        except queue.Empty as err:
-            raise TimeoutError(f"gloo ranks did not finish within {timeout} s") from err
-        finally:
-            for proc in procs:
-                proc.join(timeout=10)
-                if proc.is_alive():
-                    proc.kill()
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
     return [collected[rank] for rank in range(world_size)]
+
+
+def _launched_rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int, results, args) -> None:
+    # The environment torchrun gives a worker: accelerate (and DeepSpeed) form the group from it.
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
+    torch.set_num_threads(1)
+    try:
+        try:
+            results.put((rank, "ok", fn(rank, world_size, *args)))
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    except BaseException:
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def run_as_launched(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300.0) -> list[Any]:
+    """Like :func:`run_on_ranks`, but each rank starts as a launcher starts it (torchrun's
+    environment, no process group yet), so that accelerate / DeepSpeed set everything up."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return _collect(_launched_rank_main, fn, world_size, (port,), args, timeout)

@@ -10,7 +10,6 @@ from transformers import BertConfig
 from typer.testing import CliRunner
 
 from vascl_scale.bench.comm import computed_traffic, gather_collectives, ring_bytes_sent
-from vascl_scale.bench.step import percentile
 from vascl_scale.cli import app
 
 
@@ -80,11 +79,3 @@ def test_traffic_formulas_known_answers() -> None:
     calls = gather_collectives("vascl", 1024, 8, 768, 128, 4)
     assert sorted(n for c, n in calls if c == "all_gather") == [8, 128 * 128 * 4, 2 * 128 * 128 * 4, 128 * 768 * 4]
     assert traffic["gathers"]["vascl"] / traffic["gradients"]["ddp"] < 0.02
-
-
-def test_percentile() -> None:
-    values = [float(v) for v in range(1, 11)]
-    assert percentile(values, 50) == pytest.approx(5.5)
-    assert percentile(values, 10) == pytest.approx(1.9)
-    assert percentile(values, 90) == pytest.approx(9.1)
-    assert percentile([3.0], 90) == 3.0

@@ -377,8 +377,8 @@ def test_logits_stay_float32_under_bf16_autocast() -> None:
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        (dict(k=5), "global batch of at least"),
-        (dict(k=6), "global batch of at least"),
+        (dict(k=5), "k must be < the global batch size - 1 = 5"),
+        (dict(k=6), "k must be < the global batch size - 1 = 5"),
         (dict(k=0), "k \\(neighbours per instance\\)"),
         (dict(k=2.5), "k \\(neighbours per instance\\)"),
         (dict(temperature=0.0), "temperature must be > 0"),

@@ -423,21 +423,29 @@ def test_non_finite_loss_stops_before_the_update_and_keeps_the_last_good_checkpo
     from vascl_scale.config import load_config
     from vascl_scale.train import trainer as trainer_module
     from vascl_scale.train.checkpoint import complete_checkpoints
+    from vascl_scale.train.step import NonFiniteLossError
 
-    real_objective = trainer_module.contrastive_objective
+    real_build_objective = trainer_module.build_objective
     calls = []
 
-    def objective_with_a_nan_at_the_third_call(*args, **kwargs):
-        loss, stats = real_objective(*args, **kwargs)
-        calls.append(len(calls) + 1)
-        return (loss * float("nan") if len(calls) == 3 else loss), stats
+    def objective_with_a_nan_at_the_third_call(name, loss_config):
+        objective = real_build_objective(name, loss_config)
 
-    monkeypatch.setattr(trainer_module, "contrastive_objective", objective_with_a_nan_at_the_third_call)
+        def call(*args, **kwargs):
+            out = objective(*args, **kwargs)
+            calls.append(len(calls) + 1)
+            if len(calls) == 3:
+                out.loss = out.loss * float("nan")
+            return out
+
+        return call
+
+    monkeypatch.setattr(trainer_module, "build_objective", objective_with_a_nan_at_the_third_call)
     run = tmp_path / "run"
     config = load_config(write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0}), [f"train.output_dir={run}"])
     try:
-        with pytest.raises(trainer_module.NonFiniteLossError, match="non-finite loss at step 3") as stopped:
-            trainer_module.Trainer(config).fit()
+        with pytest.raises(NonFiniteLossError, match="non-finite loss at step 3") as stopped:
+            trainer_module.build_trainer(config).fit()
     finally:
         AcceleratorState._reset_state(True)
     assert [p.name for p in complete_checkpoints(run)] == ["step-00000002"]
@@ -451,8 +459,8 @@ def test_non_finite_loss_stops_before_the_update_and_keeps_the_last_good_checkpo
         [f"train.output_dir={early}"],
     )
     try:
-        with pytest.raises(trainer_module.NonFiniteLossError, match="no checkpoint had been written yet"):
-            trainer_module.Trainer(config).fit()
+        with pytest.raises(NonFiniteLossError, match="no checkpoint had been written yet"):
+            trainer_module.build_trainer(config).fit()
     finally:
         AcceleratorState._reset_state(True)
 

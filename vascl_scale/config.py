@@ -34,6 +34,9 @@ from typing import Any, Literal
 
 import yaml
 
+from vascl_scale.losses.objective import check_objective_name
+from vascl_scale.losses.rules import check_neighbour_count, check_temperature, check_vascl_settings
+
 PACKAGE_PREFIX = "package:"
 
 
@@ -98,11 +101,18 @@ class LossConfig:
     xi_mode: Literal["absolute", "relative", "relative_instance"] = "absolute"
 
     def __post_init__(self) -> None:
-        _require(self.temperature > 0, "loss.temperature", f"must be > 0; got {self.temperature}")
-        _require(self.k >= 1, "loss.k", f"must be >= 1; got {self.k}")
-        _require(self.xi > 0, "loss.xi", f"must be > 0; got {self.xi}")
-        _require(self.eps >= 0, "loss.eps", f"must be >= 0; got {self.eps}")
-        _require(self.power_iters >= 1, "loss.power_iters", f"must be >= 1; got {self.power_iters}")
+        # The same rules as the functional API's (vascl_scale.losses.rules).
+        check_temperature(self.temperature, prefix="loss.")
+        check_vascl_settings(
+            k=self.k,
+            xi=self.xi,
+            eps=self.eps,
+            power_iters=self.power_iters,
+            similarity=self.similarity,
+            eps_mode=self.eps_mode,
+            xi_mode=self.xi_mode,
+            prefix="loss.",
+        )
 
 
 @dataclass
@@ -194,7 +204,7 @@ class RunConfig:
 
     model: ModelConfig
     data: DataConfig
-    objective: Literal["vascl", "simcse"] = "vascl"
+    objective: str = "vascl"  # a name in vascl_scale.losses.OBJECTIVES
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -202,14 +212,9 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
+        check_objective_name(self.objective)
         if self.objective == "vascl":
-            # Each anchor needs k neighbours among the other B - 1 sentences, and the
-            # neighbourhood loss needs at least one sentence that is not a neighbour.
-            _require(
-                self.loss.k < self.train.global_batch_size - 1,
-                "loss.k",
-                f"must be < train.global_batch_size - 1 = {self.train.global_batch_size - 1}; got {self.loss.k}",
-            )
+            check_neighbour_count(self.loss.k, self.train.global_batch_size, "loss.", "train.global_batch_size")
 
     def per_device_batch_size(self, world_size: int) -> int:
         """b = B / W sentences per rank and loss call; an error when W does not divide B."""

@@ -23,7 +23,8 @@ def data(
     output: Optional[Path] = typer.Option(None, "--output", help="Also write the result as JSON here."),
 ) -> None:
     """Tokenised sentences/s of the training stream per worker count vs the bare fast tokenizer."""
-    from vascl_scale.data.bench import results_table, run_data_bench
+    from vascl_scale.bench import save_result
+    from vascl_scale.bench.data import results_table, run_data_bench
     from vascl_scale.log import print_table
 
     try:
@@ -33,7 +34,7 @@ def data(
         raise typer.BadParameter(str(err)) from err
     print_table(results_table(result, f"bench data {shards} (batch {batch_size}, max length {max_length}, medians of {repeats})"))
     if output is not None:
-        output.write_text(json.dumps(result.as_dict(), indent=2) + "\n", encoding="utf-8")
+        save_result(result.as_dict(), output)
 
 
 @app.command("step")
@@ -52,7 +53,8 @@ def step(
     output: Optional[Path] = typer.Option(None, "--output", help="Also write the result as JSON here."),
 ) -> None:
     """Median / p10 / p90 time of full training steps and the VaSCL / SimCSE ratio, in one run."""
-    from vascl_scale.bench.step import run_step_bench, save_result, step_table
+    from vascl_scale.bench import save_result
+    from vascl_scale.bench.step import run_step_bench, step_table
     from vascl_scale.log import console, print_table
     from vascl_scale.train.launch import LaunchPlan, become_single_rank, exit_with_parent, in_distributed_worker, launch_workers
 
@@ -101,10 +103,10 @@ def comm(
     worker_output: Optional[Path] = typer.Option(None, "--worker-output", hidden=True),
 ) -> None:
     """Bytes per step of the embedding gathers against DDP / ZeRO-2 / ZeRO-3 gradient traffic."""
-    import json
     import tempfile
 
-    from vascl_scale.bench.comm import comm_report, comm_table, measure_step, save_report
+    from vascl_scale.bench import save_result
+    from vascl_scale.bench.comm import comm_report, comm_table, measure_step
     from vascl_scale.log import console, print_table
     from vascl_scale.train.launch import LaunchPlan, exit_with_parent, in_distributed_worker, launch_workers
 
@@ -137,4 +139,4 @@ def comm(
                 f"gathers {ratios['gathers']:.3f}, DDP gradients {ratios['ddp_gradients']:.3f}"
             )
     if output is not None:
-        save_report(report, output)
+        save_result(report, output)

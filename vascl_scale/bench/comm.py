@@ -19,8 +19,6 @@ Bytes do not depend on the sequence length, so the measured step uses 4 tokens p
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -75,26 +73,26 @@ def computed_traffic(
 
 
 def measure_step(model: str, global_batch: int, k: int, head_dim: int) -> dict[str, Any]:
-    """On every rank of a gloo job: one DDP step of VaSCL and one of SimCSE, counting collectives."""
+    """On every rank of a gloo job: one training step (the trainer's own) of VaSCL and one of
+    SimCSE under DDP, counting the gathers and the gradient all-reduce payloads."""
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+    from vascl_scale.bench.step import bench_config
     from vascl_scale.distributed import record_traffic
-    from vascl_scale.losses import simcse_loss, vascl_loss
+    from vascl_scale.losses import build_objective
+    from vascl_scale.train.step import TrainingStep
+    from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
 
+    configs = {o: bench_config(o, model, global_batch, MEASURE_MAX_LENGTH, k, 15.0, "no") for o in ("vascl", "simcse")}
     torch.manual_seed(0)
     encoder = build_bench_model(model, head_dim)
-    accelerator = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
+    accelerator = build_accelerator(configs["vascl"], None)  # DDP over gloo
     world_size, rank = accelerator.num_processes, accelerator.process_index
     if world_size < 2:
         raise ValueError("the measured run needs at least 2 ranks")
-    if global_batch % world_size:
-        raise ValueError(f"--global-batch {global_batch} must be a multiple of the world size {world_size}")
-    rows = global_batch // world_size
-    ddp = accelerator.prepare(encoder)
+    rows = configs["vascl"].per_device_batch_size(world_size)
+    ddp, optimizer = prepare_for_training(accelerator, encoder, build_optimizer(encoder, configs["vascl"]), configs["vascl"])
     gradient_payloads: list[int] = []
 
     def counting_allreduce(state, bucket):
@@ -102,20 +100,15 @@ def measure_step(model: str, global_batch: int, k: int, head_dim: int) -> dict[s
         return default_hooks.allreduce_hook(state, bucket)
 
     ddp.register_comm_hook(dist.group.WORLD, counting_allreduce)
-    head = accelerator.unwrap_model(ddp).head
     vocab = int(encoder.encoder.config.vocab_size)
-    ids = torch.randint(min(1000, vocab - 1), vocab, (2 * rows, MEASURE_MAX_LENGTH), generator=torch.Generator().manual_seed(rank))
+    ids = torch.randint(min(1000, vocab - 1), vocab, (rows, MEASURE_MAX_LENGTH), generator=torch.Generator().manual_seed(rank))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}  # (b, L)
     measured: dict[str, Any] = {}
-    for objective in ("vascl", "simcse"):
+    for objective, config in configs.items():
+        step = TrainingStep(accelerator, ddp, optimizer, build_objective(objective, config.loss), seed=0, per_device_batch=rows)
         gradient_payloads.clear()
         with record_traffic() as gathers:
-            e = ddp(input_ids=ids, attention_mask=torch.ones_like(ids))  # (2b, d)
-            if objective == "vascl":
-                loss, _ = vascl_loss(e[:rows], e[rows:], head, k=k)
-            else:
-                loss = simcse_loss(F.normalize(head(e[:rows]), dim=-1), F.normalize(head(e[rows:]), dim=-1))
-            loss.backward()
-        ddp.zero_grad(set_to_none=True)
+            step(iter([batch]), 0)
         measured[objective] = {
             "gathers": [{"collective": c, "payload": n} for c, n, _ in gathers],
             "gather_bytes_sent": sum(ring_bytes_sent(c, n, w) for c, n, w in gathers),
@@ -195,7 +188,3 @@ def comm_table(report: dict[str, Any]):
         )
     return table
 
-
-def save_report(report: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

@@ -1,9 +1,9 @@
 """``vascl-scale bench step``: wall time of full training steps, VaSCL against SimCSE, in one run.
 
-A step is what ``vascl-scale train`` does per optimiser step: both dropout views through
-the encoder in one forward, the configured objective (its gathers included), backward, and
-the optimiser update, built with the trainer's own helpers (accelerator, optimiser groups,
-objective). The batch is synthetic (random token ids of the full max length), so the data
+A step is exactly what ``vascl-scale train`` runs per optimiser step: the one
+:class:`vascl_scale.train.step.TrainingStep` (both dropout views through the encoder in one
+forward, the objective with its gathers, the finiteness check, backward, the update), built
+with the trainer's own factories (accelerator, optimiser groups, objective). The batch is synthetic (random token ids of the full max length), so the data
 loader is not measured here (``bench data`` does that). Objectives alternate in rounds
 (A B A B ...) so that drift of a shared machine hits both alike; the first ``warmup``
 steps of each objective are dropped. Reported per objective: median, p10 and p90 step time,
@@ -14,7 +14,7 @@ VaSCL median to the SimCSE median.
 
 from __future__ import annotations
 
-import json
+import itertools
 import logging
 import resource
 import statistics
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from vascl_scale.config import RunConfig, config_from_dict
@@ -58,15 +59,6 @@ def bench_config(objective: str, model: str, global_batch: int, max_length: int,
     )
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile, q in [0, 100]."""
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100.0
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def run_step_bench(
     model: str,
     global_batch: int,
@@ -81,7 +73,9 @@ def run_step_bench(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Time ``steps`` steps per objective (after ``warmup``) on this rank; every rank returns."""
-    from vascl_scale.train.trainer import MODEL_INPUTS, build_accelerator, build_optimizer, contrastive_objective
+    from vascl_scale.losses import build_objective
+    from vascl_scale.train.step import TrainingStep
+    from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
 
     unknown = [o for o in objectives if o not in OBJECTIVES]
     if unknown or not objectives:
@@ -97,21 +91,18 @@ def run_step_bench(
     accelerator = build_accelerator(first, deepspeed)
     world_size, rank = accelerator.num_processes, accelerator.process_index
     rows = first.per_device_batch_size(world_size)
-    optimizer = build_optimizer(encoder, first)
-    if deepspeed is not None:
-        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
-        ds_config["train_micro_batch_size_per_gpu"] = rows
-        ds_config["train_batch_size"] = global_batch
-    wrapped, optimizer = accelerator.prepare(encoder, optimizer)
-    head = accelerator.unwrap_model(wrapped).head
+    wrapped, optimizer = prepare_for_training(accelerator, encoder, build_optimizer(encoder, first), first)
+    steps_of = {
+        o: TrainingStep(accelerator, wrapped, optimizer, build_objective(o, configs[o].loss), seed=seed, per_device_batch=rows)
+        for o in objectives
+    }
     device = accelerator.device
     cuda = device.type == "cuda"
 
     vocab = int(encoder.encoder.config.vocab_size)
     generator = torch.Generator().manual_seed(seed + rank)
     ids = torch.randint(min(1000, vocab - 1), vocab, (rows, max_length), generator=generator)
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    inputs = {key: torch.cat([value, value]).to(device) for key, value in batch.items() if key in MODEL_INPUTS}
+    batches = itertools.repeat({"input_ids": ids, "attention_mask": torch.ones_like(ids)})  # (b, L), every step
 
     times: dict[str, list[float]] = {o: [] for o in objectives}
     peak_mb: dict[str, float] = {}
@@ -122,14 +113,7 @@ def run_step_bench(
                 if round_index == warmup:
                     torch.cuda.reset_peak_memory_stats()
             started = time.perf_counter()
-            embeddings = wrapped(**inputs)  # (2b, d): both dropout views in one forward
-            with accelerator.autocast():
-                loss, _ = contrastive_objective(
-                    configs[objective], head, embeddings[:rows], embeddings[rows:], torch.Generator(device=device).manual_seed(round_index)
-                )
-            accelerator.backward(loss)
-            optimizer.step()
-            optimizer.zero_grad()
+            steps_of[objective](batches, round_index)
             if cuda:
                 torch.cuda.synchronize()
                 peak_mb[objective] = max(peak_mb.get(objective, 0.0), torch.cuda.max_memory_allocated() / 2**20)
@@ -157,8 +141,8 @@ def run_step_bench(
         median = statistics.median(values)
         result["objectives"][objective] = {
             "median_s": median,
-            "p10_s": percentile(values, 10),
-            "p90_s": percentile(values, 90),
+            "p10_s": float(np.percentile(values, 10)),  # linear interpolation
+            "p90_s": float(np.percentile(values, 90)),
             "sentences_per_s": global_batch / median,
             "peak_memory_mb": peak_mb.get(objective),
             "times_s": values,
@@ -192,7 +176,3 @@ def step_table(result: dict[str, Any]):
         )
     return table
 
-
-def save_result(result: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

@@ -2,5 +2,4 @@
 
 - :mod:`vascl_scale.data.prepare`: inputs -> filtered, optionally shuffled shards + manifest.
 - :mod:`vascl_scale.data.loader`: :func:`build_train_stream`, the infinite per-rank batch stream.
-- :mod:`vascl_scale.data.bench`: the ``bench data`` throughput measurement.
 """

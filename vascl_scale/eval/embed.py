@@ -27,6 +27,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from vascl_scale.data.shards import file_sha256
 from vascl_scale.log import console
 from vascl_scale.tokenizer import VOCABULARY_FILES, require_tokenizer_vocabulary
 
@@ -154,14 +155,6 @@ def resolve_model(path: str | Path, pooling: str | None = None, max_length: int 
     return ModelSpec(str(path), directory, chosen_pooling, normalize, int(chosen_length))
 
 
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def model_fingerprint(spec: ModelSpec) -> str:
     """Hash of config, weight and tokenizer files plus pooling, normalisation and max length.
 
@@ -176,7 +169,7 @@ def model_fingerprint(spec: ModelSpec) -> str:
     )
     digest = hashlib.sha256()
     for path in files:
-        digest.update(f"{path.name}:{_file_digest(path)}\n".encode())
+        digest.update(f"{path.name}:{file_sha256(path)}\n".encode())
     digest.update(f"pooling={spec.pooling};normalize={spec.normalize};max_length={spec.max_length}".encode())
     return digest.hexdigest()[:32]
 

@@ -24,11 +24,6 @@ def full_precision(reference: Tensor) -> Iterator[torch.dtype]:
         yield dtype
 
 
-def check_temperature(temperature: float) -> None:
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0 (the paper uses 0.05); got {temperature}")
-
-
 def check_features(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
     """Both (B, D), same shape, at least one row."""
     if a.dim() != 2 or b.dim() != 2:

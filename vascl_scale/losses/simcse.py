@@ -6,7 +6,8 @@ import torch
 from torch import Tensor
 
 from vascl_scale import distributed
-from vascl_scale.losses.contrastive import check_features, check_temperature, nt_xent
+from vascl_scale.losses.contrastive import check_features, nt_xent
+from vascl_scale.losses.rules import check_temperature
 
 
 def simcse_indices(rows: int, rank: int, device: torch.device) -> tuple[Tensor, Tensor]:

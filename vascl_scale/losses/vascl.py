@@ -40,18 +40,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vascl_scale import distributed
-from vascl_scale.losses.contrastive import (
-    check_features,
-    check_temperature,
-    full_precision,
-    neighbourhood_nll,
-)
+from vascl_scale.losses.contrastive import check_features, full_precision, neighbourhood_nll
+from vascl_scale.losses.rules import check_neighbour_count, check_temperature, check_vascl_settings
 from vascl_scale.losses.simcse import simcse_from_gathered
 
 Head = Callable[[Tensor], Tensor]
-
-SIMILARITIES = ("dot", "cosine")
-STRENGTH_MODES = ("absolute", "relative", "relative_instance")
 # A neighbour whose embedding has at least this cosine with the anchor's counts as a
 # near-duplicate of it (the share is logged: a neighbourhood of copies teaches nothing).
 NEAR_DUPLICATE_COSINE = 0.95
@@ -66,7 +59,7 @@ class VaSCLOutput:
     neighbourhood: Tensor  # scalar: Eq. 5 mean over this rank's 2b anchors
     neighbours: Tensor  # (b, k) global row indices of N(i)
     delta: Tensor  # (b, d) the virtual augmentation, ||delta_i|| = eps
-    stats: dict[str, float]
+    stats: dict[str, float]  # empty unless asked for (with_stats): computing it syncs with the host
 
 
 def project(head: Head, embeddings: Tensor) -> Tensor:
@@ -127,50 +120,9 @@ def adversarial_direction(
     return direction.detach()
 
 
-def _check_arguments(
-    e1: Tensor,
-    e2: Tensor,
-    k: int,
-    temperature: float,
-    xi: float,
-    eps: float,
-    power_iters: int,
-    init_dir: Tensor | None,
-    global_batch: int,
-    similarity: str,
-    eps_mode: str,
-    xi_mode: str,
-) -> None:
-    check_features("e1", e1, "e2", e2)
-    check_temperature(temperature)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k (neighbours per instance) must be an integer >= 1; got {k!r}")
-    if k >= global_batch - 1:
-        raise ValueError(
-            f"k = {k} neighbours needs a global batch of at least k + 2 = {k + 2} sentences "
-            f"(each instance has B - 1 others and k must be smaller); got B = {global_batch}. "
-            "Lower loss.k or raise the global batch size."
-        )
-    if not xi > 0:
-        raise ValueError(f"xi (the probing step of the power iteration) must be > 0; got {xi}")
-    if not eps >= 0:
-        raise ValueError(f"eps (the perturbation norm Delta) must be >= 0; got {eps}")
-    if isinstance(power_iters, bool) or not isinstance(power_iters, int) or power_iters < 1:
-        raise ValueError(f"power_iters must be an integer >= 1; got {power_iters!r}")
-    if similarity not in SIMILARITIES:
-        raise ValueError(f"similarity must be one of {', '.join(SIMILARITIES)}; got {similarity!r}")
-    for name, mode in (("eps_mode", eps_mode), ("xi_mode", xi_mode)):
-        if mode not in STRENGTH_MODES:
-            raise ValueError(f"{name} must be one of {', '.join(STRENGTH_MODES)}; got {mode!r}")
-    if init_dir is not None and init_dir.shape != e1.shape:
-        raise ValueError(
-            f"init_dir must have the shape of e1 {tuple(e1.shape)} (one direction per local row); "
-            f"got {tuple(init_dir.shape)}"
-        )
-
-
 def _strength(value: float, mode: str, e1: Tensor, global_embeddings: Tensor) -> float | Tensor:
-    """A norm (xi or eps) in absolute units: a number, or (b, 1) for "relative_instance".
+    """A norm (xi or eps) in absolute units: a number, a 0-d tensor ("relative") or (b, 1)
+    ("relative_instance").
 
     "relative" uses the mean ||e|| of the gathered global batch (B, d), which every rank
     holds already, so all ranks agree without another collective.
@@ -178,8 +130,8 @@ def _strength(value: float, mode: str, e1: Tensor, global_embeddings: Tensor) ->
     if mode == "absolute":
         return value
     wide = torch.promote_types(e1.dtype, torch.float32)
-    if mode == "relative":
-        return value * float(global_embeddings.detach().to(wide).norm(dim=-1).mean())
+    if mode == "relative":  # a 0-d tensor: no host sync
+        return value * global_embeddings.detach().to(wide).norm(dim=-1).mean().to(e1.dtype)
     return value * e1.detach().to(wide).norm(dim=-1, keepdim=True).to(e1.dtype)  # (b, 1)
 
 
@@ -199,8 +151,14 @@ def vascl_objective(
     similarity: str = "dot",
     eps_mode: str = "absolute",
     xi_mode: str = "absolute",
+    with_stats: bool = True,
 ) -> VaSCLOutput:
     """Eq. 6 for this rank's slice; see the module docstring. Returns all intermediate results.
+
+    Without ``init_dir`` the initial directions are drawn from ``generator`` for the whole
+    global batch, (B, d), and each rank takes its own rows: with the same generator state on
+    every rank they do not depend on the number of ranks. ``with_stats=False`` skips the
+    float statistics (they sync with the host), e.g. on steps that log nothing.
 
     ``eps_mode`` / ``xi_mode`` "relative" read eps / xi in units of the mean norm of e1 over
     the global batch (the same number on every rank), so one setting transfers across
@@ -209,10 +167,18 @@ def vascl_objective(
     The norms are constants (no gradient), like Delta itself.
     """
     rank, world_size = distributed.world()
-    rows = e1.shape[0] if e1.dim() == 2 else 0
-    _check_arguments(
-        e1, e2, k, temperature, xi, eps, power_iters, init_dir, rows * world_size, similarity, eps_mode, xi_mode
+    check_features("e1", e1, "e2", e2)
+    check_temperature(temperature)
+    check_vascl_settings(
+        k=k, xi=xi, eps=eps, power_iters=power_iters, similarity=similarity, eps_mode=eps_mode, xi_mode=xi_mode
     )
+    rows = e1.shape[0]
+    check_neighbour_count(k, rows * world_size)
+    if init_dir is not None and init_dir.shape != e1.shape:
+        raise ValueError(
+            f"init_dir must have the shape of e1 {tuple(e1.shape)} (one direction per local row); "
+            f"got {tuple(init_dir.shape)}"
+        )
     distributed.require_equal_rows(rows)
     offset = rank * rows
 
@@ -229,7 +195,6 @@ def vascl_objective(
     eps_abs = _strength(eps, eps_mode, e1, global_embeddings)  # number or (b, 1)
     # Global row g sits in rank g // b's block [z1; z2] at position g % b of its z1 half.
     view1_rows = (neighbours // rows) * (2 * rows) + neighbours % rows  # (b, k)
-    own_rows = torch.arange(rows, device=e1.device)
 
     z_clean = local_features[:rows]  # (b, D)
     neighbour_clean = gathered_features[view1_rows]  # (b, k, D)
@@ -238,8 +203,10 @@ def vascl_objective(
 
     if init_dir is None:
         draw_device = generator.device if generator is not None else e1.device
-        # Drawn in float32 whatever the default dtype, so a seed gives the same draw everywhere.
-        init_dir = torch.rand(e1.shape, generator=generator, device=draw_device, dtype=torch.float32).to(e1) - 0.5
+        # Drawn in float32 whatever the default dtype, so a seed gives the same draw everywhere;
+        # (B, d) for the global batch, this rank's rows kept.
+        drawn = torch.rand((rows * world_size, e1.shape[1]), generator=generator, device=draw_device, dtype=torch.float32)
+        init_dir = drawn[offset : offset + rows].to(e1) - 0.5
     direction = adversarial_direction(
         e1.detach(),
         head,
@@ -259,7 +226,26 @@ def vascl_objective(
     clean_to_aug = neighbourhood_nll(z_clean, z_aug, negatives, temperature)  # (b,)
     neighbourhood = 0.5 * (aug_to_clean.mean() + clean_to_aug.mean())
     loss = simcse + neighbourhood
+    stats = {}
+    if with_stats:
+        stats = _statistics(e1, delta, z_clean, z_aug, global_embeddings, neighbours, offset, loss, simcse, neighbourhood)
+    return VaSCLOutput(loss, simcse, neighbourhood, neighbours, delta, stats)
 
+
+def _statistics(
+    e1: Tensor,
+    delta: Tensor,
+    z_clean: Tensor,
+    z_aug: Tensor,
+    global_embeddings: Tensor,
+    neighbours: Tensor,
+    offset: int,
+    loss: Tensor,
+    simcse: Tensor,
+    neighbourhood: Tensor,
+) -> dict[str, float]:
+    """Float diagnostics of one loss call (one host sync); see :func:`vascl_loss` for the names."""
+    own_rows = torch.arange(e1.shape[0], device=e1.device)
     with torch.no_grad():
         embedding_norm = e1.detach().float().norm(dim=-1)  # (b,)
         delta_norm = delta.float().norm(dim=-1)  # (b,)
@@ -288,8 +274,7 @@ def vascl_objective(
         "augmentation_cosine",
         "near_duplicate_share",
     )
-    stats = dict(zip(names, metric_values))
-    return VaSCLOutput(loss, simcse, neighbourhood, neighbours, delta, stats)
+    return dict(zip(names, metric_values))
 
 
 def vascl_loss(

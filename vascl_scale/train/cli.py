@@ -96,10 +96,11 @@ def train_command(
 def _train(run_config, deepspeed_path: str | None, resume: str | None) -> None:
     """Train in this process; configuration and data errors exit with 2, a non-finite loss with 3."""
     from vascl_scale.data.loader import CorruptShardError
-    from vascl_scale.train.trainer import NonFiniteLossError, Trainer, deepspeed_path_from_environment
+    from vascl_scale.train.step import NonFiniteLossError
+    from vascl_scale.train.trainer import build_trainer, deepspeed_path_from_environment
 
     try:
-        Trainer(run_config, deepspeed_path or deepspeed_path_from_environment(), resume).fit()
+        build_trainer(run_config, deepspeed_path or deepspeed_path_from_environment(), resume).fit()
     except ValueError as err:
         logger.error("%s", err)
         raise typer.Exit(2) from err

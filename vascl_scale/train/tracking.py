@@ -1,7 +1,7 @@
 """Where training metrics go: a JSONL file, TensorBoard (when installed) and a rich progress bar.
 
-Only rank 0 creates a :class:`MetricsSink`; the numbers it receives are already averaged
-over ranks by the trainer.
+Rank 0 writes through a :class:`MetricsSink` (the numbers it receives are already averaged
+over ranks by the trainer); the other ranks get a :class:`NullMetricsSink`.
 """
 
 from __future__ import annotations
@@ -64,3 +64,16 @@ class MetricsSink:
         self.jsonl.close()
         if self.tensorboard is not None:
             self.tensorboard.close()
+
+
+class NullMetricsSink:
+    """The sink of ranks other than 0: the same calls, nothing written."""
+
+    def advance(self, step: int) -> None:
+        pass
+
+    def log(self, step: int, values: dict[str, float], summary: str | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
