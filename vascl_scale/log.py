@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from copy import copy
+from typing import NoReturn
 
 from rich.console import Console
 from rich.logging import RichHandler
@@ -58,3 +59,11 @@ def setup_logging(level: str = "INFO", all_ranks: bool = False) -> None:
     root.handlers[:] = [handler]
     root.setLevel(chosen)
     root.propagate = False
+
+
+def fail(err: Exception) -> NoReturn:
+    """The one way a command reports a user error: ``error: <message>`` and exit status 2."""
+    import typer
+
+    console.print(f"error: {err}", style="red", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(2) from err

@@ -25,13 +25,13 @@ def data(
     """Tokenised sentences/s of the training stream per worker count vs the bare fast tokenizer."""
     from vascl_scale.bench import save_result
     from vascl_scale.bench.data import results_table, run_data_bench
-    from vascl_scale.log import print_table
+    from vascl_scale.log import fail, print_table
 
     try:
         counts = [int(part) for part in workers.split(",") if part.strip()]
         result = run_data_bench(shards, counts, tokenizer, max_length, batch_size, seconds, repeats)
     except ValueError as err:
-        raise typer.BadParameter(str(err)) from err
+        fail(err)
     print_table(results_table(result, f"bench data {shards} (batch {batch_size}, max length {max_length}, medians of {repeats})"))
     if output is not None:
         save_result(result.as_dict(), output)
@@ -55,7 +55,7 @@ def step(
     """Median / p10 / p90 time of full training steps and the VaSCL / SimCSE ratio, in one run."""
     from vascl_scale.bench import save_result
     from vascl_scale.bench.step import run_step_bench, step_table
-    from vascl_scale.log import console, print_table
+    from vascl_scale.log import console, fail, print_table
     from vascl_scale.train.launch import LaunchPlan, become_single_rank, exit_with_parent, in_distributed_worker, launch_workers
 
     if in_distributed_worker():
@@ -80,7 +80,7 @@ def step(
             deepspeed=str(deepspeed) if deepspeed is not None else None,
         )
     except ValueError as err:
-        raise typer.BadParameter(str(err)) from err
+        fail(err)
     if result["rank"] != 0:
         return
     print_table(step_table(result))
@@ -107,7 +107,7 @@ def comm(
 
     from vascl_scale.bench import save_result
     from vascl_scale.bench.comm import comm_report, comm_table, measure_step
-    from vascl_scale.log import console, print_table
+    from vascl_scale.log import console, fail, print_table
     from vascl_scale.train.launch import LaunchPlan, exit_with_parent, in_distributed_worker, launch_workers
 
     if in_distributed_worker():  # a rank of the measured step
@@ -117,11 +117,11 @@ def comm(
             worker_output.write_text(json.dumps(measured), encoding="utf-8")
         return
     if world_size < 1 or global_batch % world_size:
-        raise typer.BadParameter(f"--global-batch {global_batch} must be a multiple of --world-size {world_size}")
+        fail(ValueError(f"--global-batch {global_batch} must be a multiple of --world-size {world_size}"))
     measured = None
     if measure_processes > 0:
         if measure_processes < 2 or global_batch % measure_processes:
-            raise typer.BadParameter("--measure-processes must be >= 2 and divide --global-batch (or 0 to skip)")
+            fail(ValueError("--measure-processes must be >= 2 and divide --global-batch (or 0 to skip)"))
         with tempfile.TemporaryDirectory() as tmp:
             result_file = Path(tmp) / "measured.json"
             argv = ["bench", "comm", "--model", model, "--global-batch", str(global_batch), "--world-size", str(world_size)]

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from vascl_scale.data.prepare import PrepareOptions, prepare_shards, summary_table
-from vascl_scale.log import print_table
+from vascl_scale.log import fail, print_table
 
 app = typer.Typer(help="Training data: prepare WebDataset shards.", no_args_is_help=True)
 
@@ -51,5 +51,5 @@ def prepare(
         )
         result = prepare_shards(list(inputs), output, options, overwrite=overwrite)
     except ValueError as err:
-        raise typer.BadParameter(str(err)) from err
+        fail(err)
     print_table(summary_table(result))

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from vascl_scale.log import console, print_table
+from vascl_scale.log import fail, print_table
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +33,6 @@ CLUSTERING_MAX_TEXTS = typer.Option(
     min=1,
     help="Cluster a fixed stratified subsample of N texts per dataset (quick ablations; default: all).",
 )
-
-
-def _fail(err: Exception) -> None:
-    console.print(f"error: {err}", style="red", markup=False, highlight=False, soft_wrap=True)
-    raise typer.Exit(code=2)
 
 
 def _tasks_by_family(tasks: list[str] | None, families: list[str]) -> dict[str, list[str]] | None:
@@ -88,7 +83,7 @@ def _run(
         cache = None if no_cache else (cache_dir or default_cache_dir())
         report = run_evaluation(specs, evaluators, data, batch_size, cache, device)
     except ValueError as err:
-        _fail(err)
+        fail(err)
     for table in rich_tables(report):
         print_table(table)
     report.save(output)
@@ -205,7 +200,7 @@ def neighbours(
             statistics[short_label(spec.name)] = neighbour_statistics(embeddings(texts), labels, ks)
             geometry[short_label(spec.name)] = alignment_uniformity(embeddings, pairs)
     except ValueError as err:
-        _fail(err)
+        fail(err)
     table = Table(title=f"Top-K neighbours on {dataset}: same-class share (%) / mean distance", title_justify="left")
     table.add_column("Model")
     for size in ks:
@@ -240,5 +235,5 @@ def compare(
             if index >= len(report.models):
                 raise ValueError(f"{path} holds {len(report.models)} model(s); --index must be below that")
     except ValueError as err:
-        _fail(err)
+        fail(err)
     print_table(compare_table(first.models[index_a], second.models[index_b]))

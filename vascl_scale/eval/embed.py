@@ -15,7 +15,6 @@ a hash of the text, so a second evaluation of the same checkpoint encodes nothin
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import time
@@ -29,6 +28,7 @@ import numpy as np
 
 from vascl_scale.data.shards import file_sha256
 from vascl_scale.log import console
+from vascl_scale.sentence_transformers_format import read_sentence_transformers_layout
 from vascl_scale.tokenizer import VOCABULARY_FILES, require_tokenizer_vocabulary
 
 logger = logging.getLogger(__name__)
@@ -63,65 +63,6 @@ class ModelSpec:
         }
 
 
-# Pooling names of sentence-transformers (legacy boolean keys and the newer "pooling_mode" values)
-# that SentenceEncoder reproduces.
-_LEGACY_POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
-_SUPPORTED_POOLING = ("mean", "cls")
-
-
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-
-def _pooling_from_config(config_path: Path) -> str:
-    """The pooling of a sentence-transformers Pooling module: ``"pooling_mode"`` (v5+) or the
-    legacy ``pooling_mode_*`` booleans; none set means mean, as sentence-transformers reads it."""
-    config = _read_json(config_path)
-    if "pooling_mode" in config:
-        modes = config["pooling_mode"]
-        modes = [modes] if isinstance(modes, str) else list(modes)
-    else:
-        modes = [key for key, value in config.items() if key.startswith("pooling_mode_") and value] or ["mean"]
-        modes = [_LEGACY_POOLING_KEYS.get(mode, mode) for mode in modes]
-    if len(modes) != 1 or modes[0] not in _SUPPORTED_POOLING:
-        raise ValueError(
-            f"{config_path} asks for pooling {modes}; vascl-scale supports one of {list(_SUPPORTED_POOLING)}"
-        )
-    return modes[0]
-
-
-def _sentence_transformers_layout(directory: Path) -> tuple[Path, str | None, bool, int | None]:
-    """(encoder directory, pooling or None, normalize, max length or None) from modules.json.
-
-    Modules are recognised by class name, so both the old (``sentence_transformers.models.Pooling``)
-    and the newer module paths work. The maximum length is ``max_seq_length`` of
-    sentence_bert_config.json, else (newer releases) the tokenizer's ``model_max_length``.
-    """
-    modules = json.loads((directory / "modules.json").read_text(encoding="utf-8"))
-    encoder_dir, pooling, normalize, max_length = directory, None, False, None
-    for module in modules:
-        kind = module.get("type", "")
-        where = directory / module.get("path", "")
-        name = kind.rsplit(".", 1)[-1]
-        if name == "Transformer":
-            encoder_dir = where
-            max_length = _read_json(where / "sentence_bert_config.json").get("max_seq_length")
-            if max_length is None:
-                tokenizer_limit = _read_json(where / "tokenizer_config.json").get("model_max_length")
-                # tokenizers without a limit store a huge sentinel (int(1e30)): not a length
-                max_length = tokenizer_limit if isinstance(tokenizer_limit, int) and tokenizer_limit < 100_000 else None
-        elif name == "Pooling":
-            pooling = _pooling_from_config(where / "config.json")
-        elif name == "Normalize":
-            normalize = True
-        else:
-            raise ValueError(
-                f"{directory / 'modules.json'} has a {kind} module, which vascl-scale cannot apply; "
-                "supported: Transformer, Pooling (mean or cls), Normalize"
-            )
-    return encoder_dir, pooling, normalize, max_length
-
-
 def resolve_model(path: str | Path, pooling: str | None = None, max_length: int | None = None) -> ModelSpec:
     """A :class:`ModelSpec` for a run directory, a Hugging Face or a sentence-transformers
     directory. Explicit ``pooling`` / ``max_length`` override what the directory says."""
@@ -140,7 +81,7 @@ def resolve_model(path: str | Path, pooling: str | None = None, max_length: int 
         logger.info("using %s of training run %s", directory.name, given)
     st_pooling, normalize, st_max_length = None, False, None
     if (directory / "modules.json").is_file():
-        directory, st_pooling, normalize, st_max_length = _sentence_transformers_layout(directory)
+        directory, st_pooling, normalize, st_max_length = read_sentence_transformers_layout(directory)
     if not (directory / "config.json").is_file():
         raise ValueError(f"{directory} has no config.json; pass a directory saved with save_pretrained")
     require_tokenizer_vocabulary(directory)

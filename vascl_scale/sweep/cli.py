@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from vascl_scale.log import console, print_table
+from vascl_scale.log import console, fail, print_table
 from vascl_scale.sweep.grid import SweepPlan, expand, invalid_cells, parse_grid_axis, parse_variant
 from vascl_scale.sweep.report import collect
 from vascl_scale.sweep.run import Interrupted, read_status, run_cell, run_sweep
@@ -28,11 +28,6 @@ app = typer.Typer(
 )
 
 EVAL_CHOICES = ("sts", "clustering", "intent", "all", "none")
-
-
-def _fail(err: Exception) -> None:
-    logger.error("%s", err)
-    raise typer.Exit(2)
 
 
 def _stopped(stop: Interrupted, resume: str) -> None:
@@ -150,7 +145,7 @@ def sweep(
             script = write_array_script(output, plan, sbatch)
         plan.save(output)
     except ValueError as err:
-        _fail(err)
+        fail(err)
 
     if launcher == "slurm":
         quoted = shlex.quote(str(script))
@@ -160,7 +155,7 @@ def sweep(
     try:
         counts = run_sweep(output, plan)
     except ValueError as err:
-        _fail(err)
+        fail(err)
     except Interrupted as stop:
         _stopped(stop, "rerun the same command to resume (done cells are skipped, interrupted ones rerun)")
     logger.info("cells: %d run, %d failed, %d skipped (done before)", counts["done"], counts["failed"], counts["skipped"])
@@ -180,7 +175,7 @@ def collect_command(
     try:
         result = collect(sweep_dir, metric or None)
     except ValueError as err:
-        _fail(err)
+        fail(err)
     _print_summary(result, sweep_dir)
 
 
@@ -195,7 +190,7 @@ def run_cell_command(
         if not 0 <= index < len(plan.cells):
             raise ValueError(f"--index must be in [0, {len(plan.cells) - 1}]; got {index}")
     except ValueError as err:
-        _fail(err)
+        fail(err)
     cell = plan.cells[index]
     if read_status(sweep_dir, cell).get("state") == "done":
         logger.info("cell %s is done already; skipped", cell.name)
@@ -203,7 +198,7 @@ def run_cell_command(
     try:
         status = run_cell(sweep_dir, plan, cell)
     except ValueError as err:
-        _fail(err)
+        fail(err)
     except Interrupted as stop:
         _stopped(stop, "the cell is recorded as interrupted; rerun this command (or its array task) to resume")
     if status["state"] != "done":

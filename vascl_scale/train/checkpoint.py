@@ -31,7 +31,6 @@ import logging
 import os
 import re
 import shutil
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ import torch
 import yaml
 
 from vascl_scale.config import RunConfig, save_config
+from vascl_scale.train.atomic import remove_directory, replace_directory, staging_directory
 
 logger = logging.getLogger(__name__)
 
@@ -193,13 +193,6 @@ def data_state_path(checkpoint: Path, rank: int) -> Path:
     return checkpoint / "data" / f"rank-{rank:05d}.pt"
 
 
-def _remove(directory: Path) -> None:
-    """Delete a checkpoint directory; renamed away first, so a kill mid-delete leaves no ``step-*``."""
-    trash = directory.parent / f".trash-{directory.name}-{uuid.uuid4().hex[:8]}"
-    directory.rename(trash)
-    shutil.rmtree(trash)
-
-
 def _file_sizes(directory: Path) -> dict[str, int]:
     return {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*")) if p.is_file()}
 
@@ -218,9 +211,9 @@ def save_checkpoint(
     staging = root / f".tmp-{final.name}"
     if accelerator.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
-        for stale in [*root.glob(".tmp-*"), *root.glob(".trash-*")]:  # left by a run killed while saving
+        for stale in [*root.glob(".tmp-*"), *root.glob(".trash-*")]:  # left by runs killed while saving
             shutil.rmtree(stale, ignore_errors=True)
-        staging.mkdir()
+        staging_directory(final)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(staging))
     path = data_state_path(staging, accelerator.process_index)
@@ -231,11 +224,9 @@ def save_checkpoint(
         save_config(config, staging / "config.yaml")
         state.files = _file_sizes(staging)  # every rank's files: the run directory is shared
         (staging / STATE_FILE).write_text(state.to_json(), encoding="utf-8")
-        if final.exists():  # the same step saved again (a resumed run that stopped there)
-            _remove(final)
-        staging.rename(final)
+        replace_directory(staging, final)  # final exists when a resumed run saves the same step again
         for old in complete_checkpoints(run_dir)[:-keep_last]:
-            _remove(old)
+            remove_directory(old)
         logger.info("saved checkpoint %s", final)
     accelerator.wait_for_everyone()
     return final

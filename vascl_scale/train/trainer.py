@@ -29,6 +29,7 @@ from torch import Tensor
 from vascl_scale.config import RunConfig, expand_path, save_config
 from vascl_scale.losses import build_objective
 from vascl_scale.model import SentenceEncoder
+from vascl_scale.train.atomic import replace_directory, staging_directory
 from vascl_scale.train.checkpoint import (
     TrainerState,
     check_resume_compatible,
@@ -351,11 +352,9 @@ class Trainer:
             self.state.best_score, self.state.best_step = score, step
             if self.accelerator.is_main_process:
                 best = self.run_dir / "best"
-                staging = self.run_dir / ".tmp-best"
-                shutil.rmtree(staging, ignore_errors=True)
-                shutil.copytree(self.run_dir / "last", staging)
-                shutil.rmtree(best, ignore_errors=True)
-                staging.rename(best)
+                staging = staging_directory(best)
+                shutil.copytree(self.run_dir / "last", staging, dirs_exist_ok=True)
+                replace_directory(staging, best)
         metrics.log(step, {"stsb_dev_spearman": score})
 
     def _stopped_by_a_non_finite_loss(self, err: NonFiniteLossError) -> NonFiniteLossError:
