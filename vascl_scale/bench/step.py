@@ -30,9 +30,6 @@ from vascl_scale.model import SentenceEncoder
 
 logger = logging.getLogger(__name__)
 
-OBJECTIVES = ("vascl", "simcse")
-
-
 def build_bench_model(model: str, head_dim: int) -> SentenceEncoder:
     """A model directory (pretrained weights) or a Hugging Face ``config.json`` (random init)."""
     path = Path(model)
@@ -73,13 +70,13 @@ def run_step_bench(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Time ``steps`` steps per objective (after ``warmup``) on this rank; every rank returns."""
-    from vascl_scale.losses import build_objective
+    from vascl_scale.losses import OBJECTIVES, build_objective
     from vascl_scale.train.step import TrainingStep
     from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
 
     unknown = [o for o in objectives if o not in OBJECTIVES]
     if unknown or not objectives:
-        raise ValueError(f"--objective takes vascl and/or simcse, comma separated; got {objectives}")
+        raise ValueError(f"--objective takes {' and/or '.join(OBJECTIVES)}, comma separated; got {objectives}")
     if steps < 1 or warmup < 0:
         raise ValueError(f"--steps must be >= 1 and --warmup >= 0; got {steps} and {warmup}")
     configs = {o: bench_config(o, model, global_batch, max_length, k, eps, precision) for o in objectives}
@@ -123,7 +120,7 @@ def run_step_bench(
     accelerator.wait_for_everyone()
     accelerator.end_training()  # leave no process-group thread running at exit (see bench comm)
     # Every rank waited for the slowest in the gathers: report rank 0's view.
-    result: dict[str, Any] = {
+    setup = {
         "model": model,
         "global_batch": global_batch,
         "per_device_batch": rows,
@@ -134,9 +131,14 @@ def run_step_bench(
         "precision": first.train.precision,
         "steps": steps,
         "warmup": warmup,
-        "objectives": {},
     }
-    for objective in objectives:
+    return {**_summary(times, peak_mb, global_batch, setup), "rank": rank}
+
+
+def _summary(times: dict[str, list[float]], peak_mb: dict[str, float], global_batch: int, setup: dict[str, Any]) -> dict[str, Any]:
+    """Per objective: median, p10, p90 step time, sentences/s at the median, peak memory."""
+    result: dict[str, Any] = {**setup, "objectives": {}}
+    for objective in times:
         values = times[objective]
         median = statistics.median(values)
         result["objectives"][objective] = {
@@ -150,7 +152,6 @@ def run_step_bench(
     result["process_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     if "vascl" in times and "simcse" in times:
         result["vascl_over_simcse"] = result["objectives"]["vascl"]["median_s"] / result["objectives"]["simcse"]["median_s"]
-    result["rank"] = rank
     return result
 
 

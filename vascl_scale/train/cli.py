@@ -72,18 +72,19 @@ def train_command(
         run_config.per_device_batch_size(plan.world_size)
         run_dir = Path(run_config.train.output_dir)
         check_writable(run_dir)
-        if plan.needs_launcher and plan.machine_rank == 0:  # machine 0 holds the shared run directory
-            run_lock = RunDirectoryLock(run_dir).acquire()
-        prepare_run_dir(run_dir, resume_target)
-        if resume_target is not None:
-            check_resume_compatible(resolve_resume(resume_target, run_dir), run_config, plan.world_size)
         if deepspeed is not None and not deepspeed.is_file():
             raise ValueError(f"--deepspeed {deepspeed}: no such file")
+        if plan.needs_launcher:  # checked here once, before any worker starts (in place: by the trainer)
+            if plan.machine_rank == 0:  # machine 0 holds the shared run directory
+                run_lock = RunDirectoryLock(run_dir).acquire()
+            prepare_run_dir(run_dir, resume_target)
+            if resume_target is not None:
+                check_resume_compatible(resolve_resume(resume_target, run_dir), run_config, plan.world_size)
     except ValueError as err:
         logger.error("%s", err)
         raise typer.Exit(2) from err
     if plan.needs_launcher:
-        try:  # the workers see that the lock is held for them (every machine's, by machine 0)
+        try:  # the workers see that the run directory is held and checked for them
             raise typer.Exit(launch_workers(plan, worker_env={HELD_ENV: "1"}))
         finally:
             if run_lock is not None:

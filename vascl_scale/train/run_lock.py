@@ -4,9 +4,11 @@ Two runs writing checkpoints into one directory corrupt each other (one deletes 
 staging directory). The process that starts a run (the launcher, or the one process that
 trains in place) takes an exclusive ``flock`` on ``<run>/.run.lock`` and keeps it until it
 exits; the kernel releases it however the process ends, SIGKILL included, so a dead run
-never holds a directory. Its workers find ``VASCL_RUN_LOCK_HELD`` in their environment and
-do not lock again; workers started by another launcher (torchrun, srun) take the lock on
-global rank 0 (see :class:`vascl_scale.train.trainer.Trainer`).
+never holds a directory. A launcher also checks the directory once (reuse, resume
+compatibility) before its workers start; they find ``VASCL_RUN_HELD`` in their environment
+and neither lock nor check again. Workers started by another launcher (torchrun, srun) take
+the lock on global rank 0 and check the directory themselves (see
+:func:`vascl_scale.train.trainer.build_trainer`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import IO
 
 LOCK_FILE = ".run.lock"
-HELD_ENV = "VASCL_RUN_LOCK_HELD"  # set for the workers of a process that holds the lock
+HELD_ENV = "VASCL_RUN_HELD"  # set for the workers of a launcher that holds and checked the run directory
 
 
 class RunDirectoryLock:

@@ -31,6 +31,7 @@ from vascl_scale.losses import build_objective
 from vascl_scale.model import SentenceEncoder
 from vascl_scale.train.atomic import replace_directory, staging_directory
 from vascl_scale.train.checkpoint import (
+    STATE_FILE,
     TrainerState,
     check_resume_compatible,
     complete_checkpoints,
@@ -165,12 +166,12 @@ def stsb_dev_pairs(config: RunConfig):
 
 
 def lock_run_dir(accelerator, run_dir: Path) -> RunDirectoryLock | None:
-    """Hold the run directory on rank 0, unless the process that started this run holds it.
+    """Hold the run directory on rank 0.
 
     Every rank learns of a refusal together, so none waits at a later collective.
     """
     lock, error = None, None
-    if os.environ.get(HELD_ENV) != "1" and accelerator.is_main_process:
+    if accelerator.is_main_process:
         try:
             lock = RunDirectoryLock(run_dir).acquire()
         except ValueError as err:
@@ -224,11 +225,16 @@ def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume
     world_size = acc.num_processes
     per_device_batch = config.per_device_batch_size(world_size)
     run_dir = Path(config.train.output_dir)
-    run_lock = lock_run_dir(acc, run_dir)
-    prepare_run_dir(run_dir, resume)
+    # Our launcher holds and checked the run directory already; any other start does it here.
+    checked = os.environ.get(HELD_ENV) == "1"
+    run_lock = None if checked else lock_run_dir(acc, run_dir)
+    if not checked:
+        prepare_run_dir(run_dir, resume)
     resume_from = resolve_resume(resume, run_dir) if resume is not None else None
     state = TrainerState(step=0, world_size=world_size, scheduler={})
-    if resume_from is not None:
+    if resume_from is not None and checked:
+        state = TrainerState.from_file(resume_from / STATE_FILE)
+    elif resume_from is not None:
         state = check_resume_compatible(resume_from, config, world_size)
     acc.wait_for_everyone()
     if acc.is_main_process:
