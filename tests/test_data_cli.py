@@ -74,6 +74,7 @@ def test_text_file_stream_yields_every_real_line_once():
     from collections import Counter
 
     from tests.data_helpers import minilm_tokenizer
+    from vascl_scale.config import DataConfig
     from vascl_scale.data.loader import build_train_stream
 
     sample = _data_dir() / "corpus" / "sample_1k.txt"
@@ -82,14 +83,12 @@ def test_text_file_stream_yields_every_real_line_once():
     tokenizer = minilm_tokenizer()
     lines = [line for line in sample.read_text(encoding="utf-8").splitlines() if line.strip()]
     stream = build_train_stream(
-        str(sample),
+        DataConfig(train=str(sample), max_length=32, num_workers=1),
         tokenizer=tokenizer,
         per_device_batch_size=8,
-        max_length=32,
         rank=0,
         world_size=1,
         seed=0,
-        num_workers=1,
     )
     rows = Counter()
     for batch in iter(stream):

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.data_helpers import decode_rows, make_shards, minilm_tokenizer, sentences
+from vascl_scale.config import DataConfig
 from vascl_scale.data.loader import CorruptShardError, build_train_stream
 
 BATCH = 8
@@ -55,15 +56,11 @@ def captured_warnings(caplog):
         logger.removeHandler(caplog.handler)
 
 
-def _stream(source, tokenizer, rank=0, world_size=1, **options):
-    options = {"num_workers": 2, "seed": 5, "shuffle_buffer": 16, "max_length": 32, **options}
+def _stream(source, tokenizer, rank=0, world_size=1, seed=5, num_nodes=1, **data):
+    """A stream of ``source`` with the ``data`` section's settings given as keywords."""
+    data = DataConfig(train=str(source), **{"num_workers": 2, "shuffle_buffer": 16, "max_length": 32, **data})
     return build_train_stream(
-        str(source),
-        tokenizer=tokenizer,
-        per_device_batch_size=BATCH,
-        rank=rank,
-        world_size=world_size,
-        **options,
+        data, tokenizer=tokenizer, per_device_batch_size=BATCH, rank=rank, world_size=world_size, seed=seed, num_nodes=num_nodes
     )
 
 

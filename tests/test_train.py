@@ -113,12 +113,14 @@ def train_command(config: Path, output: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "vascl_scale", "train", "--config", str(config), "--output", str(output), *extra]
 
 
-def run_train(config: Path, output: Path, *extra: str, timeout: float = 300, expect: int = 0) -> subprocess.CompletedProcess:
-    """Run the CLI to completion (or fail the test after ``timeout`` seconds)."""
+def run_train(
+    config: Path, output: Path, *extra: str, timeout: float = 300, expect: int = 0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """Run the CLI to completion (or fail the test after ``timeout`` seconds); ``env`` adds variables."""
     result = subprocess.run(
         train_command(config, output, *extra),
         cwd=REPO,
-        env=cli_env(),
+        env={**cli_env(), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -350,6 +352,36 @@ def test_bad_input_fails_before_training_with_a_clear_message(workspace: Path, t
     assert "has no tokenizer vocabulary" in failure.stderr and not (tmp_path / "e" / "final").exists()
 
 
+def test_an_unset_variable_in_a_path_fails_once_in_the_launcher(workspace: Path, tmp_path: Path) -> None:
+    config = write_config(workspace, tmp_path / "config.yaml", model={"path": "${VASCL_TEST_UNSET}/model"})
+    failure = run_train(config, tmp_path / "a", "--num-processes", "2", expect=2)
+    message = "model.path = '${VASCL_TEST_UNSET}/model' uses the environment variable VASCL_TEST_UNSET, which is not set"
+    assert " ".join(failure.stderr.split()).count(message) == 1
+    assert "launching" not in failure.stderr and not (tmp_path / "a" / "config.yaml").exists()  # no worker started
+    failure = run_train(config, tmp_path / "b", "--set", "model.path=$VASCL_TEST_UNSET", expect=2)
+    assert "model.path = '$VASCL_TEST_UNSET' uses the environment variable VASCL_TEST_UNSET" in failure.stderr
+
+
+def test_paths_are_expanded_once_in_the_launcher_and_saved_as_written(workspace: Path, tmp_path: Path) -> None:
+    written = {
+        "model": {"path": "${VASCL_TEST_ROOT}/model", "head_dim": 16},
+        "data": {"train": "$VASCL_TEST_ROOT/train.txt", "num_workers": 0},
+        "eval": {"stsb_dev": "${VASCL_TEST_UNSET}/dev.tsv", "every_steps": 2},  # optional: off, one warning
+    }
+    config = write_config(workspace, tmp_path / "config.yaml", **written, train={"max_steps": 2})
+    env = {"VASCL_TEST_ROOT": str(workspace), "VASCL_TEST_RUNS": str(tmp_path)}
+    result = run_train(config, Path("$VASCL_TEST_RUNS/run"), "--num-processes", "2", env=env)
+    run = tmp_path / "run"
+    assert (run / "final" / "model.safetensors").is_file() and (run / "last" / "model.safetensors").is_file()
+    # Workers log warnings too ("[rank 1] ..."): only the launcher expanded eval.stsb_dev.
+    assert " ".join(result.stderr.split()).count("model selection on STS-B dev is off") == 1
+    for saved_file in (run / "config.yaml", run / "checkpoints" / "step-00000002" / "config.yaml"):
+        saved = yaml.safe_load(saved_file.read_text())
+        assert saved["model"]["path"] == written["model"]["path"] and saved["data"]["train"] == written["data"]["train"]
+        assert saved["eval"]["stsb_dev"] == written["eval"]["stsb_dev"]
+        assert saved["train"]["output_dir"] == "$VASCL_TEST_RUNS/run"
+
+
 def test_resume_refuses_a_changed_model_or_batch_and_a_reused_directory(workspace: Path, tmp_path: Path) -> None:
     config = write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0})
     run = tmp_path / "run"
@@ -491,6 +523,27 @@ def _save(run: Path, step: int, keep_last: int = 5) -> Path:
     config = config_from_dict({"model": {"path": "m"}, "data": {"train": "t"}, "train": {"global_batch_size": 64}})
     state = TrainerState(step=step, world_size=1, scheduler={})
     return save_checkpoint(_OneProcessAccelerator(), run, config, state, {"epoch": 0}, keep_last)
+
+
+def test_resume_compares_the_paths_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vascl_scale.config import config_from_dict, resolve_paths
+    from vascl_scale.train.checkpoint import TrainerState, check_resume_compatible, save_checkpoint
+
+    def config(model_path: str):
+        data = {"model": {"path": model_path}, "data": {"train": "t"}, "train": {"global_batch_size": 64}}
+        return resolve_paths(config_from_dict({**data, "eval": {"every_steps": 0}}))
+
+    monkeypatch.setenv("VASCL_TEST_ROOT", str(tmp_path))
+    state = TrainerState(step=1, world_size=1, scheduler={})
+    checkpoint = save_checkpoint(_OneProcessAccelerator(), tmp_path / "run", config("$VASCL_TEST_ROOT/m"), state, {}, 5)
+    saved_file = checkpoint / "config.yaml"
+    assert yaml.safe_load(saved_file.read_text())["model"]["path"] == "$VASCL_TEST_ROOT/m"
+    check_resume_compatible(checkpoint, config("$VASCL_TEST_ROOT/m"), 1)
+    with pytest.raises(ValueError, match=rf"model.path: '\$VASCL_TEST_ROOT/m' -> '{tmp_path}/m'"):
+        check_resume_compatible(checkpoint, config(f"{tmp_path}/m"), 1)
+    # A config.yaml saved with the paths expanded (before they were saved as written) still matches.
+    saved_file.write_text(saved_file.read_text().replace("$VASCL_TEST_ROOT", str(tmp_path)))
+    check_resume_compatible(checkpoint, config("$VASCL_TEST_ROOT/m"), 1)
 
 
 class _RunsCode:

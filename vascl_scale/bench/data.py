@@ -32,6 +32,7 @@ from typing import Callable, Iterator
 import psutil
 from rich.table import Table
 
+from vascl_scale.config import DataConfig
 from vascl_scale.data.loader import build_train_stream
 from vascl_scale.data.shards import ShardStream, iter_tar_samples, resolve_source
 
@@ -171,14 +172,12 @@ def run_data_bench(
     streams = {
         count: iter(
             build_train_stream(
-                source,
+                DataConfig(train=source, max_length=max_length, num_workers=count),
                 tokenizer=tokenizer,
                 per_device_batch_size=batch_size,
-                max_length=max_length,
                 rank=0,
                 world_size=1,
                 seed=0,
-                num_workers=count,
             )
         )
         for count in workers

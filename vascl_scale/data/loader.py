@@ -69,14 +69,13 @@ import multiprocessing
 import os
 import random
 from collections import deque
-from typing import Iterator, TypeVar
+from typing import TYPE_CHECKING, Iterator, TypeVar
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from vascl_scale.data.shards import (
-    PIPE_TIMEOUT,
     ShardMismatchError,
     ShardSource,
     ShardStream,
@@ -85,10 +84,11 @@ from vascl_scale.data.shards import (
     tokenizer_fingerprint,
 )
 
+if TYPE_CHECKING:
+    from vascl_scale.config import DataConfig
+
 logger = logging.getLogger(__name__)
 
-MODES = ("auto", "resampled", "exact")
-ON_CORRUPT = ("skip", "fail")
 TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 STATE_VERSION = 1
 # Consecutive passes without a single readable sample before a rank gives up (instead of spinning).
@@ -593,69 +593,49 @@ def _count_nonempty_lines(path: str) -> int:
 
 
 def build_train_stream(
-    source: str,
+    data: DataConfig,
     *,
     tokenizer,
     per_device_batch_size: int,
-    max_length: int,
     rank: int,
     world_size: int,
     seed: int,
-    num_workers: int = 2,
-    mode: str = "auto",
     num_nodes: int = 1,
-    shuffle_buffer: int = 10000,
-    on_corrupt: str = "skip",
-    allow_pipe: bool = False,
-    pipe_timeout: float = PIPE_TIMEOUT,
 ) -> TrainStream:
-    """The infinite batch stream of one rank.
+    """The infinite batch stream of one rank, from the ``data`` section (validated there).
+
+    ``data.train`` is read as it is (expanded by :func:`vascl_scale.config.resolve_paths`): a
+    directory with ``manifest.json``; a brace list of shards (``/x/shard-{000000..000019}.tar``);
+    a ``pipe:`` command (only with ``data.allow_pipe``); or a ``.txt``/``.txt.gz`` file with one
+    sentence per line. ``data.mode``: "exact" (each sample once per epoch; needs >= world_size *
+    max(1, num_workers) shards), "resampled" (shards drawn with replacement), or "auto": exact
+    on one node (resampled, with a warning, when there are too few shards for exact), resampled
+    on several; a text file is always read exactly. ``data.on_corrupt``: "skip" (warn and
+    count) or "fail" (raise :class:`CorruptShardError`; also a :class:`ValueError` at once when
+    shard files listed in the manifest are missing). ``data.shuffle_buffer`` 0 or 1: no shuffle.
 
     Args:
-        source: a directory with ``manifest.json``; a brace list of shards
-            (``/x/shard-{000000..000019}.tar``); a ``pipe:`` command (only with ``allow_pipe``);
-            or a ``.txt``/``.txt.gz`` file with one sentence per line.
+        data: the ``data`` section (:class:`vascl_scale.config.DataConfig`).
         tokenizer: a Hugging Face fast tokenizer (called in the workers, batched).
         per_device_batch_size: rows per batch on this rank.
-        max_length: truncation length; batches are padded to their longest row only.
         rank, world_size: this process's global rank and the number of ranks.
         seed: seeds shard order, resampling and shuffle buffers.
-        num_workers: DataLoader workers per rank (0: read in this process).
-        mode: "exact" (each sample once per epoch; needs >= world_size * max(1, num_workers)
-            shards), "resampled" (shards drawn with replacement), or "auto": exact on one
-            node (resampled, with a warning, when there are too few shards for exact),
-            resampled on several. A text file is always read exactly.
         num_nodes: nodes in the run (for ``mode="auto"``).
-        shuffle_buffer: samples in each worker's shuffle buffer (0: no shuffle).
-        on_corrupt: "skip" (warn and count) or "fail" (raise :class:`CorruptShardError`; also a
-            :class:`ValueError` at once when shard files listed in the manifest are missing).
-        allow_pipe: accept ``pipe:`` sources (shell commands).
-        pipe_timeout: seconds a ``pipe:`` command may give no output, or run on after its
-            output ended, before its shard counts as corrupt (the command is killed).
     """
+    # The section's settings, under the names the stream's code uses.
+    source, max_length, num_workers, mode = data.train, data.max_length, data.num_workers, data.mode
+    shuffle_buffer, on_corrupt, pipe_timeout = data.shuffle_buffer, data.on_corrupt, data.pipe_timeout
     if per_device_batch_size < 1:
         raise ValueError(f"per_device_batch_size must be >= 1; got {per_device_batch_size}")
-    if max_length < 2:
-        raise ValueError(f"max_length must be >= 2; got {max_length}")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size; got rank={rank}, world_size={world_size}")
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0; got {num_workers}")
     if num_nodes < 1:
         raise ValueError(f"num_nodes must be >= 1; got {num_nodes}")
-    if shuffle_buffer < 0:
-        raise ValueError(f"shuffle_buffer must be >= 0; got {shuffle_buffer}")
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}; got {mode!r}")
-    if on_corrupt not in ON_CORRUPT:
-        raise ValueError(f"on_corrupt must be one of {', '.join(ON_CORRUPT)}; got {on_corrupt!r}")
-    if not pipe_timeout > 0:
-        raise ValueError(f"pipe_timeout must be > 0 seconds; got {pipe_timeout}")
     if tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token before building the stream")
     if not getattr(tokenizer, "is_fast", False):
         logger.warning("the tokenizer is not a fast (Rust) tokenizer: expect the data loader to be slow")
-    shards = resolve_source(source, allow_pipe=allow_pipe)
+    shards = resolve_source(source, allow_pipe=data.allow_pipe)
     if shards.missing:
         count = f"{len(shards.missing)} of {len(shards.urls)}"
         what = f"{count} shards listed in {source} are missing (first: {shards.missing[0]})"

@@ -5,7 +5,7 @@ Layout of ``<run>/checkpoints/step-00000100/``:
 - accelerate's state (``accelerator.save_state``): model and head (one module), optimiser
   and per-rank RNG states; under DeepSpeed the engine's (ZeRO-partitioned) checkpoint;
 - ``data/rank-00000.pt``: each rank's position in its training stream;
-- ``config.yaml``: the resolved config of the run that wrote it;
+- ``config.yaml``: the config of the run that wrote it, its paths as written;
 - ``trainer_state.json``: step, scheduler, best score, world size and the size of every
   other file of the checkpoint. Written last: it is the completion marker.
 
@@ -150,8 +150,14 @@ def check_resume_compatible(checkpoint: Path, config: RunConfig, world_size: int
     """The saved state, after checking that this run can continue it: same model, same batch, same world."""
     state = TrainerState.from_file(checkpoint / STATE_FILE)
     saved = _saved_config(checkpoint)
-    current = config.to_dict()
-    changed = [f"model.{key}" for key in current["model"] if saved["model"].get(key) != current["model"][key]]
+    # config.yaml holds the paths as written (expanded in files saved before that): compare
+    # like with like.
+    current, expanded = config.as_written().to_dict(), config.to_dict()
+    changed = [
+        f"model.{key}"
+        for key in current["model"]
+        if saved["model"].get(key) not in (current["model"][key], expanded["model"][key])
+    ]
     if saved["train"].get("global_batch_size") != current["train"]["global_batch_size"]:
         changed.append("train.global_batch_size")
     if changed:

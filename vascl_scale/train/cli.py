@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from vascl_scale.config import load_config
+from vascl_scale.config import load_config, path_values, resolve_paths
 from vascl_scale.train.launch import (
     LaunchPlan,
     become_single_rank,
@@ -21,6 +22,9 @@ from vascl_scale.train.launch import (
 from vascl_scale.train.run_lock import HELD_ENV, RunDirectoryLock
 
 logger = logging.getLogger(__name__)
+
+# The paths the launcher expanded (JSON, by dotted key), for its workers: they expand nothing.
+RESOLVED_PATHS_ENV = "VASCL_RESOLVED_PATHS"
 
 
 def train_command(
@@ -59,6 +63,9 @@ def train_command(
         deepspeed_path = str(deepspeed) if deepspeed is not None else None
         if in_distributed_worker():
             exit_with_parent()  # never train on as an orphan of a killed launcher
+            # A worker of another launcher (torchrun, srun) resolves the paths itself.
+            given = os.environ.get(RESOLVED_PATHS_ENV)
+            run_config = resolve_paths(run_config, json.loads(given) if given else None)
             return _train(run_config, deepspeed_path, resume_target)
         plan = LaunchPlan(
             processes_per_machine=num_processes,
@@ -69,6 +76,7 @@ def train_command(
             deepspeed=deepspeed is not None,
         )
         # Fail here, once, rather than in every worker.
+        run_config = resolve_paths(run_config)
         run_config.per_device_batch_size(plan.world_size)
         run_dir = Path(run_config.train.output_dir)
         check_writable(run_dir)
@@ -84,8 +92,10 @@ def train_command(
         logger.error("%s", err)
         raise typer.Exit(2) from err
     if plan.needs_launcher:
-        try:  # the workers see that the run directory is held and checked for them
-            raise typer.Exit(launch_workers(plan, worker_env={HELD_ENV: "1"}))
+        # The workers see that the run directory is held and checked for them, and its paths.
+        worker_env = {HELD_ENV: "1", RESOLVED_PATHS_ENV: json.dumps(path_values(run_config))}
+        try:
+            raise typer.Exit(launch_workers(plan, worker_env=worker_env))
         finally:
             if run_lock is not None:
                 run_lock.release()

@@ -26,7 +26,7 @@ import torch
 import transformers
 from torch import Tensor
 
-from vascl_scale.config import RunConfig, expand_path, save_config
+from vascl_scale.config import RunConfig, save_config
 from vascl_scale.losses import build_objective
 from vascl_scale.model import SentenceEncoder
 from vascl_scale.train.atomic import replace_directory, staging_directory
@@ -149,14 +149,11 @@ def prepare_for_training(accelerator, model: torch.nn.Module, optimizer: torch.o
 
 
 def stsb_dev_pairs(config: RunConfig):
-    """STS-B dev pairs for model selection, or None (with one warning) when unavailable."""
-    if config.eval.every_steps == 0:
+    """STS-B dev pairs for model selection, or None when off: evaluation off, or no dev set
+    (:func:`vascl_scale.config.resolve_paths` warned, once, and left eval.stsb_dev empty)."""
+    if config.eval.every_steps == 0 or not config.eval.stsb_dev:
         return None
-    try:
-        path = Path(expand_path(config.eval.stsb_dev, "eval.stsb_dev"))
-    except ValueError as err:
-        logger.warning("model selection on STS-B dev is off: %s", err)
-        return None
+    path = Path(config.eval.stsb_dev)
     if not path.is_file():
         logger.warning("model selection on STS-B dev is off: %s does not exist (set eval.stsb_dev)", path)
         return None
@@ -186,35 +183,31 @@ def build_stream(config: RunConfig, tokenizer, rank: int, world_size: int, per_d
     """This rank's training stream, from the ``data`` section."""
     from vascl_scale.data.loader import build_train_stream
 
-    data = config.data
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     return build_train_stream(
-        expand_path(data.train, "data.train"),
+        config.data,
         tokenizer=tokenizer,
         per_device_batch_size=per_device_batch,
-        max_length=data.max_length,
         rank=rank,
         world_size=world_size,
         seed=config.train.seed,
-        num_workers=data.num_workers,
-        mode=data.mode,
         num_nodes=max(1, world_size // local_world),
-        shuffle_buffer=data.shuffle_buffer,
-        on_corrupt=data.on_corrupt,
-        allow_pipe=data.allow_pipe,
-        pipe_timeout=data.pipe_timeout,
     )
 
 
 def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume: str | None = None) -> "Trainer":
-    """Assemble a run from its config (on every rank); resume from ``resume`` when given."""
+    """Assemble a run from its config (on every rank); resume from ``resume`` when given.
+
+    Paths are used as they are in ``config``: pass it through
+    :func:`vascl_scale.config.resolve_paths` first (the launcher does, once for all workers).
+    """
     transformers.utils.logging.disable_progress_bar()
     # Load before the Accelerator exists: once it does, transformers sees the ZeRO-3 config
     # and would build the encoder already partitioned (zero.Init), without the head. ZeRO-3
     # partitions the whole module in prepare() instead.
     torch.manual_seed(config.train.seed)  # the head starts identical on every rank
     model = SentenceEncoder.from_pretrained(
-        expand_path(config.model.path, "model.path"),
+        config.model.path,
         pooling=config.model.pooling,
         head_dim=config.model.head_dim,
         trust_remote_code=config.model.trust_remote_code,
