@@ -187,9 +187,7 @@ def test_output_dir_expands_variables_when_paths_are_resolved(monkeypatch: pytes
         resolve_paths(config_from_dict(minimal(train={"output_dir": "${VASCL_TEST_RUNS}/a"})))
 
 
-def test_resolve_paths_expands_every_path_key_and_keeps_the_written_form(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_resolve_paths_expands_every_path_key_and_keeps_the_written_form(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "dev.tsv").write_text("sentence1\tsentence2\tscore\n")
     monkeypatch.setenv("VASCL_TEST_ROOT", str(tmp_path))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -216,13 +214,22 @@ def test_resolve_paths_expands_every_path_key_and_keeps_the_written_form(
     assert resolve_paths(config, path_values(resolved)) == resolved
 
     # eval.stsb_dev is optional: an unset variable or a missing file turns model selection off.
-    monkeypatch.setattr(logging.getLogger("vascl_scale"), "propagate", True)  # off once the CLI set up logging
-    with caplog.at_level(logging.WARNING, logger="vascl_scale"):
+    # The records are collected by a handler of our own on the package's logger: whatever the
+    # CLI tests before this one did to logging (propagation, handlers), each appears once.
+    records: list[logging.LogRecord] = []
+    collector = logging.Handler(logging.WARNING)
+    collector.emit = records.append
+    package_logger = logging.getLogger("vascl_scale")
+    package_logger.addHandler(collector)
+    monkeypatch.setattr(package_logger, "level", logging.WARNING)
+    try:
         unset = resolve_paths(config_from_dict(minimal(eval={"stsb_dev": "$VASCL_TEST_ROOT/dev.tsv"})))
         missing = resolve_paths(config_from_dict(minimal(eval={"stsb_dev": str(tmp_path / "gone.tsv")})))
         off = resolve_paths(config_from_dict(minimal(eval={"every_steps": 0, "stsb_dev": "$VASCL_TEST_ROOT/x"})))
+    finally:
+        package_logger.removeHandler(collector)
     assert unset.eval.stsb_dev == missing.eval.stsb_dev == off.eval.stsb_dev == ""
-    assert [r.getMessage() for r in caplog.records] == [
+    assert [r.getMessage() for r in records] == [
         "model selection on STS-B dev is off: eval.stsb_dev = '$VASCL_TEST_ROOT/dev.tsv' uses the environment "
         "variable VASCL_TEST_ROOT, which is not set",
         f"model selection on STS-B dev is off: {tmp_path / 'gone.tsv'} does not exist (set eval.stsb_dev)",
