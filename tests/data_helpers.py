@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 from vascl_scale.data.prepare import PrepareOptions, prepare_shards
-from vascl_scale.data.shards import ShardStream, iter_tar_samples
 
 
 def minilm_tokenizer():
@@ -30,13 +29,15 @@ def make_shards(directory: Path, texts: list[str], shard_size: int) -> Path:
 
 
 def shard_texts(directory: Path) -> list[str]:
-    """All ``txt`` fields of the manifest's shards, in shard and sample order."""
+    """All ``txt`` fields of the manifest's shards, in shard and sample order, read by webdataset."""
+    import webdataset as wds
+
     manifest = json.loads((directory / "manifest.json").read_text())
-    texts = []
-    for shard in manifest["shards"]:
-        with ShardStream(str(directory / shard["name"])) as stream:
-            texts.extend(fields["txt"].decode("utf-8") for _, fields in iter_tar_samples(stream))
-    return texts
+    urls = [str(directory / shard["name"]) for shard in manifest["shards"]]
+    if not urls:
+        return []
+    samples = wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples())
+    return [sample["txt"].decode("utf-8") for sample in samples]
 
 
 def decode_rows(tokenizer, batch) -> list[str]:

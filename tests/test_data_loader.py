@@ -196,6 +196,12 @@ def test_resume_text_file_and_changed_layout(tmp_path, tokenizer, caplog):
     assert "layout changed (num_workers)" in caplog.text
     assert other_layout.state_dict()["epoch"] == first.state_dict()["epoch"] == 1
     assert other_layout.state_dict()["rows_into_epoch"] == 0
+    # A state from before webdataset ordered the stream (or from another webdataset version).
+    older_state = first.state_dict()
+    del older_state["layout"]["webdataset"]
+    with captured_warnings(caplog):
+        _stream(path, tokenizer, num_workers=1).load_state_dict(older_state)
+    assert "layout changed (webdataset)" in caplog.text
 
 
 def test_sources_and_options_are_validated(tmp_path, tokenizer):
@@ -228,6 +234,20 @@ def test_brace_list_and_pipe_sources(tmp_path, tokenizer):
     failing = _stream(failing_command, tokenizer, num_workers=0, allow_pipe=True)
     _texts(failing, tokenizer, 4)
     assert failing.corrupt_shards_skipped == 4
+
+
+def test_sources_follow_webdataset_url_syntax(tmp_path, monkeypatch):
+    from vascl_scale.data.shards import resolve_source
+
+    shards = make_shards(tmp_path, sentences(32), shard_size=8)
+    monkeypatch.setenv("WDS_SHARDS", str(shards))
+    source = resolve_source("${SHARDS}/shard-{000000..000001}.tar::${SHARDS}/shard-000003.tar")
+    assert [url.rsplit("/", 1)[1] for url in source.urls] == ["shard-000000.tar", "shard-000001.tar", "shard-000003.tar"]
+    assert source.counts == (8, 8, 8)
+    with pytest.raises(ValueError, match="WDS_NAME"):
+        resolve_source("${UNSET_NAME}/shard-000000.tar")
+    with pytest.raises(ValueError, match="allow_pipe"):
+        resolve_source(f"{shards}/shard-000000.tar::pipe:cat {shards}/shard-000001.tar")
 
 
 def test_stored_token_ids_give_the_same_batches(tmp_path, tokenizer):

@@ -157,6 +157,6 @@ def test_stored_token_ids_match_the_tokenizer(tmp_path):
     tokenizer.save_pretrained(model_dir)
     _prepare([tmp_path / "in.txt"], tmp_path / "out", shard_size=4, tokenizer=str(model_dir), max_length=6)
     with ShardStream(str(tmp_path / "out" / "shard-000000.tar")) as stream:
-        stored = [np.frombuffer(fields["ids"], dtype="<i4").tolist() for _, fields in iter_tar_samples(stream)]
+        stored = [np.frombuffer(sample["ids"], dtype="<i4").tolist() for sample in iter_tar_samples(stream)]
     assert stored == tokenizer(texts[:4], truncation=True, max_length=6)["input_ids"]
     assert Counter(len(ids) for ids in stored) == Counter({6: 4})

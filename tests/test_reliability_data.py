@@ -4,10 +4,10 @@ missing shard files, hung ``pipe:`` commands, and ``data prepare`` failing half-
 
 from __future__ import annotations
 
+import builtins
 import errno
 import json
 import os
-import tarfile
 import time
 from pathlib import Path
 
@@ -17,9 +17,10 @@ from typer.testing import CliRunner
 from tests.data_helpers import make_shards, minilm_tokenizer, sentences, shard_texts
 from tests.test_data_loader import _assert_same_batches, _batches, _stream, _texts, captured_warnings, time_limit
 from vascl_scale.cli import app
-from vascl_scale.data.loader import CorruptShardError, slot_shards
+from vascl_scale.data.layout import StreamLayout
+from vascl_scale.data.loader import CorruptShardError
 from vascl_scale.data.prepare import PrepareOptions, prepare_shards
-from vascl_scale.data.shards import ShardTarWriter
+from vascl_scale.data.shards import resolve_source, write_shard
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +31,7 @@ def tokenizer():
 def _rewrite(path: Path, texts: list[str]) -> None:
     """Replace a shard's sentences, keeping its keys and (for equal-length texts) its byte size."""
     size = path.stat().st_size
-    writer = ShardTarWriter(path)
-    for index, text in enumerate(texts):
-        writer.write(f"{index:012d}", {"txt": text.encode()})
-    writer.close()
+    write_shard(path, ((f"{index:012d}", {"txt": text.encode()}) for index, text in enumerate(texts)))
     assert path.stat().st_size == size
 
 
@@ -55,7 +53,8 @@ def test_shards_that_differ_from_the_manifest_are_counted_and_fail(tmp_path, tok
 
 def test_a_partly_read_or_resumed_shard_is_not_a_mismatch(tmp_path, tokenizer):
     shards = make_shards(tmp_path, sentences(64), shard_size=32)
-    first = slot_shards(2, "exact", 5, 0, 0, 1, 1, 0)[0]  # the shard epoch 0 reads first (seed 5)
+    layout = StreamLayout(resolve_source(str(shards)), "exact", 5, 0, 1, 1, batch_size=8, shuffle_buffer=0)
+    first = layout.rank_shards(0)[0]  # the shard epoch 0 reads first (seed 5, one rank, one worker)
     _rewrite(shards / f"shard-{first:06d}.tar", sentences(32, start=100))
     options = {"num_workers": 0, "shuffle_buffer": 0, "mode": "exact", "on_corrupt": "fail"}
     # 4 batches take all 32 samples but the stream never asks past them: the shard is not read to its end.
@@ -183,6 +182,12 @@ def _failing_open(monkeypatch, code: int, after_bytes: int) -> None:
         def __getattr__(self, name):
             return getattr(self._handle, name)
 
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            self._handle.close()
+
     def fake_open(path, mode="r", *args, **kwargs):
         if "w" in str(mode) and Path(path).name.startswith("shard-"):
             if after_bytes == 0:
@@ -190,8 +195,8 @@ def _failing_open(monkeypatch, code: int, after_bytes: int) -> None:
             return Failing(path, mode)
         return real_open(path, mode, *args, **kwargs)
 
-    # tarfile opens its files through this name: the lowest level a test can reach.
-    monkeypatch.setattr(tarfile, "bltn_open", fake_open)
+    # The shard writer opens its files with the built-in open: the lowest level a test can reach.
+    monkeypatch.setattr(builtins, "open", fake_open)
 
 
 @pytest.mark.parametrize("code,after_bytes", [(errno.ENOSPC, 3000), (errno.EROFS, 0)])

@@ -127,9 +127,9 @@ def _source_sentences(source: str, count: int) -> list[str]:
         if url in shards.missing:  # listed in the manifest, but the file is gone
             continue
         with ShardStream(url) as stream:
-            for _, fields in iter_tar_samples(stream):
-                if "txt" in fields:
-                    sentences.append(fields["txt"].decode("utf-8"))
+            for sample in iter_tar_samples(stream):
+                if "txt" in sample:
+                    sentences.append(sample["txt"].decode("utf-8"))
                 if len(sentences) == count:
                     return sentences
     return sentences

@@ -1,57 +1,49 @@
 """The training stream: shards -> tokenised, dynamically padded per-rank batches, forever.
 
 How the work is split
-    Each rank runs a ``DataLoader`` with ``num_workers`` workers (K = max(1, num_workers)).
-    Rank r's worker w is slot ``s = r * K + w`` of ``W * K`` slots (W = world size).
-    The stream is a sequence of *passes*; the main process sets the pass number (the epoch)
-    in shared memory before each pass, so every worker of every rank seeds with the same
-    epoch value (not a counter of its own).
-
-    exact mode      pass e: all shards permuted by a generator seeded with (seed, e), slot s
-                    reads permuted shards s, s + W*K, ...: across all ranks and workers every
-                    sample is read exactly once per pass. Needs at least W*K shards.
-    resampled mode  pass e: slot s draws ceil(S / (W*K)) shards *with replacement*, seeded
-                    with (seed, e, r, w). No shard count constraint; meant for many nodes.
-    text file       (a ``.txt``/``.txt.gz`` source): slot s reads non-empty lines s, s + W*K, ...
-                    of the file each pass; always exact.
-
-    Each worker shuffles its samples through a buffer seeded with (seed, e, r, w), cuts them
+    Each rank runs a ``DataLoader`` with ``num_workers`` workers. Which shards (or text lines)
+    each worker reads in each pass, from webdataset's shard lists, and where the stream stands
+    is the :class:`~vascl_scale.data.layout.StreamLayout` (see that module for exact and
+    resampled mode). Each worker opens its shards one after the other (a :class:`ShardStream`
+    per shard), shuffles their samples with ``webdataset.shuffle`` through a buffer whose
+    generator is seeded with (seed, e, r, w) -- so a pass is the same on every run --, cuts them
     into pieces of ``per_device_batch_size`` texts and tokenises each piece with one batched
-    call of the fast tokenizer, padded to the piece's longest text. The main process
-    re-cuts pieces into batches of exactly ``per_device_batch_size`` rows, carrying the rows
-    left at the end of a pass into the next one, so no sample is dropped and every batch is
-    full. A rank never runs dry: passes follow each other forever, and the trainer stops at
-    its step budget.
+    call of the fast tokenizer, padded to the piece's longest text. The main process re-cuts
+    pieces into batches of exactly ``per_device_batch_size`` rows, carrying the rows left at
+    the end of a pass into the next one, so no sample is dropped and every batch is full. A
+    rank never runs dry: passes follow each other forever, and the trainer stops at its step
+    budget.
 
     Shards written with ``data prepare --tokenizer`` hold token ids; when the manifest's
     tokenizer fingerprint and ``max_length`` match the loader's, workers pad the stored ids
     instead of tokenising (same tensors, less CPU).
 
 Corrupt, mismatched and missing shards
-    A read error (truncated or corrupt tar, failed ``pipe:`` command) or a sample
-    count that differs from the manifest's ends that shard with a warning and a count
-    (``TrainStream.corrupt_shards_skipped``); samples read before the error are kept. A shard
-    read to its end whose size or sha256 differs from its manifest entry (rewritten or damaged
-    after ``data prepare``) is warned about and counted in ``shards_mismatched``: its samples
-    were streamed already and are kept. Only a shard read to its end is checked, so a resumed
-    stream or a stopped worker never reports one falsely. A shard file listed in the manifest
-    but absent is counted in ``shards_missing`` each time it is drawn; when files are missing
-    at start the stream is built only with ``on_corrupt="skip"``. With ``on_corrupt="fail"``
-    every one of these raises :class:`CorruptShardError` instead. A rank that reads no sample
-    in ``MAX_EMPTY_PASSES`` consecutive passes raises instead of looping forever.
+    Each shard is read in one ``try`` block (not through webdataset's ``tarfile_to_samples`` and
+    its handler, whose tar parser is kept out for speed: see :func:`iter_tar_samples`), so an
+    error is charged to the shard that raised it, with the samples read before it. A read error
+    (truncated or corrupt tar, failed ``pipe:`` command) or a sample count that differs from the
+    manifest's ends that shard with a warning and a count (``TrainStream.corrupt_shards_skipped``);
+    samples read before the error are kept. A shard read to its end whose size or sha256 differs
+    from its manifest entry (rewritten or damaged after ``data prepare``) is warned about and
+    counted in ``shards_mismatched``: its samples were streamed already and are kept. Only a
+    shard read to its end is checked, so a resumed stream or a stopped worker never reports one
+    falsely. A shard file listed in the manifest but absent is counted in ``shards_missing``
+    each time it is drawn; when files are missing at start the stream is built only with
+    ``on_corrupt="skip"``. With ``on_corrupt="fail"`` every one of these raises
+    :class:`CorruptShardError` instead. A rank that reads no sample in ``MAX_EMPTY_PASSES``
+    consecutive passes raises instead of looping forever.
 
 Resume (``state_dict`` / ``load_state_dict``)
-    The stream is a deterministic function of (source, mode, seed, W, K, batch size, shuffle
-    buffer) -- the *layout*. The state records the epoch, the rows of that epoch already
-    yielded on this rank, the batches yielded (equal on every rank) and the layout.
-    Same layout: the resumed stream continues *exactly* where the saved one stopped: the same
-    batches in the same order as an uninterrupted run, in both modes. Workers replay the
-    partly consumed epoch, tokenising only the last few pieces before the resume point
-    (cost: reading at most one epoch of this rank's shards). A state saved on another rank is
-    also exact when sample counts are known (a manifest, also one next to brace-listed shards,
-    or a text file), because positions are recomputed from the batch count, which all ranks
-    share; with unknown counts (``pipe:`` or foreign shards) each rank must load its own
-    state. Exactness also assumes that the same shards are corrupt as before.
+    The stream is a deterministic function of the layout. Same layout: the resumed stream
+    continues *exactly* where the saved one stopped: the same batches in the same order as an
+    uninterrupted run, in both modes. Workers replay the partly consumed epoch, tokenising only
+    the last few pieces before the resume point (cost: reading at most one epoch of this rank's
+    shards). A state saved on another rank is also exact when sample counts are known (a
+    manifest, also one next to listed shards, or a text file), because positions are
+    recomputed from the batch count, which all ranks share; with unknown counts (``pipe:`` or
+    foreign shards) each rank must load its own state. Exactness also assumes that the same
+    shards are corrupt as before.
     Changed layout (other world size, workers, batch size, seed, mode or shards): the stream
     restarts the saved epoch from its beginning under the new layout -- statistically
     equivalent, not exact: in exact mode, samples seen before the checkpoint in that epoch
@@ -62,19 +54,18 @@ Resume (``state_dict`` / ``load_state_dict``)
 from __future__ import annotations
 
 import gzip
-import hashlib
 import logging
-import math
 import multiprocessing
 import os
-import random
 from collections import deque
-from typing import TYPE_CHECKING, Iterator, TypeVar
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import torch
+import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from vascl_scale.data.layout import StreamLayout
 from vascl_scale.data.shards import (
     ShardMismatchError,
     ShardSource,
@@ -93,7 +84,6 @@ TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 STATE_VERSION = 1
 # Consecutive passes without a single readable sample before a rank gives up (instead of spinning).
 MAX_EMPTY_PASSES = 10
-Sample = TypeVar("Sample")
 
 
 class CorruptShardError(RuntimeError):
@@ -107,43 +97,6 @@ _PROBLEMS = {
     "mismatched": "shard not matching its manifest entry",
     "missing": "missing shard",
 }
-
-
-def seeded_rng(*parts: object) -> random.Random:
-    """A generator seeded from the parts' text: the same in every process (no hash() salt)."""
-    digest = hashlib.sha256("/".join(str(part) for part in parts).encode()).digest()
-    return random.Random(int.from_bytes(digest[:8], "little"))
-
-
-def slot_shards(
-    num_shards: int, mode: str, seed: int, epoch: int, rank: int, world_size: int, workers: int, worker: int
-) -> list[int]:
-    """Indices of the shards that rank ``rank``'s worker ``worker`` reads in pass ``epoch``."""
-    slots = world_size * workers
-    if mode == "exact":
-        order = list(range(num_shards))
-        seeded_rng(seed, "shards", epoch).shuffle(order)
-        return order[rank * workers + worker :: slots]
-    assert mode == "resampled", mode
-    draw = seeded_rng(seed, "resample", epoch, rank, worker)
-    return [draw.randrange(num_shards) for _ in range(math.ceil(num_shards / slots))]
-
-
-def buffer_shuffle(items: Iterator[Sample], size: int, rng: random.Random) -> Iterator[Sample]:
-    """Shuffle a stream through a buffer of ``size`` items (0 or 1: no shuffle), then drain it."""
-    if size <= 1:
-        yield from items
-        return
-    buffer: list[Sample] = []
-    for item in items:
-        if len(buffer) < size:
-            buffer.append(item)
-            continue
-        index = rng.randrange(size)
-        buffer[index], item = item, buffer[index]
-        yield item
-    rng.shuffle(buffer)
-    yield from buffer
 
 
 def _as_is(piece: dict) -> dict:
@@ -168,31 +121,19 @@ class _PieceDataset(IterableDataset):
 
     def __init__(
         self,
-        source: ShardSource,
+        layout: StreamLayout,
         tokenizer,
-        batch_size: int,
         max_length: int,
-        rank: int,
-        world_size: int,
-        workers: int,
-        seed: int,
-        mode: str,
-        shuffle_buffer: int,
         on_corrupt: str,
         use_stored_ids: bool,
         pipe_timeout: float,
     ) -> None:
         super().__init__()
-        self.source = source
+        self.layout = layout
+        self.source = layout.source
+        self.batch_size = layout.batch_size
         self.tokenizer = tokenizer
-        self.batch_size = batch_size
         self.max_length = max_length
-        self.rank = rank
-        self.world_size = world_size
-        self.workers = workers
-        self.seed = seed
-        self.mode = mode
-        self.shuffle_buffer = shuffle_buffer
         self.on_corrupt = on_corrupt
         self.use_stored_ids = use_stored_ids
         self.pipe_timeout = pipe_timeout
@@ -210,8 +151,10 @@ class _PieceDataset(IterableDataset):
         skip_pieces = int(self.shared_skip_pieces.value)
         events: dict = {**{kind: [] for kind in _PROBLEMS}, "missing_field": 0}
         samples = self._samples(epoch, worker, events)
-        buffer_rng = seeded_rng(self.seed, "buffer", epoch, self.rank, worker)
-        shuffled = buffer_shuffle(samples, self.shuffle_buffer, buffer_rng)
+        # Fills the whole buffer before the first sample leaves (webdataset's default starts at
+        # 100); a size of 0 or 1 passes samples through in order.
+        size = self.layout.shuffle_buffer
+        shuffled = wds.shuffle(size, initial=size, rng=self.layout.shuffle_rng(epoch, worker))(samples)
         chunk: list = []
         for sample in shuffled:
             chunk.append(sample)
@@ -263,15 +206,12 @@ class _PieceDataset(IterableDataset):
         if self.source.text_file is not None:
             yield from self._text_file_lines(worker)
             return
-        shards = slot_shards(
-            len(self.source.urls), self.mode, self.seed, epoch, self.rank, self.world_size, self.workers, worker
-        )
-        for index in shards:
+        for index in self.layout.worker_shards(epoch):
             yield from self._shard_samples(index, events)
 
     def _text_file_lines(self, worker: int) -> Iterator[str]:
-        slots = self.world_size * self.workers
-        slot = self.rank * self.workers + worker
+        slots = self.layout.world_size * self.layout.workers
+        slot = self.layout.slot(worker)
         opener = gzip.open if self.source.text_file.endswith(".gz") else open
         with opener(self.source.text_file, "rb") as handle:
             index = 0
@@ -289,8 +229,8 @@ class _PieceDataset(IterableDataset):
         field = "ids" if self.use_stored_ids else "txt"
         try:
             with ShardStream(url, self.source.checks[index], self.pipe_timeout) as stream:
-                for _, fields in iter_tar_samples(stream):
-                    payload = fields.get(field)
+                for sample in iter_tar_samples(stream):
+                    payload = sample.get(field)
                     if payload is None:
                         events["missing_field"] += 1
                         continue
@@ -325,11 +265,13 @@ class TrainStream:
     Iterate it once (one consumer). Each batch is a dict of LongTensors (b, L) with
     b == ``per_device_batch_size`` and L the longest tokenised text in the batch
     (<= ``max_length``): ``input_ids``, ``attention_mask`` and, when the tokenizer makes
-    them, ``token_type_ids``. Feed the same batch twice for the two dropout views.
+    them, ``token_type_ids``. Feed the same batch twice for the two dropout views. The
+    position lives in :attr:`layout`; this object adds the bad-shard counters.
     """
 
     def __init__(self, dataset: _PieceDataset, num_workers: int, pad_token_id: int, padding_side: str) -> None:
         self._dataset = dataset
+        self.layout = dataset.layout
         self._pad_token_id = pad_token_id
         self._padding_side = padding_side
         self._loader = DataLoader(
@@ -341,36 +283,32 @@ class TrainStream:
             worker_init_fn=_worker_init if num_workers > 0 else None,
             collate_fn=_as_is,  # the default would turn the NumPy arrays into torch tensors in the worker
         )
-        self.batch_size = dataset.batch_size
-        self.mode = dataset.mode
-        self.rank = dataset.rank
-        # Position of the next row to yield: (epoch, rows of that epoch already yielded).
-        self._epoch = 0
-        self._rows_into_epoch = 0
-        # Where this layout's stream began (moves when a state from another layout is loaded).
-        self._origin_epoch = 0
-        self._origin_batches = 0
-        self.batches_yielded = 0
+        self.batch_size = self.layout.batch_size
+        self.mode = self.layout.mode
+        self.rank = self.layout.rank
         self.corrupt_shards_skipped = 0
         self.corrupt_shards: set[str] = set()
         self.shards_mismatched = 0
         self.shards_missing = 0
         self.samples_missing_field = 0
-        self._text_file_lines: int | None = None  # counted once, only to resume from another rank's state
         self._started = False
 
     @property
     def epoch(self) -> int:
-        return self._epoch
+        return self.layout.epoch
+
+    @property
+    def batches_yielded(self) -> int:
+        return self.layout.batches_yielded
 
     @property
     def samples_yielded(self) -> int:
-        return self.batches_yielded * self.batch_size
+        return self.layout.batches_yielded * self.batch_size
 
     def stats(self) -> dict:
         """Counters for the training log."""
         return {
-            "data_epoch": self._epoch,
+            "data_epoch": self.layout.epoch,
             "data_samples": self.samples_yielded,
             "data_corrupt_shards_skipped": self.corrupt_shards_skipped,
             "data_shards_mismatched": self.shards_mismatched,
@@ -378,35 +316,14 @@ class TrainStream:
             "data_samples_missing_field": self.samples_missing_field,
         }
 
-    def layout(self) -> dict:
-        """Everything that fixes the order of the stream; equal layouts resume exactly."""
-        d = self._dataset
-        return {
-            "source": d.source.fingerprint(),
-            "mode": d.mode,
-            "world_size": d.world_size,
-            "num_workers": d.workers,
-            "per_device_batch_size": d.batch_size,
-            "seed": d.seed,
-            "shuffle_buffer": d.shuffle_buffer,
-        }
-
     def state_dict(self) -> dict:
-        """JSON-serialisable position after the last yielded batch."""
+        """JSON-serialisable position after the last yielded batch, with the counters."""
         return {
             "version": STATE_VERSION,
-            "mode": self.mode,
-            "epoch": self._epoch,
-            "rows_into_epoch": self._rows_into_epoch,
-            "rank": self.rank,
-            "batches_yielded": self.batches_yielded,
-            "samples_yielded": self.samples_yielded,
-            "origin_epoch": self._origin_epoch,
-            "origin_batches": self._origin_batches,
+            **self.layout.state_dict(),
             "corrupt_shards_skipped": self.corrupt_shards_skipped,
             "shards_mismatched": self.shards_mismatched,
             "shards_missing": self.shards_missing,
-            "layout": self.layout(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -418,73 +335,10 @@ class TrainStream:
                 f"data state version {state.get('version')!r} is not {STATE_VERSION}; it was saved by another "
                 "vascl-scale: start the data stream afresh"
             )
-        self.batches_yielded = int(state["batches_yielded"])
         self.corrupt_shards_skipped = int(state.get("corrupt_shards_skipped", 0))
         self.shards_mismatched = int(state.get("shards_mismatched", 0))
         self.shards_missing = int(state.get("shards_missing", 0))
-        if state["layout"] != self.layout():
-            changed = sorted(k for k, v in self.layout().items() if state["layout"].get(k) != v)
-            logger.warning(
-                "data layout changed (%s): restarting epoch %d under the new layout; statistically "
-                "equivalent, not an exact continuation",
-                ", ".join(changed),
-                state["epoch"],
-            )
-            self._epoch, self._rows_into_epoch = int(state["epoch"]), 0
-            self._origin_epoch, self._origin_batches = self._epoch, self.batches_yielded
-            return
-        self._origin_epoch, self._origin_batches = int(state["origin_epoch"]), int(state["origin_batches"])
-        if int(state["rank"]) == self.rank:
-            self._epoch, self._rows_into_epoch = int(state["epoch"]), int(state["rows_into_epoch"])
-        else:
-            position = self._position_from_batches()
-            if position is None:
-                logger.warning(
-                    "data state saved on rank %d, sample counts unknown: restarting epoch %d on rank %d "
-                    "(statistically equivalent); save and load each rank's own state for exact resume",
-                    state["rank"],
-                    state["epoch"],
-                    self.rank,
-                )
-                position = (int(state["epoch"]), 0)
-            self._epoch, self._rows_into_epoch = position
-        logger.info(
-            "data stream resumes at epoch %d, row %d of this rank's epoch (%d batches done)",
-            self._epoch,
-            self._rows_into_epoch,
-            self.batches_yielded,
-        )
-
-    def _rows_per_epoch(self, epoch: int) -> int | None:
-        """Samples this rank reads in pass ``epoch``, from known counts; None when unknown."""
-        d = self._dataset
-        if d.source.text_file is not None:
-            if self._text_file_lines is None:
-                self._text_file_lines = _count_nonempty_lines(d.source.text_file)
-            lines = self._text_file_lines
-            slots = d.world_size * d.workers
-            first = d.rank * d.workers
-            return sum(lines // slots + (1 if slot < lines % slots else 0) for slot in range(first, first + d.workers))
-        if d.source.total_samples is None:
-            return None
-        return sum(
-            d.source.counts[index]  # type: ignore[misc]
-            for worker in range(d.workers)
-            for index in slot_shards(len(d.source.urls), d.mode, d.seed, epoch, d.rank, d.world_size, d.workers, worker)
-        )
-
-    def _position_from_batches(self) -> tuple[int, int] | None:
-        """This rank's (epoch, rows into it) after ``batches_yielded``, from the shared batch count."""
-        remaining = (self.batches_yielded - self._origin_batches) * self.batch_size
-        epoch = self._origin_epoch
-        while True:
-            rows = self._rows_per_epoch(epoch)
-            if rows is None:
-                return None
-            if remaining < rows or rows == 0:
-                return epoch, remaining
-            remaining -= rows
-            epoch += 1
+        self.layout.load_state_dict(state)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         if self._started:
@@ -493,12 +347,12 @@ class TrainStream:
         # Rows read but not yet yielded: [epoch, first row index in that epoch, tensors (rows, L), rows].
         segments: deque[list] = deque()
         pending = 0
-        epoch, skip_rows = self._epoch, self._rows_into_epoch
+        epoch, skip_rows = self.layout.epoch, self.layout.rows_into_epoch
         empty_passes = 0
         while True:
             self._dataset.shared_epoch.value = epoch
             # Whole rounds of pieces that are certainly skipped: workers read them without tokenising.
-            self._dataset.shared_skip_pieces.value = skip_rows // self.batch_size // self._dataset.workers
+            self._dataset.shared_skip_pieces.value = skip_rows // self.batch_size // self.layout.workers
             epoch_rows = 0
             for piece in self._loader:
                 self.corrupt_shards_skipped += len(piece["corrupt"])
@@ -520,7 +374,7 @@ class TrainStream:
                 while pending >= self.batch_size:
                     batch = self._take(segments)
                     pending -= self.batch_size
-                    self.batches_yielded += 1
+                    self.layout.batches_yielded += 1
                     yield batch
             empty_passes = empty_passes + 1 if epoch_rows == 0 else 0
             if empty_passes == MAX_EMPTY_PASSES:
@@ -545,7 +399,7 @@ class TrainStream:
             used = min(needed, rows)
             parts.append({key: value[:used] for key, value in tensors.items()})
             needed -= used
-            self._epoch, self._rows_into_epoch = seg_epoch, first + used
+            self.layout.epoch, self.layout.rows_into_epoch = seg_epoch, first + used
             if used == rows:
                 segments.popleft()
             else:
@@ -586,12 +440,6 @@ def _can_use_stored_ids(source: ShardSource, tokenizer, max_length: int) -> bool
     return True
 
 
-def _count_nonempty_lines(path: str) -> int:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as handle:
-        return sum(1 for line in handle if line.strip())
-
-
 def build_train_stream(
     data: DataConfig,
     *,
@@ -605,8 +453,9 @@ def build_train_stream(
     """The infinite batch stream of one rank, from the ``data`` section (validated there).
 
     ``data.train`` is read as it is (expanded by :func:`vascl_scale.config.resolve_paths`): a
-    directory with ``manifest.json``; a brace list of shards (``/x/shard-{000000..000019}.tar``);
-    a ``pipe:`` command (only with ``data.allow_pipe``); or a ``.txt``/``.txt.gz`` file with one
+    directory with ``manifest.json``; shards in webdataset's URL syntax (a brace list,
+    ``/x/shard-{000000..000019}.tar``, lists joined by ``::``); ``pipe:`` commands (only with
+    ``data.allow_pipe``); or a ``.txt``/``.txt.gz`` file with one
     sentence per line. ``data.mode``: "exact" (each sample once per epoch; needs >= world_size *
     max(1, num_workers) shards), "resampled" (shards drawn with replacement), or "auto": exact
     on one node (resampled, with a warning, when there are too few shards for exact), resampled
@@ -670,21 +519,8 @@ def build_train_stream(
             "workers, or use mode='resampled'"
         )
     use_stored_ids = _can_use_stored_ids(shards, tokenizer, max_length)
-    dataset = _PieceDataset(
-        shards,
-        tokenizer,
-        per_device_batch_size,
-        max_length,
-        rank,
-        world_size,
-        workers,
-        seed,
-        resolved_mode,
-        shuffle_buffer,
-        on_corrupt,
-        use_stored_ids,
-        pipe_timeout,
-    )
+    layout = StreamLayout(shards, resolved_mode, seed, rank, world_size, workers, per_device_batch_size, shuffle_buffer)
+    dataset = _PieceDataset(layout, tokenizer, max_length, on_corrupt, use_stored_ids, pipe_timeout)
     what = shards.text_file or f"{len(shards.urls)} shards ({shards.total_samples or 'unknown'} samples)"
     logger.info(
         "data: %s, %s mode, rank %d of %d, %d workers, batch %d, max length %d%s",

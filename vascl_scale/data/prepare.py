@@ -51,9 +51,9 @@ from vascl_scale.data.shards import (
     MANIFEST_NAME,
     MANIFEST_VERSION,
     SHARD_PATTERN,
-    ShardTarWriter,
     file_sha256,
     tokenizer_fingerprint,
+    write_shard,
 )
 from vascl_scale.log import console
 
@@ -160,12 +160,15 @@ class _ShardSink:
         name = SHARD_PATTERN.format(index=len(self.shards))
         path = self.output / name
         token_ids = self._token_ids(self._pending) if self.tokenizer is not None else None
-        with ShardTarWriter(path) as writer:
+
+        def samples() -> Iterator[tuple[str, dict[str, bytes]]]:
             for offset, text in enumerate(self._pending):
                 fields = {"txt": text.encode("utf-8")}
                 if token_ids is not None:
                     fields["ids"] = token_ids[offset]
-                writer.write(f"{self._written + offset:012d}", fields)
+                yield f"{self._written + offset:012d}", fields
+
+        write_shard(path, samples())
         entry = {"name": name, "samples": len(self._pending), "sha256": file_sha256(path), "bytes": path.stat().st_size}
         self.shards.append(entry)
         self._written += len(self._pending)
