@@ -440,6 +440,31 @@ def _can_use_stored_ids(source: ShardSource, tokenizer, max_length: int) -> bool
     return True
 
 
+def _resolved_mode(shards: ShardSource, mode: str, num_nodes: int, slots: int, source: str) -> str:
+    """"exact" or "resampled" for ``data.mode`` (see :func:`build_train_stream`); ``slots`` =
+    ranks x workers, the readers that each need a shard of their own in exact mode."""
+    if shards.text_file is not None:
+        if mode == "resampled":
+            raise ValueError("resampled mode needs shards; run `vascl-scale data prepare` on the text file first")
+        return "exact"
+    resolved = mode if mode != "auto" else ("exact" if num_nodes == 1 else "resampled")
+    if resolved == "exact" and len(shards.urls) < slots:
+        if mode == "auto":
+            logger.warning(
+                "%d shards for %d readers (ranks x workers): reading them resampled (with replacement); "
+                "prepare at least %d shards for exact epochs",
+                len(shards.urls),
+                slots,
+                slots,
+            )
+            return "resampled"
+        raise ValueError(
+            f"exact mode needs at least world_size x workers = {slots} shards, and {source} has "
+            f"{len(shards.urls)}; prepare smaller shards (--shard-size), use fewer workers, or use mode='resampled'"
+        )
+    return resolved
+
+
 def build_train_stream(
     data: DataConfig,
     *,
@@ -495,29 +520,7 @@ def build_train_stream(
             )
         logger.warning("%s: training on the rest (on_corrupt='skip')", what)
     workers = max(1, num_workers)
-    if shards.text_file is not None:
-        if mode == "resampled":
-            raise ValueError("resampled mode needs shards; run `vascl-scale data prepare` on the text file first")
-        resolved_mode = "exact"
-    else:
-        resolved_mode = mode if mode != "auto" else ("exact" if num_nodes == 1 else "resampled")
-    too_few_shards = shards.text_file is None and len(shards.urls) < world_size * workers
-    if mode == "auto" and resolved_mode == "exact" and too_few_shards:
-        logger.warning(
-            "%d shards for %d ranks x %d workers: reading them resampled (with replacement); prepare at "
-            "least %d shards for exact epochs",
-            len(shards.urls),
-            world_size,
-            workers,
-            world_size * workers,
-        )
-        resolved_mode = "resampled"
-    if resolved_mode == "exact" and too_few_shards:
-        raise ValueError(
-            f"exact mode needs at least world_size x workers = {world_size} x {workers} = {world_size * workers} "
-            f"shards, and {source} has {len(shards.urls)}; prepare smaller shards (--shard-size), use fewer "
-            "workers, or use mode='resampled'"
-        )
+    resolved_mode = _resolved_mode(shards, mode, num_nodes, world_size * workers, source)
     use_stored_ids = _can_use_stored_ids(shards, tokenizer, max_length)
     layout = StreamLayout(shards, resolved_mode, seed, rank, world_size, workers, per_device_batch_size, shuffle_buffer)
     dataset = _PieceDataset(layout, tokenizer, max_length, on_corrupt, use_stored_ids, pipe_timeout)
