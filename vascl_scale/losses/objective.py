@@ -56,17 +56,7 @@ class VaSCLObjective:
     """Eq. 6 over the global batch (see :func:`vascl_objective`)."""
 
     def __init__(self, loss: "LossConfig") -> None:
-        self.settings = dict(
-            k=loss.k,
-            temperature=loss.temperature,
-            xi=loss.xi,
-            eps=loss.eps,
-            power_iters=loss.power_iters,
-            detach=loss.detach,
-            similarity=loss.similarity,
-            eps_mode=loss.eps_mode,
-            xi_mode=loss.xi_mode,
-        )
+        self.settings = loss.model_dump()  # the section's keys are vascl_objective's keywords
 
     def __call__(
         self, e1: Tensor, e2: Tensor, head: Head, generator: torch.Generator | None = None, with_stats: bool = False
