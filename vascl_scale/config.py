@@ -20,7 +20,9 @@ sees across all ranks (the in-batch negatives and the k-NN neighbourhood come fr
 sentences, 2B embeddings with both dropout views). Each of the W ranks holds
 b = B / W of them (:meth:`RunConfig.per_device_batch_size`). Gradient accumulation
 (``train.grad_accum_steps`` A) averages A such loss calls per optimiser step: it multiplies
-the sentences per update by A but adds no negatives and no neighbours.
+the sentences per update by A but adds no negatives and no neighbours. ``train.chunk_size`` c
+(the cached step, :mod:`vascl_scale.train.step`) changes neither: it only sets how many
+sentences one encoder forward holds activations for, c instead of 2b.
 """
 
 from __future__ import annotations
@@ -164,6 +166,8 @@ class TrainConfig(_Strict):
 
     global_batch_size: int = Field(1024, ge=2)  # sentences per loss call over all ranks (B)
     grad_accum_steps: int = Field(1, ge=1)  # loss calls per optimiser step; adds no negatives
+    # Sentences per encoder forward on a device (the cached step); 0: one forward of both views.
+    chunk_size: int = Field(0, ge=0)
     max_steps: int = Field(4883, ge=1)  # optimiser steps; 4883 x 1024 is about 5 epochs of 1M sentences
     seed: int = 42
     # "auto": bf16 on a GPU that supports it, else float32. The losses always compute their
@@ -210,6 +214,7 @@ class RunConfig(_Strict):
         check_objective_name(self.objective)
         if self.objective == "vascl":
             check_neighbour_count(self.loss.k, self.train.global_batch_size, "loss.", "train.global_batch_size")
+        self.per_device_batch_size(1)  # train.chunk_size within the batch (the world size is checked at start)
         return self
 
     def per_device_batch_size(self, world_size: int) -> int:
@@ -222,7 +227,14 @@ class RunConfig(_Strict):
                 f"(processes x machines); choose a global batch that {world_size} divides, or a "
                 f"world size among {divisors}"
             )
-        return batch // world_size
+        rows = batch // world_size
+        chunk = self.train.chunk_size
+        if chunk > rows:
+            raise ValueError(
+                f"train.chunk_size = {chunk} exceeds the per-device batch {rows} (train.global_batch_size "
+                f"{batch} / {world_size} ranks); choose a chunk size of at most {rows}, or 0 for one forward"
+            )
+        return rows
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()

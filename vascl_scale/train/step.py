@@ -7,6 +7,28 @@ autocast, its gathers spanning every rank. An optimiser step: ``grad_accum_steps
 each checked finite on every rank before its backward, then clipping (outside DeepSpeed,
 which clips itself) and the update.
 
+The cached loss call (``chunk_size`` c > 0; GradCache, Gao et al. 2021, for a neighbourhood
+objective) holds the activations of c sentences at a time instead of 2b:
+
+1. each view's b sentences go through the encoder in chunks of c without gradient, the RNG
+   state before every (view, chunk) forward kept (the chunk boundaries are fixed first);
+2. the objective runs on the whole global batch of these embeddings, made leaves (float32 or
+   wider), and ``autograd.grad`` gives d loss / d e (the gathers' backward already sums what
+   every rank's loss sends to this rank's rows);
+3. each (view, chunk) is encoded again with gradient, its RNG state replayed (the same dropout
+   masks, and different ones per view), and the surrogate sum(e_chunk * d loss / d e_chunk),
+   whose gradient is the chunk's share of d loss / d theta, back-propagated like a loss; the
+   first of these backwards also carries the loss itself, for the head's gradient.
+
+Step 3 gives the parameters exactly the gradient of the one-forward step whose forwards draw
+these masks. Each backward is scaled as a loss is (accumulation, fp16 loss scale). Gradient
+reduction happens once per optimiser step: under DDP every backward but the step's last runs
+in ``no_sync``; under DeepSpeed each backward is one of the engine's (ZeRO-2/3 reset their
+gradient hooks per backward) and only the step's last is its accumulation boundary. ZeRO-2/3
+still reduce-scatter the gradients of every backward (their design: a rank keeps only its
+partition), so a cached step moves 2n times the gradient bytes of an uncached one there, n
+chunks per view (``vascl-scale bench comm``).
+
 Randomness is a function of (seed, loss call, rank): the dropout masks are seeded per loss
 call and rank; VaSCL's initial directions come from a generator seeded per loss call only,
 the same on every rank, and are drawn for the whole global batch (each rank takes its own
@@ -16,6 +38,7 @@ what an uninterrupted one would have done.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -34,6 +57,26 @@ class NonFiniteLossError(RuntimeError):
 def loss_call_seed(seed: int, loss_call: int, rank: int) -> int:
     """Seed of one loss call on one rank (rank 0's is also the shared seed of the directions)."""
     return (seed * 1_000_003 + loss_call * 8191 + rank) % (2**63 - 1)
+
+
+def chunk_spans(rows: int, chunk_size: int) -> list[tuple[int, int]]:
+    """[start, stop) row ranges of at most ``chunk_size`` rows covering ``rows`` (the last may be shorter)."""
+    assert 0 < chunk_size <= rows, (chunk_size, rows)
+    return [(start, min(start + chunk_size, rows)) for start in range(0, rows, chunk_size)]
+
+
+class RngState:
+    """The global RNG state (CPU, and the device's CUDA generator) before one forward, to replay it."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda, self.device)
 
 
 @dataclass
@@ -58,6 +101,7 @@ class TrainingStep:
         per_device_batch: int,
         grad_accum_steps: int = 1,
         max_grad_norm: float = 0.0,
+        chunk_size: int = 0,
     ) -> None:
         self.accelerator = accelerator
         self.model = model
@@ -67,25 +111,89 @@ class TrainingStep:
         self.per_device_batch = per_device_batch
         self.grad_accum_steps = grad_accum_steps
         self.max_grad_norm = max_grad_norm
+        self.chunk_size = chunk_size
         self.deepspeed = accelerator.state.deepspeed_plugin is not None
+        if chunk_size > per_device_batch:
+            raise ValueError(f"train.chunk_size = {chunk_size} exceeds the per-device batch {per_device_batch}")
+        # DDP (accelerate wraps even one process in it when a launcher started it) needs a
+        # gradient for every parameter in the backward that reduces: the head's came in the
+        # cached loss call's first backward, so the last one touches it with zero.
+        self.ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
 
     @property
     def head(self) -> torch.nn.Module:
         """The projection head of the unwrapped module (the objectives call it directly)."""
         return self.accelerator.unwrap_model(self.model).head
 
-    def loss_call(self, batch: dict[str, Tensor], loss_call: int, with_stats: bool = False) -> ObjectiveOutput:
-        """The objective on one batch of this rank's b sentences (tokenised, (b, L) tensors)."""
+    def _inputs(self, batch: dict[str, Tensor], loss_call: int) -> tuple[dict[str, Tensor], torch.Generator]:
+        """This rank's (b, L) model inputs on the device, the global RNG seeded for the loss
+        call's dropout masks, and the generator of its initial directions."""
         acc = self.accelerator
-        torch.manual_seed(loss_call_seed(self.seed, loss_call, acc.process_index))  # dropout masks
-        generator = torch.Generator(device=acc.device).manual_seed(loss_call_seed(self.seed, loss_call, 0))
-        inputs = {k: torch.cat([v, v]).to(acc.device) for k, v in batch.items() if k in MODEL_INPUTS}  # (2b, L)
-        rows = inputs["input_ids"].shape[0] // 2
+        inputs = {k: v.to(acc.device) for k, v in batch.items() if k in MODEL_INPUTS}  # (b, L)
+        rows = inputs["input_ids"].shape[0]
         if rows != self.per_device_batch:
             raise RuntimeError(f"the data stream gave {rows} rows; expected the per-device batch {self.per_device_batch}")
-        embeddings = self.model(**inputs)  # (2b, d)
-        with acc.autocast():
+        torch.manual_seed(loss_call_seed(self.seed, loss_call, acc.process_index))  # dropout masks
+        generator = torch.Generator(device=acc.device).manual_seed(loss_call_seed(self.seed, loss_call, 0))
+        return inputs, generator
+
+    def loss_call(self, batch: dict[str, Tensor], loss_call: int, with_stats: bool = False) -> ObjectiveOutput:
+        """The objective on one batch of this rank's b sentences (tokenised, (b, L) tensors)."""
+        inputs, generator = self._inputs(batch, loss_call)
+        rows = self.per_device_batch
+        embeddings = self.model(**{k: torch.cat([v, v]) for k, v in inputs.items()})  # (2b, d)
+        with self.accelerator.autocast():
             return self.objective(embeddings[:rows], embeddings[rows:], self.head, generator, with_stats)
+
+    def cached_loss_call(
+        self, batch: dict[str, Tensor], loss_call: int, step: int, with_stats: bool = False
+    ) -> ObjectiveOutput:
+        """The loss call in chunks of ``chunk_size`` (module doc), its backwards included.
+
+        Returns the objective's output with the loss detached; the gradients are in place.
+        """
+        inputs, generator = self._inputs(batch, loss_call)
+        spans = [(view, start, stop) for view in (0, 1) for start, stop in chunk_spans(self.per_device_batch, self.chunk_size)]
+        states, pieces = [], []
+        with torch.no_grad():
+            for _, start, stop in spans:
+                states.append(RngState(self.accelerator.device))
+                pieces.append(self.model(**{k: v[start:stop] for k, v in inputs.items()}))  # (c, d)
+        leaf_dtype = torch.promote_types(pieces[0].dtype, torch.float32)
+        half = len(spans) // 2
+        e1 = torch.cat(pieces[:half]).to(leaf_dtype).requires_grad_(True)  # (b, d)
+        e2 = torch.cat(pieces[half:]).to(leaf_dtype).requires_grad_(True)  # (b, d)
+        with self.accelerator.autocast():
+            out = self.objective(e1, e2, self.head, generator, with_stats)
+        self._require_finite(out.loss, step)
+        # d loss / d e (2b, d), rows in span order; the graph stays for the head's gradient.
+        cached = torch.cat(torch.autograd.grad(out.loss, [e1, e2], retain_graph=True))
+        final_span = len(spans) - 1
+        row = 0
+        for index, ((_, start, stop), state) in enumerate(zip(spans, states)):
+            final = index == final_span and self.accelerator.sync_gradients
+            with nullcontext() if final or not self.ddp else self.model.no_sync():
+                state.restore()
+                chunk = self.model(**{k: v[start:stop] for k, v in inputs.items()})  # (c, d), the masks of pass 1
+                surrogate = (chunk.to(leaf_dtype) * cached[row : row + stop - start]).sum()  # d/d chunk = cached rows
+                if index == 0:
+                    # The head's gradient joins the first backward: ZeRO-3 copies a parameter's
+                    # first gradient of a step into its buffer and adds the later ones, so every
+                    # parameter must receive one in the step's first backward.
+                    surrogate = surrogate + out.loss
+                if final and self.ddp:
+                    surrogate = surrogate + sum((p * 0).sum() for p in self.head.parameters() if p.requires_grad)
+                self._backward(surrogate, final=final)
+            row += stop - start
+        return ObjectiveOutput(out.loss.detach(), out.terms, out.stats)
+
+    def _backward(self, value: Tensor, *, final: bool) -> None:
+        """Back-propagate a loss-like scalar, divided by the accumulation steps (and fp16-scaled);
+        ``final``: the optimiser step's last backward on this rank (DeepSpeed's boundary)."""
+        if self.deepspeed:
+            self.accelerator.deepspeed_engine_wrapped.backward(value, sync_gradients=final)
+        else:
+            self.accelerator.backward(value)
 
     def _require_finite(self, loss: Tensor, step: int) -> None:
         """Stop every rank together when any rank's loss is NaN or infinite (before the update)."""
@@ -100,10 +208,15 @@ class TrainingStep:
         terms: dict[str, Tensor] = {}
         stats: dict[str, float] = {}
         for micro in range(accum):
-            with acc.accumulate(self.model):
-                out = self.loss_call(next(batches), step * accum + micro, with_stats)
-                self._require_finite(out.loss, step)
-                acc.backward(out.loss)
+            # accelerate's accumulate() skips no_sync for a DDP of one process: reduce once anyway.
+            with acc.accumulate(self.model), self.model.no_sync() if self.ddp and not acc.sync_gradients else nullcontext():
+                call = step * accum + micro
+                if self.chunk_size:
+                    out = self.cached_loss_call(next(batches), call, step, with_stats)
+                else:
+                    out = self.loss_call(next(batches), call, with_stats)
+                    self._require_finite(out.loss, step)
+                    self._backward(out.loss, final=acc.sync_gradients)
                 if self.max_grad_norm > 0 and acc.sync_gradients and not self.deepspeed:
                     acc.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
                 self.optimizer.step()  # a no-op until the last micro step (accelerate / DeepSpeed)

@@ -42,7 +42,7 @@ from vascl_scale.train.checkpoint import (
 )
 from vascl_scale.train.export import export_model
 from vascl_scale.train.run_lock import HELD_ENV, RunDirectoryLock
-from vascl_scale.train.step import MODEL_INPUTS, NonFiniteLossError, TrainingStep
+from vascl_scale.train.step import MODEL_INPUTS, NonFiniteLossError, TrainingStep, chunk_spans
 from vascl_scale.train.tracking import MetricsSink, NullMetricsSink
 
 logger = logging.getLogger(__name__)
@@ -251,6 +251,7 @@ def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume
         per_device_batch=per_device_batch,
         grad_accum_steps=config.train.grad_accum_steps,
         max_grad_norm=config.optim.max_grad_norm,
+        chunk_size=config.train.chunk_size,
     )
     stream = build_stream(config, model.tokenizer, acc.process_index, world_size, per_device_batch)
     if resume_from is not None:
@@ -271,6 +272,23 @@ def _log_batch_arithmetic(config: RunConfig, world_size: int, per_device_batch: 
         if cfg.grad_accum_steps == 1
         else f"gradient accumulation x{cfg.grad_accum_steps}: {cfg.global_batch_size * cfg.grad_accum_steps} "
         f"sentences per update, but each loss still sees only {cfg.global_batch_size} (accumulation adds no negatives)",
+    )
+    if cfg.chunk_size == 0:
+        logger.info("one encoder forward per loss call holds the activations of %d sentences (both views)", 2 * per_device_batch)
+        return
+    chunks = len(chunk_spans(per_device_batch, cfg.chunk_size))
+    logger.info(
+        "cached step: %d chunks of up to %d sentences per view and device (2 x %d forwards without gradient, "
+        "2 x %d again with it); activations of %d sentences at a time instead of %d, about %.0f%% less "
+        "activation memory; the loss, its negatives and neighbours still span all %d sentences",
+        chunks,
+        cfg.chunk_size,
+        chunks,
+        chunks,
+        cfg.chunk_size,
+        2 * per_device_batch,
+        100 * (1 - cfg.chunk_size / (2 * per_device_batch)),
+        cfg.global_batch_size,
     )
 
 

@@ -1,0 +1,255 @@
+"""The cached step (``train.chunk_size``) is the one-forward step, computed in chunks.
+
+Float64 throughout. With dropout off the cached loss call must give today's loss, neighbours,
+delta and parameter gradients; with dropout on the reference is a step that encodes the same
+chunks with gradient under the same RNG states, and the replayed forwards must reproduce the
+first pass's embeddings exactly while the two views keep different masks. On 2 and 4 gloo
+ranks (DDP) the cached optimiser steps must end with the weights of the uncached ones (plain
+SGD, so that a wrong gradient scale shows), with exactly one gradient all-reduce per step.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.gloo import run_as_launched
+from tests.tiny import tiny_encoder, token_batch
+
+GLOBAL_BATCH = 8
+SEQ_LEN = 6
+CHUNK = 3  # per-device batches of 8, 4 and 2 rows: chunks of 3, 3, 2 / 3, 1 / 2
+
+# (objective, loss overrides): both objectives, detach true and false, relative and absolute strengths.
+CASES = [
+    ("vascl", {}),
+    ("vascl", {"detach": False}),
+    ("vascl", {"eps_mode": "relative", "xi_mode": "relative", "eps": 0.5, "xi": 0.5}),
+    ("vascl", {"eps_mode": "relative_instance", "xi_mode": "relative_instance", "eps": 0.5, "xi": 0.5, "detach": False}),
+    ("simcse", {}),
+]
+CASE_IDS = ["vascl", "vascl-no-detach", "vascl-relative", "vascl-instance-no-detach", "simcse"]
+
+
+def _config(objective: str, loss: dict, chunk_size: int, grad_accum_steps: int = 1):
+    from vascl_scale.config import config_from_dict
+
+    return config_from_dict(
+        {
+            "objective": objective,
+            "model": {"path": "tiny", "head_dim": 8},
+            "data": {"train": "fixed batches"},
+            "loss": {"k": 3, "temperature": 0.1, "xi": 1.0, "eps": 1.0, "power_iters": 2, **loss},
+            "train": {
+                "global_batch_size": GLOBAL_BATCH,
+                "precision": "no",
+                "seed": 5,
+                "chunk_size": chunk_size,
+                "grad_accum_steps": grad_accum_steps,
+            },
+        }
+    )
+
+
+class RecordingObjective:
+    """The configured objective, keeping VaSCL's neighbours and delta of each call."""
+
+    def __init__(self, objective: str, loss) -> None:
+        from vascl_scale.losses import build_objective
+
+        self.name, self.loss, self.inner = objective, loss, build_objective(objective, loss)
+        self.calls: list[dict[str, torch.Tensor]] = []
+
+    def __call__(self, e1, e2, head, generator=None, with_stats=False):
+        from vascl_scale.losses import ObjectiveOutput
+        from vascl_scale.losses.vascl import vascl_objective
+
+        if self.name != "vascl":
+            return self.inner(e1, e2, head, generator, with_stats)
+        out = vascl_objective(e1, e2, head, generator=generator, with_stats=False, **self.loss.model_dump())
+        self.calls.append({"neighbours": out.neighbours.clone(), "delta": out.delta.detach().clone()})
+        return ObjectiveOutput(out.loss, {"simcse": out.simcse.detach()})
+
+
+def _parts(objective: str, loss: dict, chunk_size: int, dropout: float, grad_accum_steps: int = 1, sgd: bool = False):
+    """Accelerator, prepared model and optimiser, recording objective and TrainingStep."""
+    from vascl_scale.train.step import TrainingStep
+    from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
+
+    config = _config(objective, loss, chunk_size, grad_accum_steps)
+    model = tiny_encoder(seed=0, dtype=torch.float64, head_dim=8, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    model.train()
+    accelerator = build_accelerator(config, None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5) if sgd else build_optimizer(model, config)
+    prepared, prepared_optimizer = prepare_for_training(accelerator, model, optimizer, config)
+    recorder = RecordingObjective(objective, config.loss)
+    rows = config.per_device_batch_size(accelerator.num_processes)
+    step = TrainingStep(
+        accelerator, prepared, prepared_optimizer, recorder, seed=config.train.seed, per_device_batch=rows,
+        grad_accum_steps=grad_accum_steps, chunk_size=chunk_size,
+    )  # fmt: skip
+    return accelerator, model, step, recorder
+
+
+def _own_batch(rank: int, world_size: int, seed: int = 10) -> dict[str, torch.Tensor]:
+    rows = GLOBAL_BATCH // world_size
+    ids, mask = token_batch(GLOBAL_BATCH, SEQ_LEN, seed=seed)  # the same global batch everywhere
+    own = slice(rank * rows, (rank + 1) * rows)
+    return {"input_ids": ids[own], "attention_mask": mask[own]}
+
+
+def _gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _portable(value):
+    """Tensors as numpy arrays, so that a rank's result survives its process (no shared memory)."""
+    if isinstance(value, torch.Tensor):
+        return value.numpy().copy()
+    if isinstance(value, dict):
+        return {k: _portable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_portable(v) for v in value)
+    return value
+
+
+def _tensor(value) -> torch.Tensor:
+    return torch.as_tensor(value)
+
+
+def same_mask_reference(step, batch: dict[str, torch.Tensor], loss_call: int):
+    """A one-backward step whose forwards are the cached step's chunks, with gradient, under
+    the RNG states the cached step seeds: the dropout masks the cached step must reproduce."""
+    from vascl_scale.train.step import chunk_spans, loss_call_seed
+
+    rank = step.accelerator.process_index
+    torch.manual_seed(loss_call_seed(step.seed, loss_call, rank))
+    generator = torch.Generator().manual_seed(loss_call_seed(step.seed, loss_call, 0))
+    spans = chunk_spans(step.per_device_batch, step.chunk_size)
+    views = [torch.cat([step.model(**{k: v[a:b] for k, v in batch.items()}) for a, b in spans]) for _ in range(2)]
+    out = step.objective(views[0], views[1], step.head, generator)
+    step.accelerator.backward(out.loss)
+    return out
+
+
+def one_loss_call(rank: int, world_size: int, objective: str, loss: dict, dropout: float, mode: str) -> dict:
+    """One loss call and its backward on this rank: "uncached", "cached" or "same_masks"."""
+    accelerator, model, step, recorder = _parts(objective, loss, 0 if mode == "uncached" else CHUNK, dropout)
+    forwards: list[tuple[bool, torch.Tensor]] = []
+    model.register_forward_hook(lambda module, args, output: forwards.append((torch.is_grad_enabled(), output.detach().clone())))
+    batch = _own_batch(rank, world_size)
+    if mode == "uncached":
+        out = step.loss_call(batch, 0)
+        step._backward(out.loss, final=True)
+    elif mode == "cached":
+        out = step.cached_loss_call(batch, 0, 0)
+    else:
+        out = same_mask_reference(step, batch, 0)
+    return {"loss": out.loss.detach(), "gradients": _gradients(model), "recorded": recorder.calls, "forwards": forwards}
+
+
+def loss_calls(rank: int, world_size: int, dropout: float, modes: tuple[str, ...]) -> list[dict]:
+    """:func:`one_loss_call` for every case and mode in one process (starting ranks is what costs)."""
+    results = [{mode: one_loss_call(rank, world_size, o, loss, dropout, mode) for mode in modes} for o, loss in CASES]
+    return _portable(results)
+
+
+def _assert_close(got, expected, what: str) -> None:
+    torch.testing.assert_close(_tensor(got), _tensor(expected), rtol=1e-9, atol=1e-11, msg=lambda m: f"{what}: {m}")
+
+
+def _assert_same_call(got: dict, expected: dict, what: str) -> None:
+    _assert_close(got["loss"], expected["loss"], f"{what}, loss")
+    assert len(got["recorded"]) == len(expected["recorded"])
+    for ours, theirs in zip(got["recorded"], expected["recorded"]):
+        assert (ours["neighbours"] == theirs["neighbours"]).all(), what
+        _assert_close(ours["delta"], theirs["delta"], f"{what}, delta")
+    assert sorted(got["gradients"]) == sorted(expected["gradients"])
+    for name, gradient in expected["gradients"].items():
+        assert abs(gradient).max() > 0, f"{name} has no gradient: the comparison would prove nothing"
+        _assert_close(got["gradients"][name], gradient, f"{what}, gradient of {name}")
+
+
+def test_without_dropout_the_cached_call_is_the_one_forward_call() -> None:
+    (results,) = run_as_launched(loss_calls, 1, 0.0, ("uncached", "cached"))
+    for case_id, result in zip(CASE_IDS, results):
+        _assert_same_call(result["cached"], result["uncached"], case_id)
+
+
+def test_with_dropout_the_cached_call_replays_the_masks_of_its_chunks() -> None:
+    (results,) = run_as_launched(loss_calls, 1, 0.2, ("same_masks", "cached"))
+    for case_id, result in zip(CASE_IDS, results):
+        reference, cached = result["same_masks"], result["cached"]
+        _assert_same_call(cached, reference, f"{case_id}, dropout 0.2")
+        # 2 views x 3 chunks without gradient, then the same 6 forwards again with it.
+        forwards = cached["forwards"]
+        assert [grad for grad, _ in forwards] == [False] * 6 + [True] * 6
+        for index in range(6):
+            assert (forwards[index][1] == forwards[6 + index][1]).all(), f"{case_id}: forward {index} was not replayed exactly"
+        for index in range(3):  # the same sentences in both views, under different masks
+            assert abs(forwards[index][1] - forwards[3 + index][1]).max() > 1e-3, f"{case_id}: chunk {index}: the views share masks"
+        # And the masks are dropout's: the reference's forwards are the cached step's first pass.
+        for index in range(6):
+            assert (reference["forwards"][index][1] == forwards[index][1]).all(), case_id
+
+
+def optimiser_steps(rank: int, world_size: int, grad_accum_steps: int) -> dict:
+    """Per objective, uncached and cached: two SGD steps of A = ``grad_accum_steps`` loss calls
+    under DDP, counting the gradient all-reduces (comm hook calls for the first bucket)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    chunk = min(CHUNK, GLOBAL_BATCH // world_size)
+    results = {}
+    for objective in ("vascl", "simcse"):
+        for chunk_size in (0, chunk):
+            accelerator, model, step, _ = _parts(objective, {}, chunk_size, 0.0, grad_accum_steps, sgd=True)
+            reductions = []
+
+            def counting_allreduce(state, bucket):
+                if bucket.index() == 0:
+                    reductions.append(1)
+                return default_hooks.allreduce_hook(state, bucket)
+
+            step.model.register_comm_hook(dist.group.WORLD, counting_allreduce)
+            per_step = []
+            for index in range(2):
+                before = len(reductions)
+                batches = iter([_own_batch(rank, world_size, seed=20 + 2 * index + micro) for micro in range(grad_accum_steps)])
+                step(batches, index)
+                per_step.append(len(reductions) - before)
+            weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+            results[objective, "cached" if chunk_size else "uncached"] = {"weights": weights, "reductions_per_step": per_step}
+    return _portable(results)
+
+
+def test_cached_optimiser_steps_equal_uncached_ones_with_one_all_reduce_each() -> None:
+    """1 process (A = 2), 2 ranks (A = 1 and 2) and 4 ranks (A = 1), both objectives."""
+    initial = dict(tiny_encoder(seed=0, dtype=torch.float64, head_dim=8).named_parameters())
+    for world_size, accum in ((1, 2), (2, 1), (4, 1), (2, 2)):
+        results = run_as_launched(optimiser_steps, world_size, accum)
+        for objective in ("vascl", "simcse"):
+            what = f"{objective}, W={world_size}, A={accum}"
+            uncached, cached = results[0][objective, "uncached"], results[0][objective, "cached"]
+            for name, weight in uncached["weights"].items():
+                _assert_close(cached["weights"][name], weight, f"{what}: {name}")
+            moved = [n for n, w in uncached["weights"].items() if not torch.allclose(initial[n], _tensor(w), atol=1e-4)]
+            assert len(moved) > len(initial) // 2, f"{what}: the steps hardly moved the weights ({moved})"
+            for rank in range(world_size):
+                assert results[rank][objective, "cached"]["reductions_per_step"] == [1, 1], what
+                assert results[rank][objective, "uncached"]["reductions_per_step"] == [1, 1], what
+
+
+def test_a_chunk_larger_than_the_per_device_batch_or_negative_is_refused_naming_the_key() -> None:
+    from vascl_scale.config import config_from_dict
+
+    def config(chunk):
+        return config_from_dict({"model": {"path": "m"}, "data": {"train": "t"}, "train": {"global_batch_size": 64, "chunk_size": chunk}})
+
+    with pytest.raises(ValueError, match=r"train\.chunk_size"):
+        config(-1)
+    with pytest.raises(ValueError, match=r"train\.chunk_size = 65 exceeds the per-device batch 64"):
+        config(65)
+    with pytest.raises(ValueError, match=r"train\.chunk_size = 48 exceeds the per-device batch 32 .*at most 32"):
+        config(48).per_device_batch_size(2)
+    assert config(48).per_device_batch_size(1) == 64  # need not divide the batch
