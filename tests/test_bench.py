@@ -43,18 +43,42 @@ def test_bench_step_reports_medians_and_the_ratio(tiny_config: Path, tmp_path: P
     assert "VaSCL / SimCSE median step time" in " ".join(result.output.split())
 
 
+def test_bench_step_grid_runs_each_cell_alone_and_skips_what_would_not_fit(tiny_config: Path, tmp_path: Path) -> None:
+    out, plot = tmp_path / "grid.json", tmp_path / "grid.png"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "step", "--model", str(tiny_config), "--global-batch", "8,16", "--chunk-size", "0,4",
+         "--max-rows-per-forward", "24", "--objective", "vascl", "--k", "3", "--steps", "2", "--warmup", "0",
+         "--max-length", "8", "--plot", str(plot), "--output", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    cells = json.loads(out.read_text())["cells"]
+    assert [(c["global_batch"], c["chunk_size"]) for c in cells] == [(8, 0), (8, 4), (16, 0), (16, 4)]
+    assert cells[2]["skipped"] == "32 sentences per forward > --max-rows-per-forward 24" and "result" not in cells[2]
+    for cell in (cells[0], cells[1], cells[3]):
+        report = cell["result"]
+        assert report["chunk_size"] == cell["chunk_size"] and report["global_batch"] == cell["global_batch"]
+        assert report["rows_per_forward"] == (4 if cell["chunk_size"] else 16)
+        assert report["peak_rss_mb"] > 50 and len(report["objectives"]["vascl"]["times_s"]) == 2
+    assert plot.stat().st_size > 10_000
+    text = " ".join(result.output.split())
+    assert "32 sentences per forward > --max-rows-per-forward 24" in text and "time / uncached" in text
+
+
 def test_bench_step_rejects_bad_objective(tiny_config: Path) -> None:
     result = CliRunner().invoke(app, ["bench", "step", "--model", str(tiny_config), "--objective", "simclr"])
     assert result.exit_code != 0 and "vascl and/or simcse" in " ".join(result.output.split())
 
 
-def test_bench_comm_measured_equals_computed(tiny_config: Path, tmp_path: Path) -> None:
-    """A real 2-rank gloo step: the collectives counted match the formulas byte for byte."""
+@pytest.mark.parametrize("chunk_size", [0, 3])
+def test_bench_comm_measured_equals_computed(tiny_config: Path, tmp_path: Path, chunk_size: int) -> None:
+    """A real 2-rank gloo step, uncached and cached: the collectives counted match the formulas
+    byte for byte (the cached step's DDP gradients included: one all-reduce per step)."""
     out = tmp_path / "comm.json"
     result = CliRunner().invoke(
         app,
         ["bench", "comm", "--model", str(tiny_config), "--global-batch", "16", "--world-size", "4", "--k", "3",
-         "--head-dim", "8", "--output", str(out)],
+         "--head-dim", "8", "--chunk-size", str(chunk_size), "--output", str(out)],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
@@ -62,7 +86,8 @@ def test_bench_comm_measured_equals_computed(tiny_config: Path, tmp_path: Path) 
         assert report["measured_vs_computed"][objective]["gathers"] == pytest.approx(1.0)
         assert report["measured_vs_computed"][objective]["ddp_gradients"] == pytest.approx(1.0)
     vascl_calls = [g["collective"] for g in report["measured"]["vascl"]["gathers"]]
-    assert vascl_calls.count("all_gather") == 4 and vascl_calls.count("all_reduce") == 2
+    # Cached: the features' backward all-reduce twice (d loss / d e, then the head); z*'s once (detached).
+    assert vascl_calls.count("all_gather") == 4 and vascl_calls.count("all_reduce") == (3 if chunk_size else 2)
     shares = report["gather_share_of_gradient_traffic"]["vascl"]
     assert set(shares) == {"ddp", "zero2", "zero3"} and all(0 < s for s in shares.values())
 
@@ -79,3 +104,8 @@ def test_traffic_formulas_known_answers() -> None:
     calls = gather_collectives("vascl", 1024, 8, 768, 128, 4)
     assert sorted(n for c, n in calls if c == "all_gather") == [8, 128 * 128 * 4, 2 * 128 * 128 * 4, 128 * 768 * 4]
     assert traffic["gathers"]["vascl"] / traffic["gradients"]["ddp"] < 0.02
+    # Cached, b = 128 in chunks of 64: n = 2 per view, 4 backwards reduce under ZeRO, 8 forwards gather under ZeRO-3.
+    cached = computed_traffic(110_000_000, 768, 128, 1024, 8, chunk_size=64)
+    assert cached["gradients"]["ddp"] == traffic["gradients"]["ddp"]
+    assert cached["gradients"]["zero2"] == pytest.approx((4 + 1) * 7 / 8 * 440e6)
+    assert cached["gradients"]["zero3"] == pytest.approx((4 + 1 + 8 + 4) * 7 / 8 * 440e6)

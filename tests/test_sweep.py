@@ -118,6 +118,29 @@ def test_invalid_grid_is_refused_before_anything_runs(workspace: Path) -> None:
     assert not out.exists()
 
 
+def test_skip_invalid_drops_and_lists_cells_and_sentences_per_cell_sets_each_length(workspace: Path) -> None:
+    out = workspace / "sbudget"
+    common = ["--config", str(workspace / "base.yaml"), "--grid", "train.global_batch_size=8,32", "--grid", "loss.k=2,16"]
+    refused = _sweep(*common, "--skip-invalid", "--sentences-per-cell", "40", "--launcher", "slurm", "--output", str(out))
+    assert refused.exit_code == 2 and "is not a multiple of cell" in _flat(refused.output) and not out.exists()
+    both = _sweep(*common, "--sentences-per-cell", "64", "--max-steps", "3", "--output", str(out))
+    assert both.exit_code == 2 and "replaces --max-steps" in _flat(both.output)
+
+    result = _sweep(*common, "--skip-invalid", "--sentences-per-cell", "64", "--launcher", "slurm", "--output", str(out))
+    assert result.exit_code == 0, result.output
+    assert "1 of 4 cells are invalid; skipped (--skip-invalid)" in _flat(result.output)
+    plan = SweepPlan.load(out)
+    assert [cell.index for cell in plan.cells] == [0, 1, 2]
+    steps = {(c.values["train.global_batch_size"], c.values["loss.k"]): c.derived["train.max_steps"] for c in plan.cells}
+    assert steps == {(8, 2): 8, (32, 2): 2, (32, 16): 2}  # 64 sentences each
+    assert "train.max_steps=8" in plan.cells[0].assignments()
+    assert list(plan.skipped) == ["train.global_batch_size-8__loss.k-16__seed-0"]
+    assert "#SBATCH --array=0-2" in (out / "sweep.sbatch").read_text()
+    collected = CliRunner().invoke(app, ["sweep", "collect", str(out)])
+    assert collected.exit_code == 0, collected.output
+    assert "## Skipped cells" in (out / "results.md").read_text() and "k must be" in (out / "results.md").read_text()
+
+
 def test_slurm_mode_writes_a_valid_array_script(workspace: Path) -> None:
     out = workspace / "sslurm"
     result = _sweep(

@@ -37,10 +37,21 @@ def data(
         save_result(result.as_dict(), output)
 
 
+def _integers(text: str, option: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        raise ValueError(f"{option} takes integers, comma separated; got {text!r}")
+    return values
+
+
 @app.command("step")
 def step(
     model: str = typer.Option(..., "--model", help="Model directory, or a Hugging Face config.json (random init)."),
-    global_batch: int = typer.Option(64, "--global-batch", help="Sentences per loss call over all ranks."),
+    global_batch: str = typer.Option("64", "--global-batch", help="Sentences per loss call over all ranks; several, comma separated, make a grid."),
+    chunk_size: str = typer.Option("0", "--chunk-size", help="train.chunk_size: 0 uncached, else sentences per encoder forward; several make a grid."),
     objective: str = typer.Option("vascl,simcse", "--objective", help="vascl, simcse or both (the ratio needs both)."),
     steps: int = typer.Option(10, "--steps", help="Timed steps per objective."),
     warmup: int = typer.Option(2, "--warmup", help="Untimed steps per objective first."),
@@ -50,13 +61,36 @@ def step(
     precision: str = typer.Option("auto", "--precision", help="auto, no, bf16 or fp16 (as train.precision)."),
     num_processes: int = typer.Option(1, "--num-processes", help="Ranks on this machine (through accelerate)."),
     deepspeed: Optional[Path] = typer.Option(None, "--deepspeed", help="DeepSpeed JSON, e.g. configs/deepspeed/zero2.json."),
+    max_rows_per_forward: int = typer.Option(
+        1 << 30, "--max-rows-per-forward", help="Grid: skip cells whose encoder forward holds more sentences (2b uncached, c cached)."
+    ),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Grid: also plot memory and time against the batch (PNG)."),
     output: Optional[Path] = typer.Option(None, "--output", help="Also write the result as JSON here."),
 ) -> None:
-    """Median / p10 / p90 time of full training steps and the VaSCL / SimCSE ratio, in one run."""
+    """Median / p10 / p90 time and peak memory of full training steps, uncached or cached; a
+    grid over global batches and chunk sizes runs each cell as its own process."""
     from vascl_scale.bench import save_result
-    from vascl_scale.bench.step import run_step_bench, step_table
+    from vascl_scale.bench.step import grid_cells, grid_table, plot_grid, run_grid, run_step_bench, step_table
     from vascl_scale.log import console, fail, print_table
     from vascl_scale.train.launch import LaunchPlan, become_single_rank, exit_with_parent, in_distributed_worker, launch_workers
+
+    try:
+        batches, chunks = _integers(global_batch, "--global-batch"), _integers(chunk_size, "--chunk-size")
+    except ValueError as err:
+        fail(err)
+    objectives = [o.strip() for o in objective.split(",") if o.strip()]
+    if len(batches) * len(chunks) > 1:
+        cell_argv = ["bench", "step", "--model", model, "--objective", objective, "--steps", str(steps), "--warmup", str(warmup)]
+        cell_argv += ["--max-length", str(max_length), "--k", str(k), "--eps", str(eps), "--precision", precision]
+        cell_argv += ["--num-processes", str(num_processes)] + (["--deepspeed", str(deepspeed)] if deepspeed else [])
+        cells = run_grid(cell_argv, grid_cells(batches, chunks, num_processes, max_rows_per_forward))
+        print_table(grid_table(cells, objectives[0]))
+        if plot is not None and any("result" in c for c in cells):
+            plot_grid(cells, objectives[0], plot)
+            console.print(f"plot: {plot}")
+        if output is not None:
+            save_result({"cells": cells}, output)
+        return
 
     if in_distributed_worker():
         exit_with_parent()
@@ -69,8 +103,8 @@ def step(
     try:
         result = run_step_bench(
             model,
-            global_batch,
-            [o.strip() for o in objective.split(",") if o.strip()],
+            batches[0],
+            objectives,
             steps=steps,
             warmup=warmup,
             max_length=max_length,
@@ -78,6 +112,7 @@ def step(
             eps=eps,
             precision=precision,
             deepspeed=str(deepspeed) if deepspeed is not None else None,
+            chunk_size=chunks[0],
         )
     except ValueError as err:
         fail(err)
@@ -86,7 +121,8 @@ def step(
     print_table(step_table(result))
     if "vascl_over_simcse" in result:
         console.print(f"VaSCL / SimCSE median step time: {result['vascl_over_simcse']:.3f}")
-    console.print(f"peak resident memory of this process: {result['process_peak_rss_mb']:.0f} MiB")
+    ranks = " + ".join(f"{mb:.0f}" for mb in result["peak_rss_mb_per_rank"])
+    console.print(f"peak resident memory: {result['peak_rss_mb']:.0f} MiB (ranks: {ranks})")
     if output is not None:
         save_result(result, output)
 
@@ -99,6 +135,7 @@ def comm(
     measure_processes: int = typer.Option(2, "--measure-processes", help="gloo ranks of the measured step (0: skip it)."),
     k: int = typer.Option(16, "--k", help="VaSCL neighbours in the measured step."),
     head_dim: int = typer.Option(128, "--head-dim", help="Output size of the projection head."),
+    chunk_size: int = typer.Option(0, "--chunk-size", help="train.chunk_size of the cached step (0: uncached)."),
     output: Optional[Path] = typer.Option(None, "--output", help="Also write the report as JSON here."),
     worker_output: Optional[Path] = typer.Option(None, "--worker-output", hidden=True),
 ) -> None:
@@ -112,12 +149,14 @@ def comm(
 
     if in_distributed_worker():  # a rank of the measured step
         exit_with_parent()
-        measured = measure_step(model, global_batch, k, head_dim)
+        measured = measure_step(model, global_batch, k, head_dim, chunk_size)
         if measured["rank"] == 0 and worker_output is not None:
             worker_output.write_text(json.dumps(measured), encoding="utf-8")
         return
     if world_size < 1 or global_batch % world_size:
         fail(ValueError(f"--global-batch {global_batch} must be a multiple of --world-size {world_size}"))
+    if not 0 <= chunk_size <= global_batch // world_size:
+        fail(ValueError(f"--chunk-size {chunk_size} must be between 0 and the per-device batch {global_batch // world_size}"))
     measured = None
     if measure_processes > 0:
         if measure_processes < 2 or global_batch % measure_processes:
@@ -125,12 +164,12 @@ def comm(
         with tempfile.TemporaryDirectory() as tmp:
             result_file = Path(tmp) / "measured.json"
             argv = ["bench", "comm", "--model", model, "--global-batch", str(global_batch), "--world-size", str(world_size)]
-            argv += ["--k", str(k), "--head-dim", str(head_dim), "--worker-output", str(result_file)]
+            argv += ["--k", str(k), "--head-dim", str(head_dim), "--chunk-size", str(chunk_size), "--worker-output", str(result_file)]
             code = launch_workers(LaunchPlan(processes_per_machine=measure_processes), argv)
             if code != 0 or not result_file.is_file():
                 raise typer.Exit(code or 1)
             measured = json.loads(result_file.read_text(encoding="utf-8"))
-    report = comm_report(model, global_batch, world_size, head_dim, measured)
+    report = comm_report(model, global_batch, world_size, head_dim, measured, chunk_size)
     print_table(comm_table(report))
     if measured is not None:
         for objective, ratios in report["measured_vs_computed"].items():

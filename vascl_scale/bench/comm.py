@@ -11,6 +11,13 @@ reduce-scatter or an all-gather of a partitioned N-byte tensor sends (W - 1) / W
   gradients and all-gathers the updated parameters; ZeRO-3 also all-gathers the parameters in
   the forward and again in the backward.
 
+The cached step (``--chunk-size`` c, n = ceil(b / c) chunks per view) sends the same DDP
+gradient all-reduce once per step, and its gathers run their backward twice (once for d loss
+/ d e, once for the head's gradient in the first chunk's backward; z*'s only with
+``loss.detach: false``, since detached it does not reach the embeddings). ZeRO-2 and ZeRO-3 reduce
+the gradients of every backward, 2n per loss call instead of one, and ZeRO-3 gathers the
+parameters for each of the 4n forwards and 2n backwards.
+
 Measured: one training step on W real gloo ranks (DDP) counts the payload of every
 collective, the gathers through :func:`vascl_scale.distributed.record_traffic` and the
 gradient buckets through a DDP communication hook, then applies the same ring formulas.
@@ -40,39 +47,72 @@ def ring_bytes_sent(collective: str, payload: int, world_size: int) -> float:
     raise ValueError(f"unknown collective {collective!r}")
 
 
-def gather_collectives(objective: str, global_batch: int, world_size: int, hidden: int, head_dim: int, element_bytes: int) -> list[tuple[str, int]]:
-    """(collective, per-rank payload bytes) of one loss call of ``objective``."""
+def gather_collectives(
+    objective: str,
+    global_batch: int,
+    world_size: int,
+    hidden: int,
+    head_dim: int,
+    element_bytes: int,
+    cached: bool = False,
+    detach: bool = True,
+) -> list[tuple[str, int]]:
+    """(collective, per-rank payload bytes) of one loss call of ``objective`` (``loss.detach``
+    as given; the benchmarks use the default, true)."""
     b = global_batch // world_size
+    # The cached step runs the backward of a gather twice when the embeddings depend on it (for
+    # d loss / d e, then with the head's gradient); z* depends on them only without detach.
+    features_backwards = 2 if cached else 1
+    augmented_backwards = 2 if cached and not detach else 1
     calls = [("all_gather", 8)]  # the row-count check: one int64 per rank
     features = 2 * b * head_dim * element_bytes
-    calls += [("all_gather", features), ("all_reduce", world_size * features)]
+    calls += [("all_gather", features)] + [("all_reduce", world_size * features)] * features_backwards
     if objective == "vascl":
         augmented = b * head_dim * element_bytes
         calls += [("all_gather", b * hidden * element_bytes)]  # e1 for the neighbour search
-        calls += [("all_gather", augmented), ("all_reduce", world_size * augmented)]
+        calls += [("all_gather", augmented)] + [("all_reduce", world_size * augmented)] * augmented_backwards
     return calls
 
 
+def chunks_per_view(global_batch: int, world_size: int, chunk_size: int) -> int:
+    """n: encoder forwards per view and loss call of the cached step (0 when uncached)."""
+    return -(-(global_batch // world_size) // chunk_size) if chunk_size else 0
+
+
 def computed_traffic(
-    trainable_params: int, hidden: int, head_dim: int, global_batch: int, world_size: int, element_bytes: int = 4, grad_bytes: int = 4, param_bytes: int = 4
+    trainable_params: int,
+    hidden: int,
+    head_dim: int,
+    global_batch: int,
+    world_size: int,
+    element_bytes: int = 4,
+    grad_bytes: int = 4,
+    param_bytes: int = 4,
+    chunk_size: int = 0,
 ) -> dict[str, Any]:
     """Bytes sent per rank and step by the gathers and by each gradient strategy."""
     w = world_size
     gradients = trainable_params * grad_bytes
     parameters = trainable_params * param_bytes
+    n = chunks_per_view(global_batch, w, chunk_size)
+    forwards, backwards = (4 * n, 2 * n) if n else (1, 1)
+    reduce_scatters = backwards * ring_bytes_sent("reduce_scatter", gradients, w)
     strategies = {
         "ddp": ring_bytes_sent("all_reduce", gradients, w),
-        "zero2": ring_bytes_sent("reduce_scatter", gradients, w) + ring_bytes_sent("all_gather_partitioned", parameters, w),
-        "zero3": ring_bytes_sent("reduce_scatter", gradients, w) + 3 * ring_bytes_sent("all_gather_partitioned", parameters, w),
+        "zero2": reduce_scatters + ring_bytes_sent("all_gather_partitioned", parameters, w),
+        "zero3": reduce_scatters + (1 + forwards + backwards) * ring_bytes_sent("all_gather_partitioned", parameters, w),
     }
     gathers = {
-        objective: sum(ring_bytes_sent(c, n, w) for c, n in gather_collectives(objective, global_batch, w, hidden, head_dim, element_bytes))
+        objective: sum(
+            ring_bytes_sent(c, b, w)
+            for c, b in gather_collectives(objective, global_batch, w, hidden, head_dim, element_bytes, cached=n > 0)
+        )
         for objective in ("vascl", "simcse")
     }
     return {"gathers": gathers, "gradients": strategies}
 
 
-def measure_step(model: str, global_batch: int, k: int, head_dim: int) -> dict[str, Any]:
+def measure_step(model: str, global_batch: int, k: int, head_dim: int, chunk_size: int = 0) -> dict[str, Any]:
     """On every rank of a gloo job: one training step (the trainer's own) of VaSCL and one of
     SimCSE under DDP, counting the gathers and the gradient all-reduce payloads."""
     import torch.distributed as dist
@@ -92,6 +132,7 @@ def measure_step(model: str, global_batch: int, k: int, head_dim: int) -> dict[s
     if world_size < 2:
         raise ValueError("the measured run needs at least 2 ranks")
     rows = configs["vascl"].per_device_batch_size(world_size)
+    chunk_size = min(chunk_size, rows)
     ddp, optimizer = prepare_for_training(accelerator, encoder, build_optimizer(encoder, configs["vascl"]), configs["vascl"])
     gradient_payloads: list[int] = []
 
@@ -105,7 +146,10 @@ def measure_step(model: str, global_batch: int, k: int, head_dim: int) -> dict[s
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}  # (b, L)
     measured: dict[str, Any] = {}
     for objective, config in configs.items():
-        step = TrainingStep(accelerator, ddp, optimizer, build_objective(objective, config.loss), seed=0, per_device_batch=rows)
+        step = TrainingStep(
+            accelerator, ddp, optimizer, build_objective(objective, config.loss), seed=0, per_device_batch=rows,
+            chunk_size=chunk_size,
+        )  # fmt: skip
         gradient_payloads.clear()
         with record_traffic() as gathers:
             step(iter([batch]), 0)
@@ -126,11 +170,14 @@ def measure_step(model: str, global_batch: int, k: int, head_dim: int) -> dict[s
         "trainable_params": trainable,
         "hidden": int(encoder.hidden_size),
         "head_dim": head_dim,
+        "chunk_size": chunk_size,
         "measured": measured,
     }
 
 
-def comm_report(model: str, global_batch: int, world_size: int, head_dim: int, measured: dict[str, Any] | None) -> dict[str, Any]:
+def comm_report(
+    model: str, global_batch: int, world_size: int, head_dim: int, measured: dict[str, Any] | None, chunk_size: int = 0
+) -> dict[str, Any]:
     """Computed traffic for ``world_size`` ranks (and the measured run when given), with ratios."""
     if measured is not None:
         trainable, hidden = measured["trainable_params"], measured["hidden"]
@@ -138,7 +185,7 @@ def comm_report(model: str, global_batch: int, world_size: int, head_dim: int, m
         encoder = build_bench_model(model, head_dim)
         trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
         hidden = int(encoder.hidden_size)
-    computed = computed_traffic(trainable, hidden, head_dim, global_batch, world_size)
+    computed = computed_traffic(trainable, hidden, head_dim, global_batch, world_size, chunk_size=chunk_size)
     ratios = {
         objective: {strategy: computed["gathers"][objective] / sent for strategy, sent in computed["gradients"].items()}
         for objective in ("vascl", "simcse")
@@ -150,6 +197,8 @@ def comm_report(model: str, global_batch: int, world_size: int, head_dim: int, m
         "trainable_params": trainable,
         "hidden": hidden,
         "head_dim": head_dim,
+        "chunk_size": chunk_size,
+        "chunks_per_view": chunks_per_view(global_batch, world_size, chunk_size),
         "computed": computed,
         "gather_share_of_gradient_traffic": ratios,
     }
@@ -159,7 +208,10 @@ def comm_report(model: str, global_batch: int, world_size: int, head_dim: int, m
         report["measured_vs_computed"] = {
             objective: {
                 "gathers": measured["measured"][objective]["gather_bytes_sent"]
-                / sum(ring_bytes_sent(c, n, w) for c, n in gather_collectives(objective, global_batch, w, hidden, head_dim, 4)),
+                / sum(
+                    ring_bytes_sent(c, n, w)
+                    for c, n in gather_collectives(objective, global_batch, w, hidden, head_dim, 4, cached=measured["chunk_size"] > 0)
+                ),
                 "ddp_gradients": measured["measured"][objective]["gradient_bytes_sent_ddp"]
                 / ring_bytes_sent("all_reduce", trainable * 4, w),
             }
@@ -172,9 +224,10 @@ def comm_table(report: dict[str, Any]):
     from rich.table import Table
 
     mib = 2**20
+    cached = f", cached step with {report['chunks_per_view']} chunks per view" if report["chunk_size"] else ""
     table = Table(
         title=f"bench comm: {report['trainable_params'] / 1e6:.1f}M trainable params, global batch "
-        f"{report['global_batch']}, {report['world_size']} ranks (MiB sent per rank and step)"
+        f"{report['global_batch']}, {report['world_size']} ranks{cached} (MiB sent per rank and step)"
     )
     for column in ("traffic", "MiB per rank", "VaSCL gathers as share", "SimCSE gathers as share"):
         table.add_column(column, justify="right")

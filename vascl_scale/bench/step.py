@@ -1,4 +1,5 @@
-"""``vascl-scale bench step``: wall time of full training steps, VaSCL against SimCSE, in one run.
+"""``vascl-scale bench step``: wall time and peak memory of full training steps, VaSCL against
+SimCSE, uncached and cached (``--chunk-size``).
 
 A step is exactly what ``vascl-scale train`` runs per optimiser step: the one
 :class:`vascl_scale.train.step.TrainingStep` (both dropout views through the encoder in one
@@ -9,15 +10,26 @@ loader is not measured here (``bench data`` does that). Objectives alternate in 
 steps of each objective are dropped. Reported per objective: median, p10 and p90 step time,
 sentences/s at the median, and peak memory (GPU: max allocated per objective; CPU: the
 process's peak resident set, which only grows, so it is shown once); then the ratio of the
-VaSCL median to the SimCSE median.
+VaSCL median to the SimCSE median. Peak resident memory is each rank's own (``ru_maxrss``),
+summed over the ranks: an upper bound of the process tree's peak (the launcher excluded).
+
+Several global batches or chunk sizes (``--global-batch 64,256 --chunk-size 0,64``) make a
+grid: every cell runs as its own ``bench step`` process, so that each peak is the cell's own,
+and the cells are tabulated and plotted together (:func:`run_grid`). A cell whose encoder
+forward would hold more than ``--max-rows-per-forward`` sentences (2b uncached, c cached: what
+activation memory grows with) is skipped and listed as such.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +55,9 @@ def build_bench_model(model: str, head_dim: int) -> SentenceEncoder:
     raise ValueError(f"--model {model}: expected a model directory or a Hugging Face config.json")
 
 
-def bench_config(objective: str, model: str, global_batch: int, max_length: int, k: int, eps: float, precision: str) -> RunConfig:
+def bench_config(
+    objective: str, model: str, global_batch: int, max_length: int, k: int, eps: float, precision: str, chunk_size: int = 0
+) -> RunConfig:
     """The run config a training run with these settings would have (validated the same way)."""
     return config_from_dict(
         {
@@ -51,7 +65,7 @@ def bench_config(objective: str, model: str, global_batch: int, max_length: int,
             "model": {"path": model},
             "data": {"train": "synthetic", "max_length": max_length},
             "loss": {"k": k, "eps": eps, "xi": eps},
-            "train": {"global_batch_size": global_batch, "precision": precision},
+            "train": {"global_batch_size": global_batch, "precision": precision, "chunk_size": chunk_size},
         }
     )
 
@@ -68,6 +82,7 @@ def run_step_bench(
     precision: str = "auto",
     deepspeed: str | None = None,
     seed: int = 0,
+    chunk_size: int = 0,
 ) -> dict[str, Any]:
     """Time ``steps`` steps per objective (after ``warmup``) on this rank; every rank returns."""
     from vascl_scale.losses import OBJECTIVES, build_objective
@@ -79,7 +94,7 @@ def run_step_bench(
         raise ValueError(f"--objective takes {' and/or '.join(OBJECTIVES)}, comma separated; got {objectives}")
     if steps < 1 or warmup < 0:
         raise ValueError(f"--steps must be >= 1 and --warmup >= 0; got {steps} and {warmup}")
-    configs = {o: bench_config(o, model, global_batch, max_length, k, eps, precision) for o in objectives}
+    configs = {o: bench_config(o, model, global_batch, max_length, k, eps, precision, chunk_size) for o in objectives}
     first = configs[objectives[0]]
 
     torch.manual_seed(seed)
@@ -90,7 +105,10 @@ def run_step_bench(
     rows = first.per_device_batch_size(world_size)
     wrapped, optimizer = prepare_for_training(accelerator, encoder, build_optimizer(encoder, first), first)
     steps_of = {
-        o: TrainingStep(accelerator, wrapped, optimizer, build_objective(o, configs[o].loss), seed=seed, per_device_batch=rows)
+        o: TrainingStep(
+            accelerator, wrapped, optimizer, build_objective(o, configs[o].loss), seed=seed, per_device_batch=rows,
+            chunk_size=chunk_size,
+        )  # fmt: skip
         for o in objectives
     }
     device = accelerator.device
@@ -117,6 +135,8 @@ def run_step_bench(
             elapsed = time.perf_counter() - started
             if round_index >= warmup:
                 times[objective].append(elapsed)
+    own_peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+    rank_peaks_mb = accelerator.gather(torch.tensor([own_peak_mb], dtype=torch.float64, device=device)).tolist()
     accelerator.wait_for_everyone()
     accelerator.end_training()  # leave no process-group thread running at exit (see bench comm)
     # Every rank waited for the slowest in the gathers: report rank 0's view.
@@ -131,8 +151,17 @@ def run_step_bench(
         "precision": first.train.precision,
         "steps": steps,
         "warmup": warmup,
+        "chunk_size": chunk_size,
+        "rows_per_forward": rows_per_forward(rows, chunk_size),
+        "peak_rss_mb": sum(rank_peaks_mb),
+        "peak_rss_mb_per_rank": rank_peaks_mb,
     }
     return {**_summary(times, peak_mb, global_batch, setup), "rank": rank}
+
+
+def rows_per_forward(per_device_batch: int, chunk_size: int) -> int:
+    """Sentences one encoder forward holds activations for: both views (2b) or one chunk (c)."""
+    return chunk_size if chunk_size else 2 * per_device_batch
 
 
 def _summary(times: dict[str, list[float]], peak_mb: dict[str, float], global_batch: int, setup: dict[str, Any]) -> dict[str, Any]:
@@ -149,7 +178,6 @@ def _summary(times: dict[str, list[float]], peak_mb: dict[str, float], global_ba
             "peak_memory_mb": peak_mb.get(objective),
             "times_s": values,
         }
-    result["process_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     if "vascl" in times and "simcse" in times:
         result["vascl_over_simcse"] = result["objectives"]["vascl"]["median_s"] / result["objectives"]["simcse"]["median_s"]
     return result
@@ -158,9 +186,11 @@ def _summary(times: dict[str, list[float]], peak_mb: dict[str, float], global_ba
 def step_table(result: dict[str, Any]):
     from rich.table import Table
 
+    cached = f"cached, chunks of {result['chunk_size']}" if result["chunk_size"] else "uncached"
     title = (
         f"bench step: global batch {result['global_batch']} = {result['world_size']} x {result['per_device_batch']}, "
-        f"max length {result['max_length']}, {result['device']}, {result['steps']} steps after {result['warmup']} warm-up"
+        f"{cached}, max length {result['max_length']}, {result['device']}, {result['steps']} steps after "
+        f"{result['warmup']} warm-up"
     )
     table = Table(title=title)
     for column in ("objective", "median s", "p10 s", "p90 s", "sentences/s", "peak GPU MiB"):
@@ -177,3 +207,109 @@ def step_table(result: dict[str, Any]):
         )
     return table
 
+
+
+def grid_cells(
+    global_batches: list[int], chunk_sizes: list[int], world_size: int, max_rows_per_forward: int
+) -> list[tuple[int, int, str | None]]:
+    """(global batch, chunk size, why it is skipped or None) of every cell, batch-major."""
+    cells = []
+    for global_batch, chunk_size in itertools.product(global_batches, chunk_sizes):
+        reason = None
+        if global_batch % world_size:
+            reason = f"{world_size} ranks do not divide the batch"
+        elif chunk_size > global_batch // world_size:
+            reason = f"chunk {chunk_size} > per-device batch {global_batch // world_size}"
+        elif rows_per_forward(global_batch // world_size, chunk_size) > max_rows_per_forward:
+            rows = rows_per_forward(global_batch // world_size, chunk_size)
+            reason = f"{rows} sentences per forward > --max-rows-per-forward {max_rows_per_forward}"
+        cells.append((global_batch, chunk_size, reason))
+    return cells
+
+
+def run_grid(cell_argv: list[str], cells: list[tuple[int, int, str | None]]) -> list[dict[str, Any]]:
+    """Each runnable cell as its own ``vascl-scale bench step`` process (``cell_argv`` plus the
+    cell's batch, chunk size and output file); a failed cell is reported and the grid goes on."""
+    from rich.progress import Progress
+
+    from vascl_scale.log import console
+
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as scratch, Progress(console=console, transient=True) as progress:
+        task = progress.add_task("bench step cells", total=len(cells))
+        for global_batch, chunk_size, reason in cells:
+            row: dict[str, Any] = {"global_batch": global_batch, "chunk_size": chunk_size, "skipped": reason}
+            if reason is None:
+                output = Path(scratch) / f"cell-{global_batch}-{chunk_size}.json"
+                argv = [*cell_argv, "--global-batch", str(global_batch), "--chunk-size", str(chunk_size), "--output", str(output)]
+                done = subprocess.run([sys.executable, "-m", "vascl_scale", *argv], capture_output=True, text=True)
+                if done.returncode == 0:
+                    row["result"] = json.loads(output.read_text(encoding="utf-8"))
+                else:
+                    row["failed"] = f"exit {done.returncode}: " + " ".join(done.stderr.split()[-60:])
+                    logger.warning("bench step cell B=%d chunk=%d failed: %s", global_batch, chunk_size, row["failed"])
+            results.append(row)
+            progress.advance(task)
+    return results
+
+
+def grid_table(cells: list[dict[str, Any]], objective: str):
+    """One row per cell: peak memory and median step time, and cached against uncached at the same batch."""
+    from rich.table import Table
+
+    uncached = {c["global_batch"]: c["result"] for c in cells if "result" in c and c["chunk_size"] == 0}
+    table = Table(title=f"bench step grid ({objective}): peak resident memory and step time per cell")
+    for column in ("global batch", "chunk", "sentences per forward", "peak RSS MiB", "median s", "sentences/s", "time / uncached", "note"):
+        table.add_column(column, justify="right")
+    for cell in cells:
+        batch, chunk = cell["global_batch"], cell["chunk_size"]
+        if "result" not in cell:
+            table.add_row(str(batch), str(chunk) if chunk else "-", "", "", "", "", "", cell.get("skipped") or cell.get("failed", ""))
+            continue
+        result = cell["result"]
+        stats = result["objectives"][objective]
+        ratio = ""
+        if chunk and batch in uncached:
+            ratio = f"{stats['median_s'] / uncached[batch]['objectives'][objective]['median_s']:.2f}"
+        table.add_row(
+            str(batch),
+            str(chunk) if chunk else "-",
+            str(result["rows_per_forward"]),
+            f"{result['peak_rss_mb']:.0f}",
+            f"{stats['median_s']:.2f}",
+            f"{stats['sentences_per_s']:.1f}",
+            ratio,
+            "",
+        )
+    return table
+
+
+def plot_grid(cells: list[dict[str, Any]], objective: str, path: Path) -> None:
+    """Peak memory and median step time against the global batch, one line per chunk size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (memory_axis, time_axis) = plt.subplots(1, 2, figsize=(10, 4))
+    for chunk in sorted({c["chunk_size"] for c in cells}):
+        done = [c for c in cells if c["chunk_size"] == chunk and "result" in c]
+        if not done:
+            continue
+        batches = [c["global_batch"] for c in done]
+        label = f"cached, chunk {chunk}" if chunk else "uncached"
+        memory_axis.plot(batches, [c["result"]["peak_rss_mb"] / 1024 for c in done], marker="o", label=label)
+        time_axis.plot(batches, [c["result"]["objectives"][objective]["median_s"] for c in done], marker="o", label=label)
+    first = next(c["result"] for c in cells if "result" in c)
+    for axis, ylabel in ((memory_axis, "peak resident memory (GiB)"), (time_axis, "median step time (s)")):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("global batch (sentences)")
+        axis.set_ylabel(ylabel)
+        axis.grid(True, alpha=0.3)
+        axis.legend()
+    time_axis.set_yscale("log")
+    figure.suptitle(f"{objective} training step, {first['world_size']} process(es), {first['device']}, max length {first['max_length']}")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

@@ -13,7 +13,15 @@ import typer
 from rich.table import Table
 
 from vascl_scale.log import console, fail, print_table
-from vascl_scale.sweep.grid import SweepPlan, expand, invalid_cells, parse_grid_axis, parse_variant
+from vascl_scale.sweep.grid import (
+    SweepPlan,
+    drop_cells,
+    expand,
+    invalid_cells,
+    parse_grid_axis,
+    parse_variant,
+    set_training_length,
+)
 from vascl_scale.sweep.report import collect
 from vascl_scale.sweep.run import Interrupted, read_status, run_cell, run_sweep
 from vascl_scale.sweep.slurm import refuse_control_characters, write_array_script
@@ -85,6 +93,12 @@ def sweep(
     num_processes: int = typer.Option(1, "--num-processes", help="Processes per cell (as vascl-scale train)."),
     deepspeed: Optional[str] = typer.Option(None, "--deepspeed", help="DeepSpeed JSON for every cell."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Same as --set train.max_steps=S."),
+    sentences_per_cell: Optional[int] = typer.Option(
+        None, "--sentences-per-cell", help="Train every cell on N sentences: max_steps = N / (global batch x accumulation)."
+    ),
+    skip_invalid: bool = typer.Option(
+        False, "--skip-invalid", help="Drop cells whose config is invalid (e.g. k >= batch - 1), listing them, instead of refusing."
+    ),
     sbatch: list[str] = typer.Option([], "--sbatch", help="Extra #SBATCH option for --launcher slurm (repeatable)."),
 ) -> None:
     if ctx.invoked_subcommand is not None:
@@ -108,6 +122,8 @@ def sweep(
         variants = dict(parse_variant(text) for text in variant)
         if len(variants) != len(variant):
             raise ValueError("two --variant options share a name; give each variant its own name")
+        if sentences_per_cell is not None and (max_steps is not None or sentences_per_cell < 1):
+            raise ValueError("--sentences-per-cell takes a positive number and replaces --max-steps; give one of them")
         fixed = list(overrides) + ([f"train.max_steps={max_steps}"] if max_steps is not None else [])
         plan = SweepPlan(
             base_config=str(config.resolve()),
@@ -120,19 +136,27 @@ def sweep(
             data_dir=data_dir,
             variants=variants,
             eval_args=shlex.split(eval_args),
+            sentences_per_cell=sentences_per_cell,
         )
         if plan.eval_args and eval_tasks == "none":
             raise ValueError("--eval-args needs an evaluation; drop it or choose --eval sts/clustering/intent/all")
         plan.cells = expand(plan.grid, plan.seeds, plan.variants)
         problems = invalid_cells(plan, world_size=num_processes)
         if problems:
-            table = Table(title=f"{len(problems)} of {len(plan.cells)} cells are invalid; nothing was run")
+            verdict = "skipped (--skip-invalid)" if skip_invalid else "nothing was run"
+            table = Table(title=f"{len(problems)} of {len(plan.cells)} cells are invalid; {verdict}")
             table.add_column("cell")
             table.add_column("reason")
             for cell, reason in problems:
                 table.add_row(cell.name, reason)
             print_table(table)
-            raise ValueError("fix or drop the invalid grid values above (e.g. keep loss.k < global batch - 1)")
+            if not skip_invalid:
+                raise ValueError("fix or drop the invalid grid values above (e.g. keep loss.k < global batch - 1), or pass --skip-invalid")
+            if len(problems) == len(plan.cells):
+                raise ValueError("every cell is invalid; nothing to run")
+            drop_cells(plan, problems)
+        if sentences_per_cell is not None:
+            set_training_length(plan)
         existing = output / "sweep.json"
         if existing.is_file():
             previous = SweepPlan.load(output)

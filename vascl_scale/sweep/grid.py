@@ -35,11 +35,12 @@ class Cell:
     seed: int
     variant: str | None = None  # name of the cell's variant, if the sweep has variants
     variant_values: dict[str, Any] = field(default_factory=dict)  # that variant's settings
+    derived: dict[str, Any] = field(default_factory=dict)  # set per cell by the plan (train.max_steps)
 
     def assignments(self) -> list[str]:
         """``--set`` arguments of this cell (values as JSON, which YAML reads back unchanged);
         grid values come after the variant's, so an axis may vary a key a variant sets."""
-        settings = [*self.variant_values.items(), *self.values.items()]
+        settings = [*self.variant_values.items(), *self.values.items(), *self.derived.items()]
         return [f"{key}={json.dumps(value)}" for key, value in settings] + [f"train.seed={self.seed}"]
 
 
@@ -58,6 +59,9 @@ class SweepPlan:
     cells: list[Cell] = field(default_factory=list)
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> settings, in order
     eval_args: list[str] = field(default_factory=list)  # extra options of the eval command
+    # --sentences-per-cell: every cell trains on this many sentences (its max_steps follows).
+    sentences_per_cell: int | None = None
+    skipped: dict[str, str] = field(default_factory=dict)  # --skip-invalid: cell name -> why it was dropped
 
     @property
     def columns(self) -> list[str]:
@@ -137,6 +141,31 @@ def expand(grid: dict[str, list[Any]], seeds: list[int], variants: dict[str, dic
                 name = "__".join(parts + [f"seed-{seed}"])
                 cells.append(Cell(len(cells), name, values, seed, variant, dict(settings)))
     return cells
+
+
+def drop_cells(plan: SweepPlan, dropped: list[tuple[Cell, str]]) -> None:
+    """Remove ``dropped`` from the plan (recorded in ``plan.skipped``) and renumber the rest."""
+    names = {cell.name for cell, _ in dropped}
+    plan.skipped.update({cell.name: reason for cell, reason in dropped})
+    kept = [cell for cell in plan.cells if cell.name not in names]
+    for index, cell in enumerate(kept):
+        cell.index = index
+    plan.cells = kept
+
+
+def set_training_length(plan: SweepPlan) -> None:
+    """``train.max_steps`` of every cell from ``plan.sentences_per_cell``: sentences / (B x A)."""
+    sentences = plan.sentences_per_cell
+    assert sentences is not None
+    for cell in plan.cells:
+        train = load_config(plan.base_config, [*plan.overrides, *cell.assignments()]).train
+        per_update = train.global_batch_size * train.grad_accum_steps
+        if sentences % per_update:
+            raise ValueError(
+                f"--sentences-per-cell {sentences} is not a multiple of cell {cell.name}'s {per_update} sentences "
+                f"per optimiser step (global batch x accumulation); choose a multiple of every cell's"
+            )
+        cell.derived["train.max_steps"] = sentences // per_update
 
 
 def invalid_cells(plan: SweepPlan, world_size: int) -> list[tuple[Cell, str]]:

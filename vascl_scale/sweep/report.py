@@ -252,6 +252,10 @@ def collect(sweep_dir: Path, headline: list[str] | None = None) -> dict[str, Any
         markdown += "\n## Failed cells\n\n" + "\n".join(
             f"- {', '.join(f'{k}={r[k]}' for k in grid_columns)}, seed {r['seed']}: {r.get('error', '')}" for r in failed
         ) + "\n"
+    if plan.skipped:
+        markdown += "\n## Skipped cells (invalid config, --skip-invalid)\n\n" + "\n".join(
+            f"- {name}: {reason}" for name, reason in plan.skipped.items()
+        ) + "\n"
     (sweep_dir / "results.md").write_text(markdown, encoding="utf-8")
     plots = plot(entries, plan, metrics, headline, sweep_dir / "plots")
     states = ("done", "failed", "interrupted", "pending")
