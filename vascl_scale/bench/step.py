@@ -239,12 +239,21 @@ def run_grid(cell_argv: list[str], cells: list[tuple[int, int, str | None]]) -> 
         task = progress.add_task("bench step cells", total=len(cells))
         for global_batch, chunk_size, reason in cells:
             row: dict[str, Any] = {"global_batch": global_batch, "chunk_size": chunk_size, "skipped": reason}
-            if reason is None:
+            if reason is not None:
+                logger.info("cell B=%d chunk=%d skipped: %s", global_batch, chunk_size, reason)
+            else:
                 output = Path(scratch) / f"cell-{global_batch}-{chunk_size}.json"
                 argv = [*cell_argv, "--global-batch", str(global_batch), "--chunk-size", str(chunk_size), "--output", str(output)]
                 done = subprocess.run([sys.executable, "-m", "vascl_scale", *argv], capture_output=True, text=True)
                 if done.returncode == 0:
                     row["result"] = json.loads(output.read_text(encoding="utf-8"))
+                    logger.info(
+                        "cell B=%d chunk=%d: peak resident %.0f MiB, step times %s s",
+                        global_batch,
+                        chunk_size,
+                        row["result"]["peak_rss_mb"],
+                        ", ".join(f"{t:.2f}" for o in row["result"]["objectives"].values() for t in o["times_s"]),
+                    )
                 else:
                     row["failed"] = f"exit {done.returncode}: " + " ".join(done.stderr.split()[-60:])
                     logger.warning("bench step cell B=%d chunk=%d failed: %s", global_batch, chunk_size, row["failed"])
