@@ -54,13 +54,11 @@ def nt_xent(
     masked out (the 2M - 1 candidates of Eq. 1 when C is the 2M features of the batch).
     """
     with full_precision(anchors) as dtype:
-        # One (A, C) buffer for the logits besides cross_entropy's log-softmax: the temperature
-        # scales the anchors, and each anchor's own column is masked in place (the matmul keeps
-        # its inputs for backward, not its output). At a global batch of 4096 each such float32
-        # buffer is 268 MB, the largest tensors of a cached step.
-        logits = (anchors.to(dtype) / temperature) @ candidates.to(dtype).T  # (A, C)
+        logits = anchors.to(dtype) @ candidates.to(dtype).T / temperature  # (A, C)
         rows = torch.arange(anchors.shape[0], device=anchors.device)
-        logits[rows, self_index] = float("-inf")
+        is_self = torch.zeros_like(logits, dtype=torch.bool)
+        is_self[rows, self_index] = True
+        logits = logits.masked_fill(is_self, float("-inf"))
         return F.cross_entropy(logits, positive_index)
 
 
