@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from vascl_scale.bench.step import build_bench_model
+from vascl_scale.train.step import chunk_spans
 
 MEASURE_MAX_LENGTH = 4  # collective sizes do not depend on it; short sequences keep the run cheap
 
@@ -76,7 +77,7 @@ def gather_collectives(
 
 def chunks_per_view(global_batch: int, world_size: int, chunk_size: int) -> int:
     """n: encoder forwards per view and loss call of the cached step (0 when uncached)."""
-    return -(-(global_batch // world_size) // chunk_size) if chunk_size else 0
+    return len(chunk_spans(global_batch // world_size, chunk_size)) if chunk_size else 0
 
 
 def computed_traffic(

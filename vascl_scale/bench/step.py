@@ -39,6 +39,7 @@ import torch
 
 from vascl_scale.config import RunConfig, config_from_dict
 from vascl_scale.model import SentenceEncoder
+from vascl_scale.train.step import rows_per_forward
 
 logger = logging.getLogger(__name__)
 
@@ -157,11 +158,6 @@ def run_step_bench(
         "peak_rss_mb_per_rank": rank_peaks_mb,
     }
     return {**_summary(times, peak_mb, global_batch, setup), "rank": rank}
-
-
-def rows_per_forward(per_device_batch: int, chunk_size: int) -> int:
-    """Sentences one encoder forward holds activations for: both views (2b) or one chunk (c)."""
-    return chunk_size if chunk_size else 2 * per_device_batch
 
 
 def _summary(times: dict[str, list[float]], peak_mb: dict[str, float], global_batch: int, setup: dict[str, Any]) -> dict[str, Any]:

@@ -65,6 +65,11 @@ def chunk_spans(rows: int, chunk_size: int) -> list[tuple[int, int]]:
     return [(start, min(start + chunk_size, rows)) for start in range(0, rows, chunk_size)]
 
 
+def rows_per_forward(per_device_batch: int, chunk_size: int) -> int:
+    """Sentences one encoder forward holds activations for: both views (2b) or one chunk (c)."""
+    return chunk_size if chunk_size else 2 * per_device_batch
+
+
 class RngState:
     """The global RNG state (CPU, and the device's CUDA generator) before one forward, to replay it."""
 
@@ -113,8 +118,7 @@ class TrainingStep:
         self.max_grad_norm = max_grad_norm
         self.chunk_size = chunk_size
         self.deepspeed = accelerator.state.deepspeed_plugin is not None
-        if chunk_size > per_device_batch:
-            raise ValueError(f"train.chunk_size = {chunk_size} exceeds the per-device batch {per_device_batch}")
+        assert 0 <= chunk_size <= per_device_batch, (chunk_size, per_device_batch)  # RunConfig.per_device_batch_size checks it
         # DDP (accelerate wraps even one process in it when a launcher started it) needs a
         # gradient for every parameter in the backward that reduces: the head's came in the
         # cached loss call's first backward, so the last one touches it with zero.

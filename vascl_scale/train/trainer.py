@@ -42,7 +42,7 @@ from vascl_scale.train.checkpoint import (
 )
 from vascl_scale.train.export import export_model
 from vascl_scale.train.run_lock import HELD_ENV, RunDirectoryLock
-from vascl_scale.train.step import MODEL_INPUTS, NonFiniteLossError, TrainingStep, chunk_spans
+from vascl_scale.train.step import MODEL_INPUTS, NonFiniteLossError, TrainingStep, chunk_spans, rows_per_forward
 from vascl_scale.train.tracking import MetricsSink, NullMetricsSink
 
 logger = logging.getLogger(__name__)
@@ -273,8 +273,9 @@ def _log_batch_arithmetic(config: RunConfig, world_size: int, per_device_batch: 
         else f"gradient accumulation x{cfg.grad_accum_steps}: {cfg.global_batch_size * cfg.grad_accum_steps} "
         f"sentences per update, but each loss still sees only {cfg.global_batch_size} (accumulation adds no negatives)",
     )
+    rows = rows_per_forward(per_device_batch, cfg.chunk_size)
     if cfg.chunk_size == 0:
-        logger.info("one encoder forward per loss call holds the activations of %d sentences (both views)", 2 * per_device_batch)
+        logger.info("one encoder forward per loss call holds the activations of %d sentences (both views)", rows)
         return
     chunks = len(chunk_spans(per_device_batch, cfg.chunk_size))
     logger.info(
@@ -285,9 +286,9 @@ def _log_batch_arithmetic(config: RunConfig, world_size: int, per_device_batch: 
         cfg.chunk_size,
         chunks,
         chunks,
-        cfg.chunk_size,
+        rows,
         2 * per_device_batch,
-        100 * (1 - cfg.chunk_size / (2 * per_device_batch)),
+        100 * (1 - rows / (2 * per_device_batch)),
         cfg.global_batch_size,
     )
 
