@@ -202,6 +202,28 @@ def test_embedder_keeps_order_and_cache_key_depends_on_pooling(tmp_path, tiny_mo
         Embedder(spec).embed(["fine", "  "])
 
 
+def test_bf16_embeddings_are_close_to_float32_cached_apart_and_refused_without_native_bf16(
+    tmp_path, tiny_model, data_dir, monkeypatch
+):
+    texts = ["short", "a much longer text about football and goals", "music"]
+    spec = resolve_model(tiny_model)
+    monkeypatch.setenv("VASCL_SCALE_CPU_BF16", "emulate")
+    fp32 = Embedder(spec, cache_dir=tmp_path, precision="no")
+    bf16 = Embedder(spec, cache_dir=tmp_path, precision="bf16")
+    a, b = fp32.embed(texts)(texts), bf16.embed(texts)(texts)
+    assert bf16.stats.precision == "bf16" and bf16.stats.encoded == 3  # not the float32 rows from the cache
+    assert bf16.stats.fingerprint == fp32.stats.fingerprint + "-bf16"
+    assert not np.array_equal(a, b)
+    cosine = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert cosine.min() > 0.999
+    assert Embedder(spec, precision="auto").stats.precision == "no"  # auto: float32 until the check holds
+    monkeypatch.delenv("VASCL_SCALE_CPU_BF16")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    result = invoke("sts", "--model", str(tiny_model), "--data-dir", str(data_dir), "--task", "stsb", "--precision", "bf16")
+    assert result.exit_code == 2 and "--precision = 'bf16' needs native bf16" in result.output
+
+
 def test_compare_prints_per_task_differences(tmp_path):
     def report(stsb: float, agnews: float) -> EvalReport:
         results = [TaskResult("sts", "stsb", "spearman", stsb), TaskResult("clustering", "agnews", "accuracy", agnews)]

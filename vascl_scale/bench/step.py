@@ -88,7 +88,7 @@ def run_step_bench(
     """Time ``steps`` steps per objective (after ``warmup``) on this rank; every rank returns."""
     from vascl_scale.losses import OBJECTIVES, build_objective
     from vascl_scale.train.step import TrainingStep
-    from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
+    from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training, train_precision
 
     unknown = [o for o in objectives if o not in OBJECTIVES]
     if unknown or not objectives:
@@ -108,7 +108,7 @@ def run_step_bench(
     steps_of = {
         o: TrainingStep(
             accelerator, wrapped, optimizer, build_objective(o, configs[o].loss), seed=seed, per_device_batch=rows,
-            chunk_size=chunk_size,
+            chunk_size=chunk_size, precision=train_precision(first),
         )  # fmt: skip
         for o in objectives
     }
@@ -149,7 +149,7 @@ def run_step_bench(
         "max_length": max_length,
         "device": str(device),
         "deepspeed": deepspeed,
-        "precision": first.train.precision,
+        "precision": train_precision(first),
         "steps": steps,
         "warmup": warmup,
         "chunk_size": chunk_size,

@@ -26,6 +26,9 @@ MAX_LENGTH = typer.Option(None, "--max-length", min=1, help="Tokens per text; de
 POOLING = typer.Option(None, "--pooling", help="mean or cls; default: the model's, else mean.")
 DEVICE = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ...; default: cuda when available.")
 CACHE = typer.Option(None, "--cache-dir", help="Embedding cache; default $VASCL_CACHE/embeddings or ~/.cache/vascl-scale.")
+PRECISION = typer.Option(
+    "auto", "--precision", help="auto, no (float32) or bf16 (autocast; native bf16 only); auto: see README, Speed."
+)
 NO_CACHE = typer.Option(False, "--no-cache", help="Encode everything afresh and store nothing.")
 CLUSTERING_MAX_TEXTS = typer.Option(
     None,
@@ -67,6 +70,7 @@ def _run(
     no_cache: bool,
     missing_ok: bool,
     clustering_max_texts: Optional[int],
+    precision: str,
 ) -> None:
     from vascl_scale.eval.embed import default_cache_dir, resolve_model
     from vascl_scale.eval.report import markdown, rich_tables
@@ -81,7 +85,7 @@ def _run(
         specs = [resolve_model(path, pooling, max_length) for path in models]
         evaluators = build_evaluators(data, families, routed, missing_ok=missing_ok, clustering_max_texts=clustering_max_texts)
         cache = None if no_cache else (cache_dir or default_cache_dir())
-        report = run_evaluation(specs, evaluators, data, batch_size, cache, device)
+        report = run_evaluation(specs, evaluators, data, batch_size, cache, device, precision)
     except ValueError as err:
         fail(err)
     for table in rich_tables(report):
@@ -95,11 +99,12 @@ def _run(
         encode = model.embedding["encode_seconds"]
         ratio = f", {wall / encode:.2f}x the encoding time" if encode > 0 else ""
         logger.info(
-            "%s: %d distinct texts (%d encoded in %.1f s, %d from cache)%s",
+            "%s: %d distinct texts (%d encoded in %.1f s in %s, %d from cache)%s",
             model.label,
             model.embedding["distinct_texts"],
             model.embedding["encoded"],
             encode,
+            {"no": "float32"}.get(model.embedding.get("precision", "no"), model.embedding.get("precision")),
             model.embedding["from_cache"],
             ratio if len(report.models) == 1 else "",
         )
@@ -122,6 +127,7 @@ def _family_command(families: list[str], missing_ok: bool, doc: str):
         cache_dir: Optional[Path] = CACHE,
         no_cache: bool = NO_CACHE,
         clustering_max_texts: Optional[int] = CLUSTERING_MAX_TEXTS,
+        precision: str = PRECISION,
     ) -> None:
         _run(
             families,
@@ -138,6 +144,7 @@ def _family_command(families: list[str], missing_ok: bool, doc: str):
             no_cache,
             missing_ok,
             clustering_max_texts,
+            precision,
         )
 
     command.__doc__ = doc

@@ -211,13 +211,18 @@ class EmbeddingStats:
     encode_seconds: float = 0.0
     load_seconds: float = 0.0
     fingerprint: str = ""
+    precision: str = "no"  # what the encoder ran in: no (float32) or bf16
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
 class Embedder:
-    """Encodes distinct texts once, longest first in length-sorted batches, through the cache."""
+    """Encodes distinct texts once, longest first in length-sorted batches, through the cache.
+
+    ``precision`` (``auto``, ``no`` or ``bf16``, :mod:`vascl_scale.precision`) is the encoder's
+    autocast; bf16 embeddings are cached apart from float32 ones.
+    """
 
     def __init__(
         self,
@@ -226,24 +231,27 @@ class Embedder:
         cache_dir: str | Path | None = None,
         device: str | None = None,
         chunk_batches: int = 16,
+        precision: str = "no",
     ) -> None:
+        from vascl_scale.precision import EVAL_BF16_CHECKED, local_device_type, resolve_precision
+
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+        if precision == "fp16":
+            raise ValueError("--precision takes auto, no or bf16 for evaluation; got 'fp16'")
         self.spec = spec
         self.batch_size = batch_size
         self.cache_dir = cache_dir
-        self.device = device
+        self.device = device or local_device_type()
         self.chunk_size = batch_size * chunk_batches  # texts per progress update and per cache part
-        self.stats = EmbeddingStats()
+        device_type = self.device.split(":")[0]
+        self.stats = EmbeddingStats(precision=resolve_precision(precision, device_type, "--precision", EVAL_BF16_CHECKED))
 
     def _load_encoder(self):
-        import torch
-
         from vascl_scale.model import SentenceEncoder
 
-        device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
         model = SentenceEncoder.from_pretrained(self.spec.directory, pooling=self.spec.pooling)
-        return model.to(device)
+        return model.to(self.device)
 
     def embed(self, texts: Iterable[str]) -> TextEmbeddings:
         """Embeddings (float32) of every distinct text, from the cache or freshly encoded."""
@@ -257,6 +265,8 @@ class Embedder:
         cache = None
         if self.cache_dir is not None:
             self.stats.fingerprint = model_fingerprint(self.spec)
+            if self.stats.precision != "no":  # float32 fingerprints stay what they were
+                self.stats.fingerprint += f"-{self.stats.precision}"
             cache = EmbeddingCache(self.cache_dir, self.stats.fingerprint, embedding_width(self.spec))
         found = {text: cache.get(text_key(text)) for text in distinct} if cache is not None else {}
         todo = [text for text in distinct if found.get(text) is None]
@@ -268,6 +278,8 @@ class Embedder:
         if todo:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+            from vascl_scale.precision import autocast
+
             started = time.perf_counter()
             model = self._load_encoder()
             columns = (TextColumn("encoding"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -275,9 +287,10 @@ class Embedder:
                 bar = progress.add_task("encode", total=len(todo))
                 for start in range(0, len(todo), self.chunk_size):
                     chunk = todo[start : start + self.chunk_size]
-                    vectors = model.encode(
-                        chunk, batch_size=self.batch_size, max_length=self.spec.max_length, normalize=self.spec.normalize
-                    )  # (n, d) float32
+                    with autocast(self.device.split(":")[0], self.stats.precision):
+                        vectors = model.encode(
+                            chunk, batch_size=self.batch_size, max_length=self.spec.max_length, normalize=self.spec.normalize
+                        )  # (n, d) float32
                     if cache is not None:
                         cache.add([text_key(text) for text in chunk], vectors)
                     encoded.update(zip(chunk, vectors))

@@ -93,9 +93,10 @@ def run_evaluation(
     batch_size: int = 64,
     cache_dir: str | Path | None = None,
     device: str | None = None,
+    precision: str = "no",
 ) -> EvalReport:
     models = []
     for spec in specs:
-        embedder = Embedder(spec, batch_size=batch_size, cache_dir=cache_dir, device=device)
+        embedder = Embedder(spec, batch_size=batch_size, cache_dir=cache_dir, device=device, precision=precision)
         models.append(evaluate_model(embedder, evaluators))
     return EvalReport(models, str(data_dir))

@@ -2,10 +2,10 @@
 
 A loss call: this rank's b sentences enter the encoder twice in one forward, the batch stacked
 on itself ((2b, L) -> (2b, d); dropout gives the two views), and the configured objective
-(:func:`vascl_scale.losses.build_objective`) runs on the two halves under the accelerator's
-autocast, its gathers spanning every rank. An optimiser step: ``grad_accum_steps`` loss calls,
-each checked finite on every rank before its backward, then clipping (outside DeepSpeed,
-which clips itself) and the update.
+(:func:`vascl_scale.losses.build_objective`) runs on the two halves, both under the run's
+autocast (:mod:`vascl_scale.precision`), its gathers spanning every rank. An optimiser step:
+``grad_accum_steps`` loss calls, each checked finite on every rank before its backward, then
+clipping (outside DeepSpeed, which clips itself) and the update.
 
 The cached loss call (``chunk_size`` c > 0; GradCache, Gao et al. 2021, for a neighbourhood
 objective) holds the activations of c sentences at a time instead of 2b:
@@ -38,7 +38,7 @@ what an uninterrupted one would have done.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -46,6 +46,7 @@ import torch
 from torch import Tensor
 
 from vascl_scale.losses import Objective, ObjectiveOutput
+from vascl_scale.precision import autocast
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -107,6 +108,7 @@ class TrainingStep:
         grad_accum_steps: int = 1,
         max_grad_norm: float = 0.0,
         chunk_size: int = 0,
+        precision: str = "no",
     ) -> None:
         self.accelerator = accelerator
         self.model = model
@@ -117,6 +119,7 @@ class TrainingStep:
         self.grad_accum_steps = grad_accum_steps
         self.max_grad_norm = max_grad_norm
         self.chunk_size = chunk_size
+        self.precision = precision  # resolved: no, bf16 or fp16 (vascl_scale.precision)
         self.deepspeed = accelerator.state.deepspeed_plugin is not None
         assert 0 <= chunk_size <= per_device_batch, (chunk_size, per_device_batch)  # RunConfig.per_device_batch_size checks it
         # DDP (accelerate wraps even one process in it when a launcher started it) needs a
@@ -128,6 +131,13 @@ class TrainingStep:
     def head(self) -> torch.nn.Module:
         """The projection head of the unwrapped module (the objectives call it directly)."""
         return self.accelerator.unwrap_model(self.model).head
+
+    def _autocast(self) -> AbstractContextManager:
+        """The autocast of the encoder forwards and the objective: the accelerator's on CUDA;
+        on a CPU the step's own (the accelerator runs in float32 there, see build_accelerator)."""
+        if self.accelerator.device.type == "cpu":
+            return autocast("cpu", self.precision)
+        return self.accelerator.autocast()
 
     def _inputs(self, batch: dict[str, Tensor], loss_call: int) -> tuple[dict[str, Tensor], torch.Generator]:
         """This rank's (b, L) model inputs on the device, the global RNG seeded for the loss
@@ -145,8 +155,8 @@ class TrainingStep:
         """The objective on one batch of this rank's b sentences (tokenised, (b, L) tensors)."""
         inputs, generator = self._inputs(batch, loss_call)
         rows = self.per_device_batch
-        embeddings = self.model(**{k: torch.cat([v, v]) for k, v in inputs.items()})  # (2b, d)
-        with self.accelerator.autocast():
+        with self._autocast():
+            embeddings = self.model(**{k: torch.cat([v, v]) for k, v in inputs.items()})  # (2b, d)
             return self.objective(embeddings[:rows], embeddings[rows:], self.head, generator, with_stats)
 
     def cached_loss_call(
@@ -159,7 +169,7 @@ class TrainingStep:
         inputs, generator = self._inputs(batch, loss_call)
         spans = [(view, start, stop) for view in (0, 1) for start, stop in chunk_spans(self.per_device_batch, self.chunk_size)]
         states, pieces = [], []
-        with torch.no_grad():
+        with torch.no_grad(), self._autocast():
             for _, start, stop in spans:
                 states.append(RngState(self.accelerator.device))
                 pieces.append(self.model(**{k: v[start:stop] for k, v in inputs.items()}))  # (c, d)
@@ -167,7 +177,7 @@ class TrainingStep:
         half = len(spans) // 2
         e1 = torch.cat(pieces[:half]).to(leaf_dtype).requires_grad_(True)  # (b, d)
         e2 = torch.cat(pieces[half:]).to(leaf_dtype).requires_grad_(True)  # (b, d)
-        with self.accelerator.autocast():
+        with self._autocast():
             out = self.objective(e1, e2, self.head, generator, with_stats)
         self._require_finite(out.loss, step)
         # d loss / d e (2b, d), rows in span order; the graph stays for the head's gradient.
@@ -178,7 +188,8 @@ class TrainingStep:
             final = index == final_span and self.accelerator.sync_gradients
             with nullcontext() if final or not self.ddp else self.model.no_sync():
                 state.restore()
-                chunk = self.model(**{k: v[start:stop] for k, v in inputs.items()})  # (c, d), the masks of pass 1
+                with self._autocast():
+                    chunk = self.model(**{k: v[start:stop] for k, v in inputs.items()})  # (c, d), the masks of pass 1
                 surrogate = (chunk.to(leaf_dtype) * cached[row : row + stop - start]).sum()  # d/d chunk = cached rows
                 if index == 0:
                     # The head's gradient joins the first backward: ZeRO-3 copies a parameter's

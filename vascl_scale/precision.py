@@ -1,0 +1,70 @@
+"""Which floating-point precision a run computes in, on which device, and the autocast for it.
+
+One resolution for training (``train.precision``) and evaluation (``eval --precision``):
+
+- ``no``: float32 everywhere.
+- ``bf16``: the encoder's matrix products under ``torch.autocast`` in bfloat16. Parameters, the
+  optimiser state, the pooled embeddings (pooling sums in float32), logits and losses stay
+  float32 (:func:`vascl_scale.losses.contrastive.full_precision`). On CUDA it needs a GPU with
+  bf16; on a CPU it needs native bf16 arithmetic (AVX512-BF16 or AMX): without it autocast
+  falls back to converting every operand, which ran 12x *slower* than float32 on an AMD EPYC
+  with AVX2 only, so it is refused rather than run.
+- ``fp16``: CUDA only (loss scaling through accelerate).
+- ``auto``: bf16 where it is native and the quality check in the README held (training: CUDA
+  with bf16 and CPUs with native bf16; evaluation: CUDA and CPUs alike, see
+  :data:`EVAL_BF16_CHECKED`), else ``no``.
+
+``VASCL_SCALE_CPU_BF16=emulate`` lets bf16 run on a CPU without native support (slow; the
+tests use it to check the code path on any machine).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractContextManager
+
+import torch
+
+PRECISIONS = ("auto", "no", "bf16", "fp16")
+EMULATE_ENV = "VASCL_SCALE_CPU_BF16"
+# Whether ``auto`` evaluates in bf16: only once the packaged model's STS scores in bf16 were
+# measured within 0.1 Spearman points of float32 on every task (README, "Speed").
+EVAL_BF16_CHECKED = False
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX tiles), or emulation was asked for."""
+    if os.environ.get(EMULATE_ENV, "").lower() == "emulate":
+        return True
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def local_device_type() -> str:
+    """The device type runs use here by default: "cuda" when a GPU is visible, else "cpu"."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_precision(requested: str, device_type: str, what: str, auto_bf16: bool = True) -> str:
+    """``no``, ``bf16`` or ``fp16`` for ``requested`` on ``device_type`` ("cpu" or "cuda").
+
+    ``what`` names the setting in errors (e.g. ``train.precision``); ``auto_bf16``: whether
+    ``auto`` may pick bf16 where it is native.
+    """
+    if requested not in PRECISIONS:
+        raise ValueError(f"{what} must be one of {', '.join(PRECISIONS)}; got {requested!r}")
+    cuda = device_type == "cuda"
+    native_bf16 = torch.cuda.is_bf16_supported() if cuda else cpu_has_native_bf16()
+    if requested == "auto":
+        return "bf16" if auto_bf16 and native_bf16 else "no"
+    if requested == "fp16" and not cuda:
+        raise ValueError(f"{what} = 'fp16' needs a CUDA device; use 'no' (or 'bf16' on a CPU with native bf16)")
+    if requested == "bf16" and not native_bf16:
+        where = "this GPU" if cuda else "this CPU (no AVX512-BF16 or AMX; emulated bf16 runs slower than float32)"
+        raise ValueError(f"{what} = 'bf16' needs native bf16 arithmetic, which {where} lacks; use 'no' or 'auto'")
+    return requested
+
+
+def autocast(device_type: str, precision: str) -> AbstractContextManager:
+    """The autocast context of a resolved ``precision`` (disabled for ``no``)."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    return torch.autocast(device_type=device_type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
