@@ -13,11 +13,13 @@ import torch
 import torch.distributed as dist
 
 
-def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, init_file: str, results, args) -> None:
+def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, init_file: str, backend: str, results, args) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)  # one GPU per rank
+        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size)
         try:
             results.put((rank, "ok", fn(rank, world_size, *args)))
         finally:
@@ -26,14 +28,15 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, init_file: st
         results.put((rank, "error", traceback.format_exc()))
 
 
-def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 180.0) -> list[Any]:
-    """fn(rank, world_size, *args) on each of ``world_size`` spawned gloo processes.
+def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 180.0, backend: str = "gloo") -> list[Any]:
+    """fn(rank, world_size, *args) on each of ``world_size`` spawned processes of one
+    ``backend`` group (gloo; nccl puts rank r on GPU r).
 
     ``fn`` must be importable (module level). Returns the results in rank order; raises
     with the worker's traceback if any rank fails, and kills every rank after ``timeout``.
     """
     with tempfile.TemporaryDirectory() as tmp:
-        return _collect(_rank_main, fn, world_size, (os.path.join(tmp, "rendezvous"),), args, timeout)
+        return _collect(_rank_main, fn, world_size, (os.path.join(tmp, "rendezvous"), backend), args, timeout)
 
 
 def _collect(main: Callable[..., None], fn: Callable[..., Any], world_size: int, where: tuple, args: tuple, timeout: float) -> list[Any]:

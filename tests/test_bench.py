@@ -104,6 +104,13 @@ def test_traffic_formulas_known_answers() -> None:
     calls = gather_collectives("vascl", 1024, 8, 768, 128, 4)
     assert sorted(n for c, n in calls if c == "all_gather") == [8, 128 * 128 * 4, 2 * 128 * 128 * 4, 128 * 768 * 4]
     assert traffic["gathers"]["vascl"] / traffic["gradients"]["ddp"] < 0.02
+    # The backward of [z1; z2] (2B x D) and z* (B x D): reduce-scatter on NCCL, all-reduce on gloo.
+    backward = 3 * 1024 * 128 * 4
+    assert sum(n for c, n in calls if c == "reduce_scatter") == backward
+    gloo = gather_collectives("vascl", 1024, 8, 768, 128, 4, backend="gloo")
+    assert sum(n for c, n in gloo if c == "all_reduce") == backward and not any(c == "reduce_scatter" for c, _ in gloo)
+    gloo_traffic = computed_traffic(110_000_000, 768, 128, 1024, 8, backend="gloo")
+    assert gloo_traffic["gathers"]["vascl"] - traffic["gathers"]["vascl"] == pytest.approx(7 / 8 * backward)
     # Cached, b = 128 in chunks of 64: n = 2 per view, 4 backwards reduce under ZeRO, 8 forwards gather under ZeRO-3.
     cached = computed_traffic(110_000_000, 768, 128, 1024, 8, chunk_size=64)
     assert cached["gradients"]["ddp"] == traffic["gradients"]["ddp"]

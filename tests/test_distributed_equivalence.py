@@ -126,3 +126,43 @@ def test_unequal_rows_are_refused() -> None:
         assert len(parts) == 2
         for part in parts:
             assert "same number of rows" in part and "[3, 4]" in part
+
+
+def gather_backward(rank: int, world_size: int, device: str) -> dict[str, object]:
+    """Rank r owns rows [r + 1, ...] and weighs the gathered (W * 2, 3) rows by (r + 1) * j:
+    the gradient of its two rows is the sum of every rank's weights for them."""
+    from vascl_scale.distributed import all_gather_with_grad, record_traffic
+
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    local = torch.full((2, 3), float(rank + 1), dtype=dtype, device=device, requires_grad=True)  # (b, d)
+    weights = (rank + 1) * torch.arange(world_size * 2 * 3, dtype=dtype, device=device).reshape(world_size * 2, 3)
+    with record_traffic() as traffic:
+        gathered = all_gather_with_grad(local)  # (W * b, d)
+        (weights * gathered).sum().backward()
+    return {"gathered": gathered.detach().cpu().numpy(), "grad": local.grad.cpu().numpy(), "collectives": [c for c, _, _ in traffic]}
+
+
+def _expected_gather(world_size: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    rows = np.arange(world_size * 2 * 3, dtype=np.float64).reshape(world_size * 2, 3)
+    summed = rows * sum(r + 1 for r in range(world_size))  # every rank's weights for every row
+    gathered = np.repeat(np.arange(1, world_size + 1, dtype=np.float64), 2)[:, None] * np.ones((1, 3))
+    return gathered, [summed[2 * r : 2 * r + 2] for r in range(world_size)]
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_the_gather_backward_sums_every_ranks_gradient_into_the_owner_with_all_reduce_on_gloo(world_size: int) -> None:
+    gathered, grads = _expected_gather(world_size)
+    for rank, result in enumerate(run_on_ranks(gather_backward, world_size, "cpu")):
+        np.testing.assert_array_equal(result["gathered"], gathered)
+        np.testing.assert_array_equal(result["grad"], grads[rank])
+        assert result["collectives"] == ["all_gather", "all_reduce"]  # gloo has no reduce-scatter
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per rank: 2 or more GPUs")
+def test_the_gather_backward_reduce_scatters_on_nccl() -> None:
+    gathered, grads = _expected_gather(2)
+    for rank, result in enumerate(run_on_ranks(gather_backward, 2, "cuda", backend="nccl")):
+        np.testing.assert_allclose(result["gathered"], gathered)
+        np.testing.assert_allclose(result["grad"], grads[rank])
+        assert result["collectives"] == ["all_gather", "reduce_scatter"]

@@ -136,6 +136,7 @@ def comm(
     k: int = typer.Option(16, "--k", help="VaSCL neighbours in the measured step."),
     head_dim: int = typer.Option(128, "--head-dim", help="Output size of the projection head."),
     chunk_size: int = typer.Option(0, "--chunk-size", help="train.chunk_size of the cached step (0: uncached)."),
+    backend: str = typer.Option("nccl", "--backend", help="Backend of the deployment: nccl (reduce-scatter) or gloo."),
     output: Optional[Path] = typer.Option(None, "--output", help="Also write the report as JSON here."),
     worker_output: Optional[Path] = typer.Option(None, "--worker-output", hidden=True),
 ) -> None:
@@ -169,7 +170,10 @@ def comm(
             if code != 0 or not result_file.is_file():
                 raise typer.Exit(code or 1)
             measured = json.loads(result_file.read_text(encoding="utf-8"))
-    report = comm_report(model, global_batch, world_size, head_dim, measured, chunk_size)
+    try:
+        report = comm_report(model, global_batch, world_size, head_dim, measured, chunk_size, backend)
+    except ValueError as err:
+        fail(err)
     print_table(comm_table(report))
     if measured is not None:
         for objective, ratios in report["measured_vs_computed"].items():

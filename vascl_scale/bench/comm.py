@@ -5,8 +5,9 @@ n local bytes sends (W - 1) n; an all-reduce of N bytes sends 2 (W - 1) / W N; a
 reduce-scatter or an all-gather of a partitioned N-byte tensor sends (W - 1) / W N):
 
 * VaSCL gathers: the row-count check (W int64), e1 (b x d, no gradient) for the neighbour
-  search, the features [z1; z2] (2b x D) and z* (b x D), plus the backward all-reduces of
-  the last two (2B x D and B x D); SimCSE needs the count check and [z1; z2] with its backward.
+  search, the features [z1; z2] (2b x D) and z* (b x D), plus the backward of the last two
+  (2B x D and B x D): a reduce-scatter on NCCL, an all-reduce on gloo (which has no
+  reduce-scatter; twice the bytes); SimCSE needs the count check and [z1; z2] with its backward.
 * Gradient traffic: DDP all-reduces every trainable gradient; ZeRO-2 reduce-scatters the
   gradients and all-gathers the updated parameters; ZeRO-3 also all-gathers the parameters in
   the forward and again in the backward.
@@ -57,9 +58,11 @@ def gather_collectives(
     element_bytes: int,
     cached: bool = False,
     detach: bool = True,
+    backend: str = "nccl",
 ) -> list[tuple[str, int]]:
     """(collective, per-rank payload bytes) of one loss call of ``objective`` (``loss.detach``
-    as given; the benchmarks use the default, true)."""
+    as given; the benchmarks use the default, true) on ``backend`` (nccl or gloo)."""
+    backward = "reduce_scatter" if backend == "nccl" else "all_reduce"
     b = global_batch // world_size
     # The cached step runs the backward of a gather twice when the embeddings depend on it (for
     # d loss / d e, then with the head's gradient); z* depends on them only without detach.
@@ -67,11 +70,11 @@ def gather_collectives(
     augmented_backwards = 2 if cached and not detach else 1
     calls = [("all_gather", 8)]  # the row-count check: one int64 per rank
     features = 2 * b * head_dim * element_bytes
-    calls += [("all_gather", features)] + [("all_reduce", world_size * features)] * features_backwards
+    calls += [("all_gather", features)] + [(backward, world_size * features)] * features_backwards
     if objective == "vascl":
         augmented = b * head_dim * element_bytes
         calls += [("all_gather", b * hidden * element_bytes)]  # e1 for the neighbour search
-        calls += [("all_gather", augmented)] + [("all_reduce", world_size * augmented)] * augmented_backwards
+        calls += [("all_gather", augmented)] + [(backward, world_size * augmented)] * augmented_backwards
     return calls
 
 
@@ -90,6 +93,7 @@ def computed_traffic(
     grad_bytes: int = 4,
     param_bytes: int = 4,
     chunk_size: int = 0,
+    backend: str = "nccl",
 ) -> dict[str, Any]:
     """Bytes sent per rank and step by the gathers and by each gradient strategy."""
     w = world_size
@@ -106,7 +110,9 @@ def computed_traffic(
     gathers = {
         objective: sum(
             ring_bytes_sent(c, b, w)
-            for c, b in gather_collectives(objective, global_batch, w, hidden, head_dim, element_bytes, cached=n > 0)
+            for c, b in gather_collectives(
+                objective, global_batch, w, hidden, head_dim, element_bytes, cached=n > 0, backend=backend
+            )
         )
         for objective in ("vascl", "simcse")
     }
@@ -177,16 +183,25 @@ def measure_step(model: str, global_batch: int, k: int, head_dim: int, chunk_siz
 
 
 def comm_report(
-    model: str, global_batch: int, world_size: int, head_dim: int, measured: dict[str, Any] | None, chunk_size: int = 0
+    model: str,
+    global_batch: int,
+    world_size: int,
+    head_dim: int,
+    measured: dict[str, Any] | None,
+    chunk_size: int = 0,
+    backend: str = "nccl",
 ) -> dict[str, Any]:
-    """Computed traffic for ``world_size`` ranks (and the measured run when given), with ratios."""
+    """Computed traffic for ``world_size`` ranks on ``backend`` (and the measured gloo run when
+    given, against the gloo formulas), with ratios."""
+    if backend not in ("nccl", "gloo"):
+        raise ValueError(f"--backend must be nccl or gloo; got {backend!r}")
     if measured is not None:
         trainable, hidden = measured["trainable_params"], measured["hidden"]
     else:
         encoder = build_bench_model(model, head_dim)
         trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
         hidden = int(encoder.hidden_size)
-    computed = computed_traffic(trainable, hidden, head_dim, global_batch, world_size, chunk_size=chunk_size)
+    computed = computed_traffic(trainable, hidden, head_dim, global_batch, world_size, chunk_size=chunk_size, backend=backend)
     ratios = {
         objective: {strategy: computed["gathers"][objective] / sent for strategy, sent in computed["gradients"].items()}
         for objective in ("vascl", "simcse")
@@ -199,6 +214,7 @@ def comm_report(
         "hidden": hidden,
         "head_dim": head_dim,
         "chunk_size": chunk_size,
+        "backend": backend,
         "chunks_per_view": chunks_per_view(global_batch, world_size, chunk_size),
         "computed": computed,
         "gather_share_of_gradient_traffic": ratios,
@@ -211,7 +227,9 @@ def comm_report(
                 "gathers": measured["measured"][objective]["gather_bytes_sent"]
                 / sum(
                     ring_bytes_sent(c, n, w)
-                    for c, n in gather_collectives(objective, global_batch, w, hidden, head_dim, 4, cached=measured["chunk_size"] > 0)
+                    for c, n in gather_collectives(
+                        objective, global_batch, w, hidden, head_dim, 4, cached=measured["chunk_size"] > 0, backend="gloo"
+                    )
                 ),
                 "ddp_gradients": measured["measured"][objective]["gradient_bytes_sent_ddp"]
                 / ring_bytes_sent("all_reduce", trainable * 4, w),
@@ -228,7 +246,7 @@ def comm_table(report: dict[str, Any]):
     cached = f", cached step with {report['chunks_per_view']} chunks per view" if report["chunk_size"] else ""
     table = Table(
         title=f"bench comm: {report['trainable_params'] / 1e6:.1f}M trainable params, global batch "
-        f"{report['global_batch']}, {report['world_size']} ranks{cached} (MiB sent per rank and step)"
+        f"{report['global_batch']}, {report['world_size']} ranks on {report['backend']}{cached} (MiB sent per rank and step)"
     )
     for column in ("traffic", "MiB per rank", "VaSCL gathers as share", "SimCSE gathers as share"):
         table.add_column(column, justify="right")
