@@ -28,7 +28,7 @@ def test_bench_step_reports_medians_and_the_ratio(tiny_config: Path, tmp_path: P
     result = CliRunner().invoke(
         app,
         ["bench", "step", "--model", str(tiny_config), "--global-batch", "16", "--k", "4", "--steps", "3", "--warmup", "1",
-         "--max-length", "8", "--output", str(out)],
+         "--max-length", "8", "--peak-tflops", "0.5", "--output", str(out)],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
@@ -38,6 +38,14 @@ def test_bench_step_reports_medians_and_the_ratio(tiny_config: Path, tmp_path: P
         assert len(stats["times_s"]) == 3
         assert stats["p10_s"] <= stats["median_s"] <= stats["p90_s"]
         assert stats["sentences_per_s"] == pytest.approx(16 / stats["median_s"])
+        assert stats["tflops_per_device"] == pytest.approx(stats["model_flops_per_device"] / stats["median_s"] / 1e12)
+        assert stats["mfu"] == pytest.approx(stats["tflops_per_device"] / 0.5)
+    # d 32, f 64, 1 layer, T 8, b = B = 16, head 32 -> 128: the encoder's 3 passes over 2b
+    # sequences, and SimCSE's head passes and (2b, 2B) logits, forward and backward.
+    encoder = 3 * 32 * (8 * 8 * 32**2 + 4 * 8 * 32 * 64 + 4 * 8**2 * 32)
+    simcse = 3 * (2 * 32 * (32 * 32 + 32 * 128) + 2 * 32 * 32 * 128)
+    assert report["objectives"]["simcse"]["model_flops_per_device"] == encoder + simcse
+    assert report["objectives"]["vascl"]["model_flops_per_device"] > encoder + simcse
     ratio = report["objectives"]["vascl"]["median_s"] / report["objectives"]["simcse"]["median_s"]
     assert report["vascl_over_simcse"] == pytest.approx(ratio)
     assert "VaSCL / SimCSE median step time" in " ".join(result.output.split())

@@ -71,6 +71,9 @@ class RecordingObjective:
         self.calls.append({"neighbours": out.neighbours.clone(), "delta": out.delta.detach().clone()})
         return ObjectiveOutput(out.loss, {"simcse": out.simcse.detach()})
 
+    def model_flops(self, *shape: int) -> int:
+        return self.inner.model_flops(*shape)
+
 
 def _parts(objective: str, loss: dict, chunk_size: int, dropout: float, grad_accum_steps: int = 1, sgd: bool = False):
     """Accelerator, prepared model and optimiser, recording objective and TrainingStep."""

@@ -155,7 +155,7 @@ def ddp_reference(workspace: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def test_single_process_run_writes_a_complete_run_directory(workspace: Path, tmp_path: Path) -> None:
     config = write_config(workspace, tmp_path / "config.yaml")
     run = tmp_path / "run"
-    result = run_train(config, run, "--set", "checkpoint.keep_last=1")
+    result = run_train(config, run, "--set", "checkpoint.keep_last=1", "--set", "train.peak_tflops=2")
     assert "global contrastive batch 16 sentences = 1 ranks x 16 per device" in result.stderr
 
     saved = yaml.safe_load((run / "config.yaml").read_text())
@@ -166,6 +166,7 @@ def test_single_process_run_writes_a_complete_run_directory(workspace: Path, tmp
     for record in losses:
         assert {"loss/simcse", "loss/neighbourhood", "loss/delta_norm", "sentences_per_second"} <= set(record)
         assert record["loss/delta_norm"] == pytest.approx(15.0, rel=1e-4)  # ||delta|| = eps
+        assert record["tflops_per_device"] > 0 and record["mfu"] == pytest.approx(record["tflops_per_device"] / 2)
     assert [r["step"] for r in records if "stsb_dev_spearman" in r] == [2, 4]
     checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert checkpoints == ["step-00000004"]  # keep_last = 1

@@ -175,6 +175,9 @@ class TrainConfig(_Strict):
     precision: Annotated[Literal["auto", "no", "bf16", "fp16"], BeforeValidator(_no_is_no)] = "auto"
     output_dir: NonEmpty = "runs/vascl"
     log_every: int = Field(10, ge=1)  # steps between metric lines (JSONL, TensorBoard, progress bar)
+    # The device's peak dense TFLOP/s in the run's precision (e.g. 989 for an H100 SXM in bf16):
+    # the log then gives MFU beside the achieved TFLOP/s per device. 0: no MFU.
+    peak_tflops: float = Field(0.0, ge=0)
     dist_timeout_minutes: int = Field(30, ge=1)  # a collective waiting longer than this fails the run
 
 

@@ -65,9 +65,10 @@ def step(
         1 << 30, "--max-rows-per-forward", help="Grid: skip cells whose encoder forward holds more sentences (2b uncached, c cached)."
     ),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Grid: also plot memory and time against the batch (PNG)."),
+    peak_tflops: float = typer.Option(0.0, "--peak-tflops", min=0, help="The device's peak TFLOP/s in this precision: adds MFU."),
     output: Optional[Path] = typer.Option(None, "--output", help="Also write the result as JSON here."),
 ) -> None:
-    """Median / p10 / p90 time and peak memory of full training steps, uncached or cached; a
+    """Median / p10 / p90 time, model TFLOP/s per device (MFU with --peak-tflops) and peak memory of full training steps, uncached or cached; a
     grid over global batches and chunk sizes runs each cell as its own process."""
     from vascl_scale.bench import save_result
     from vascl_scale.bench.step import grid_cells, grid_table, plot_grid, run_grid, run_step_bench, step_table
@@ -82,6 +83,7 @@ def step(
     if len(batches) * len(chunks) > 1:
         cell_argv = ["bench", "step", "--model", model, "--objective", objective, "--steps", str(steps), "--warmup", str(warmup)]
         cell_argv += ["--max-length", str(max_length), "--k", str(k), "--eps", str(eps), "--precision", precision]
+        cell_argv += ["--peak-tflops", str(peak_tflops)]
         cell_argv += ["--num-processes", str(num_processes)] + (["--deepspeed", str(deepspeed)] if deepspeed else [])
         cells = run_grid(cell_argv, grid_cells(batches, chunks, num_processes, max_rows_per_forward))
         print_table(grid_table(cells, objectives[0]))
@@ -113,6 +115,7 @@ def step(
             precision=precision,
             deepspeed=str(deepspeed) if deepspeed is not None else None,
             chunk_size=chunks[0],
+            peak_tflops=peak_tflops,
         )
     except ValueError as err:
         fail(err)

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from vascl_scale.config import RunConfig, config_from_dict
+from vascl_scale.flops import tflops_and_mfu
 from vascl_scale.model import SentenceEncoder
 from vascl_scale.train.step import rows_per_forward
 
@@ -84,8 +85,10 @@ def run_step_bench(
     deepspeed: str | None = None,
     seed: int = 0,
     chunk_size: int = 0,
+    peak_tflops: float = 0.0,
 ) -> dict[str, Any]:
-    """Time ``steps`` steps per objective (after ``warmup``) on this rank; every rank returns."""
+    """Time ``steps`` steps per objective (after ``warmup``) on this rank; every rank returns.
+    ``peak_tflops``: the device's peak, for MFU (0: none)."""
     from vascl_scale.losses import OBJECTIVES, build_objective
     from vascl_scale.train.step import TrainingStep
     from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training, train_precision
@@ -121,6 +124,7 @@ def run_step_bench(
     batches = itertools.repeat({"input_ids": ids, "attention_mask": torch.ones_like(ids)})  # (b, L), every step
 
     times: dict[str, list[float]] = {o: [] for o in objectives}
+    flops: dict[str, int] = {}
     peak_mb: dict[str, float] = {}
     for round_index in range(warmup + steps):
         for objective in objectives:
@@ -129,7 +133,7 @@ def run_step_bench(
                 if round_index == warmup:
                     torch.cuda.reset_peak_memory_stats()
             started = time.perf_counter()
-            steps_of[objective](batches, round_index)
+            flops[objective] = steps_of[objective](batches, round_index).model_flops
             if cuda:
                 torch.cuda.synchronize()
                 peak_mb[objective] = max(peak_mb.get(objective, 0.0), torch.cuda.max_memory_allocated() / 2**20)
@@ -153,20 +157,28 @@ def run_step_bench(
         "steps": steps,
         "warmup": warmup,
         "chunk_size": chunk_size,
+        "peak_tflops": peak_tflops,
         "rows_per_forward": rows_per_forward(rows, chunk_size),
         "peak_rss_mb": sum(rank_peaks_mb),
         "peak_rss_mb_per_rank": rank_peaks_mb,
     }
-    return {**_summary(times, peak_mb, global_batch, setup), "rank": rank}
+    return {**_summary(times, flops, peak_mb, global_batch, setup), "rank": rank}
 
 
-def _summary(times: dict[str, list[float]], peak_mb: dict[str, float], global_batch: int, setup: dict[str, Any]) -> dict[str, Any]:
-    """Per objective: median, p10, p90 step time, sentences/s at the median, peak memory."""
+def _summary(
+    times: dict[str, list[float]], flops: dict[str, int], peak_mb: dict[str, float], global_batch: int, setup: dict[str, Any]
+) -> dict[str, Any]:
+    """Per objective: median, p10, p90 step time, sentences/s at the median, model TFLOP/s per
+    device at the median (and MFU against the setup's peak), peak memory."""
     result: dict[str, Any] = {**setup, "objectives": {}}
     for objective in times:
         values = times[objective]
         median = statistics.median(values)
+        tflops, mfu = tflops_and_mfu(flops[objective], median, setup["peak_tflops"])
         result["objectives"][objective] = {
+            "model_flops_per_device": flops[objective],
+            "tflops_per_device": tflops,
+            "mfu": mfu,
             "median_s": median,
             "p10_s": float(np.percentile(values, 10)),  # linear interpolation
             "p90_s": float(np.percentile(values, 90)),
@@ -189,7 +201,7 @@ def step_table(result: dict[str, Any]):
         f"{result['warmup']} warm-up"
     )
     table = Table(title=title)
-    for column in ("objective", "median s", "p10 s", "p90 s", "sentences/s", "peak GPU MiB"):
+    for column in ("objective", "median s", "p10 s", "p90 s", "sentences/s", "TFLOP/s per device", "MFU", "peak GPU MiB"):
         table.add_column(column, justify="right")
     for objective, stats in result["objectives"].items():
         peak = stats["peak_memory_mb"]
@@ -199,6 +211,8 @@ def step_table(result: dict[str, Any]):
             f"{stats['p10_s']:.4f}",
             f"{stats['p90_s']:.4f}",
             f"{stats['sentences_per_s']:.1f}",
+            f"{stats['tflops_per_device']:.3g}",
+            "-" if stats["mfu"] is None else f"{stats['mfu']:.1%}",
             "-" if peak is None else f"{peak:.0f}",
         )
     return table

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
+from vascl_scale.flops import head_forward_flops
 from vascl_scale.losses.simcse import simcse_loss
 from vascl_scale.losses.vascl import Head, project, vascl_objective
 
@@ -36,6 +37,16 @@ class Objective(Protocol):
         self, e1: Tensor, e2: Tensor, head: Head, generator: torch.Generator | None = None, with_stats: bool = False
     ) -> ObjectiveOutput: ...
 
+    def model_flops(self, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
+        """FLOPs of one loss call's head passes and similarity products on a rank of ``rows``
+        anchors out of ``global_rows`` (forward and backward; :mod:`vascl_scale.flops`)."""
+        ...
+
+
+def _simcse_flops(rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
+    """Both views through the head (2b rows) and their (2b, 2B) logits, forward and backward."""
+    return 3 * (head_forward_flops(2 * rows, hidden, out_dim) + 2 * (2 * rows) * (2 * global_rows) * out_dim)
+
 
 class SimCSEObjective:
     """Eq. 1 in both directions over the global batch (see :func:`simcse_loss`)."""
@@ -51,6 +62,9 @@ class SimCSEObjective:
         stats = {"loss": float(loss.detach()), "simcse": float(loss.detach())} if with_stats else {}
         return ObjectiveOutput(loss, terms, stats)
 
+    def model_flops(self, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
+        return _simcse_flops(rows, global_rows, hidden, out_dim)
+
 
 class VaSCLObjective:
     """Eq. 6 over the global batch (see :func:`vascl_objective`)."""
@@ -64,6 +78,15 @@ class VaSCLObjective:
         out = vascl_objective(e1, e2, head, generator=generator, with_stats=with_stats, **self.settings)
         terms = {"simcse": out.simcse.detach(), "neighbourhood": out.neighbourhood.detach()}
         return ObjectiveOutput(out.loss, terms, out.stats)
+
+    def model_flops(self, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
+        """Eq. 1's passes, the (b, B) neighbour search, per power iteration a head forward and
+        its input gradient on b rows, and z* forward and backward; the products with the k
+        neighbours (b x 2k x D) are left out."""
+        search = 2 * rows * global_rows * hidden
+        power = self.settings["power_iters"] * 2 * head_forward_flops(rows, hidden, out_dim)
+        augmented = 3 * head_forward_flops(rows, hidden, out_dim)
+        return _simcse_flops(rows, global_rows, hidden, out_dim) + search + power + augmented
 
 
 # The registry: ``objective`` in a config names one of these.

@@ -45,6 +45,7 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from vascl_scale.flops import EncoderShape
 from vascl_scale.losses import Objective, ObjectiveOutput
 from vascl_scale.precision import autocast
 
@@ -91,6 +92,7 @@ class StepResult:
 
     terms: dict[str, Tensor]  # "loss" and the objective's parts, mean over its loss calls, detached (no sync)
     stats: dict[str, float]  # the objective's diagnostics, mean over its loss calls; {} unless asked for
+    model_flops: int = 0  # this device's (vascl_scale.flops); 0 when the encoder's shape is unknown
 
 
 class TrainingStep:
@@ -126,6 +128,16 @@ class TrainingStep:
         # gradient for every parameter in the backward that reduces: the head's came in the
         # cached loss call's first backward, so the last one touches it with zero.
         self.ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        self.encoder_shape = EncoderShape.of(accelerator.unwrap_model(model).encoder.config)
+
+    def loss_call_flops(self, tokens: int) -> int:
+        """Model FLOPs of one loss call on this device, inputs (b, tokens): the encoder's forward
+        and backward of both views and the objective's head passes (vascl_scale.flops)."""
+        if self.encoder_shape is None:
+            return 0
+        rows, head = self.per_device_batch, self.head
+        encoder = 3 * self.encoder_shape.forward_flops(2 * rows, tokens)
+        return encoder + self.objective.model_flops(rows, rows * self.accelerator.num_processes, head.hidden_size, head.out_dim)
 
     @property
     def head(self) -> torch.nn.Module:
@@ -222,14 +234,17 @@ class TrainingStep:
         accum = self.grad_accum_steps
         terms: dict[str, Tensor] = {}
         stats: dict[str, float] = {}
+        flops = 0
         for micro in range(accum):
             # accelerate's accumulate() skips no_sync for a DDP of one process: reduce once anyway.
             with acc.accumulate(self.model), self.model.no_sync() if self.ddp and not acc.sync_gradients else nullcontext():
                 call = step * accum + micro
+                batch = next(batches)
+                flops += self.loss_call_flops(batch["input_ids"].shape[1])
                 if self.chunk_size:
-                    out = self.cached_loss_call(next(batches), call, step, with_stats)
+                    out = self.cached_loss_call(batch, call, step, with_stats)
                 else:
-                    out = self.loss_call(next(batches), call, with_stats)
+                    out = self.loss_call(batch, call, with_stats)
                     self._require_finite(out.loss, step)
                     self._backward(out.loss, final=acc.sync_gradients)
                 if self.max_grad_norm > 0 and acc.sync_gradients and not self.deepspeed:
@@ -240,4 +255,4 @@ class TrainingStep:
                 terms[name] = terms.get(name, 0.0) + value.float() / accum
             for name, value in out.stats.items():
                 stats[name] = stats.get(name, 0.0) + value / accum
-        return StepResult(terms, stats)
+        return StepResult(terms, stats, flops)

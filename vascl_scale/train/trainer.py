@@ -28,6 +28,7 @@ from torch import Tensor
 
 from vascl_scale.config import RunConfig, save_config
 from vascl_scale.losses import build_objective
+from vascl_scale.flops import tflops_and_mfu
 from vascl_scale.model import SentenceEncoder
 from vascl_scale.precision import local_device_type, resolve_precision
 from vascl_scale.train.atomic import replace_directory, staging_directory
@@ -412,7 +413,7 @@ class Trainer:
                     raise self._stopped_by_a_non_finite_loss(err) from None
                 self.scheduler.step()
                 step_seconds.append(time.perf_counter() - step_started)
-                window.add(result.terms, step_seconds[-1])
+                window.add(result.terms, step_seconds[-1], result.model_flops)
                 self.state.step = done
                 metrics.advance(done)
                 if logs:
@@ -470,11 +471,17 @@ class Trainer:
         data = self._mean_over_ranks({k: float(v) for k, v in self.stream.stats().items()})
         for name, value in data.items():
             values[f"data/{name.removeprefix('data_')}"] = value if name == "data_epoch" else value * self.world_size
+        if window.flops:  # rank 0's device; every rank runs the same shapes but its own padding
+            values["tflops_per_device"], mfu = tflops_and_mfu(window.flops, window.seconds, self.config.train.peak_tflops)
+            if mfu is not None:
+                values["mfu"] = mfu
         if self.accelerator.device.type == "cuda":  # this rank's peak since the start, for sweeps
             values["peak_memory_mb"] = torch.cuda.max_memory_allocated(self.accelerator.device) / 2**20
         shown = ("loss/loss", "loss/simcse", "loss/neighbourhood")  # all terms go to the JSONL
         summary = " ".join(f"{k.removeprefix('loss/')} {means[k]:.4f}" for k in shown if k in means)
         summary += f" | {values['sentences_per_second']:.1f} sent/s | {values['step_seconds']:.2f} s/step"
+        if "tflops_per_device" in values:
+            summary += f" | {values['tflops_per_device']:.3g} TFLOP/s" + (f", MFU {values['mfu']:.1%}" if "mfu" in values else "")
         metrics.log(step, values, summary)
 
 
@@ -484,10 +491,12 @@ class _Window:
 
     steps: int = 0
     seconds: float = 0.0
+    flops: int = 0  # model FLOPs of this device
     terms: dict[str, Tensor] = field(default_factory=dict)
 
-    def add(self, terms: dict[str, Tensor], seconds: float) -> None:
+    def add(self, terms: dict[str, Tensor], seconds: float, flops: int = 0) -> None:
         self.steps += 1
         self.seconds += seconds
+        self.flops += flops
         for name, value in terms.items():
             self.terms[name] = self.terms.get(name, 0.0) + value
