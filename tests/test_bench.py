@@ -51,6 +51,29 @@ def test_bench_step_reports_medians_and_the_ratio(tiny_config: Path, tmp_path: P
     assert "VaSCL / SimCSE median step time" in " ".join(result.output.split())
 
 
+def test_bench_step_compares_with_sentence_transformers_in_the_same_rounds(tmp_path: Path) -> None:
+    from tests.test_eval_cli import save_tiny_bert
+
+    model = save_tiny_bert(tmp_path / "model")  # weights and tokenizer: the peer loads the same directory
+    out = tmp_path / "step.json"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "step", "--model", str(model), "--global-batch", "8", "--k", "3", "--steps", "2", "--warmup", "1",
+         "--max-length", "8", "--compare", "sentence-transformers", "--output", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert set(report["objectives"]) == {"vascl", "simcse", "sentence-transformers"}
+    peer = report["objectives"]["sentence-transformers"]
+    assert len(peer["times_s"]) == 2 and peer["model_flops_per_device"] > 0
+    for objective in ("vascl", "simcse"):
+        assert report["speedup_over_peer"][objective] == pytest.approx(peer["median_s"] / report["objectives"][objective]["median_s"])
+    text = " ".join(result.output.split())
+    assert "vascl-scale simcse: " in text and "x the sentences/s of sentence-transformers" in text
+    refused = CliRunner().invoke(app, ["bench", "step", "--model", str(model), "--compare", "open_clip", "--steps", "1"])
+    assert refused.exit_code != 0 and "--compare takes sentence-transformers" in " ".join(refused.output.split())
+
+
 def test_bench_step_grid_runs_each_cell_alone_and_skips_what_would_not_fit(tiny_config: Path, tmp_path: Path) -> None:
     out, plot = tmp_path / "grid.json", tmp_path / "grid.png"
     result = CliRunner().invoke(

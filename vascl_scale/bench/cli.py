@@ -66,6 +66,9 @@ def step(
     ),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Grid: also plot memory and time against the batch (PNG)."),
     peak_tflops: float = typer.Option(0.0, "--peak-tflops", min=0, help="The device's peak TFLOP/s in this precision: adds MFU."),
+    compare: Optional[str] = typer.Option(
+        None, "--compare", help="sentence-transformers: also time its MNRL SimCSE step, alternating (one process)."
+    ),
     output: Optional[Path] = typer.Option(None, "--output", help="Also write the result as JSON here."),
 ) -> None:
     """Median / p10 / p90 time, model TFLOP/s per device (MFU with --peak-tflops) and peak memory of full training steps, uncached or cached; a
@@ -83,7 +86,7 @@ def step(
     if len(batches) * len(chunks) > 1:
         cell_argv = ["bench", "step", "--model", model, "--objective", objective, "--steps", str(steps), "--warmup", str(warmup)]
         cell_argv += ["--max-length", str(max_length), "--k", str(k), "--eps", str(eps), "--precision", precision]
-        cell_argv += ["--peak-tflops", str(peak_tflops)]
+        cell_argv += ["--peak-tflops", str(peak_tflops)] + (["--compare", compare] if compare else [])
         cell_argv += ["--num-processes", str(num_processes)] + (["--deepspeed", str(deepspeed)] if deepspeed else [])
         cells = run_grid(cell_argv, grid_cells(batches, chunks, num_processes, max_rows_per_forward))
         print_table(grid_table(cells, objectives[0]))
@@ -116,6 +119,7 @@ def step(
             deepspeed=str(deepspeed) if deepspeed is not None else None,
             chunk_size=chunks[0],
             peak_tflops=peak_tflops,
+            compare=compare,
         )
     except ValueError as err:
         fail(err)
@@ -124,6 +128,8 @@ def step(
     print_table(step_table(result))
     if "vascl_over_simcse" in result:
         console.print(f"VaSCL / SimCSE median step time: {result['vascl_over_simcse']:.3f}")
+    for objective, speedup in result.get("speedup_over_peer", {}).items():
+        console.print(f"vascl-scale {objective}: {speedup:.2f}x the sentences/s of {compare}")
     ranks = " + ".join(f"{mb:.0f}" for mb in result["peak_rss_mb_per_rank"])
     console.print(f"peak resident memory: {result['peak_rss_mb']:.0f} MiB (ranks: {ranks})")
     if output is not None:

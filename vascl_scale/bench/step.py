@@ -86,9 +86,12 @@ def run_step_bench(
     seed: int = 0,
     chunk_size: int = 0,
     peak_tflops: float = 0.0,
+    compare: str | None = None,
 ) -> dict[str, Any]:
     """Time ``steps`` steps per objective (after ``warmup``) on this rank; every rank returns.
-    ``peak_tflops``: the device's peak, for MFU (0: none)."""
+    ``peak_tflops``: the device's peak, for MFU (0: none). ``compare``: a peer
+    (:data:`vascl_scale.bench.peer.PEERS`) timed in the same rounds, on one process only."""
+    from vascl_scale.bench.peer import PEERS, sentence_transformers_step
     from vascl_scale.losses import OBJECTIVES, build_objective
     from vascl_scale.train.step import TrainingStep
     from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training, train_precision
@@ -100,6 +103,8 @@ def run_step_bench(
         raise ValueError(f"--steps must be >= 1 and --warmup >= 0; got {steps} and {warmup}")
     configs = {o: bench_config(o, model, global_batch, max_length, k, eps, precision, chunk_size) for o in objectives}
     first = configs[objectives[0]]
+    if compare is not None and compare not in PEERS:
+        raise ValueError(f"--compare takes {', '.join(PEERS)}; got {compare!r}")
 
     torch.manual_seed(seed)
     encoder = build_bench_model(model, first.model.head_dim)
@@ -118,22 +123,37 @@ def run_step_bench(
     device = accelerator.device
     cuda = device.type == "cuda"
 
+    def ours(objective: str):
+        return lambda index: steps_of[objective](batches, index).model_flops
+
+    timed = {o: ours(o) for o in objectives}  # name -> (round index -> model FLOPs of the step)
+    if compare is not None:
+        if world_size > 1 or deepspeed is not None:
+            raise ValueError("--compare runs on one process without DeepSpeed (the peer is a single-process trainer)")
+        peer_step, peer_flops = sentence_transformers_step(model, rows, max_length, train_precision(first))
+
+        def peer(index: int) -> int:
+            peer_step(next(batches))
+            return peer_flops
+
+        timed[compare] = peer
+
     vocab = int(encoder.encoder.config.vocab_size)
     generator = torch.Generator().manual_seed(seed + rank)
     ids = torch.randint(min(1000, vocab - 1), vocab, (rows, max_length), generator=generator)
     batches = itertools.repeat({"input_ids": ids, "attention_mask": torch.ones_like(ids)})  # (b, L), every step
 
-    times: dict[str, list[float]] = {o: [] for o in objectives}
+    times: dict[str, list[float]] = {o: [] for o in timed}
     flops: dict[str, int] = {}
     peak_mb: dict[str, float] = {}
     for round_index in range(warmup + steps):
-        for objective in objectives:
+        for objective, run_step in timed.items():
             if cuda:
                 torch.cuda.synchronize()
                 if round_index == warmup:
                     torch.cuda.reset_peak_memory_stats()
             started = time.perf_counter()
-            flops[objective] = steps_of[objective](batches, round_index).model_flops
+            flops[objective] = run_step(round_index)
             if cuda:
                 torch.cuda.synchronize()
                 peak_mb[objective] = max(peak_mb.get(objective, 0.0), torch.cuda.max_memory_allocated() / 2**20)
@@ -186,8 +206,12 @@ def _summary(
             "peak_memory_mb": peak_mb.get(objective),
             "times_s": values,
         }
+    stats = result["objectives"]
     if "vascl" in times and "simcse" in times:
-        result["vascl_over_simcse"] = result["objectives"]["vascl"]["median_s"] / result["objectives"]["simcse"]["median_s"]
+        result["vascl_over_simcse"] = stats["vascl"]["median_s"] / stats["simcse"]["median_s"]
+    peers = [name for name in times if name not in ("vascl", "simcse")]
+    if peers:  # sentences/s of each vascl-scale objective over the peer's, at the same batch
+        result["speedup_over_peer"] = {o: stats[peers[0]]["median_s"] / stats[o]["median_s"] for o in times if o != peers[0]}
     return result
 
 

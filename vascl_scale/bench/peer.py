@@ -1,0 +1,56 @@
+"""The peer that ``bench step --compare sentence-transformers`` measures vascl-scale against.
+
+Unsupervised SimCSE as sentence-transformers runs it: a ``SentenceTransformer`` (the same model
+directory: encoder, mean pooling) trained with ``MultipleNegativesRankingLoss`` (scale 20, i.e.
+temperature 0.05) on pairs of one sentence with itself, so dropout makes the two views; AdamW.
+Its model FLOPs are counted as vascl-scale's SimCSE's (:mod:`vascl_scale.flops`): the encoder's
+forward and backward of 2b sequences, and the (b, b) logits of its one direction.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from vascl_scale.flops import EncoderShape
+from vascl_scale.precision import autocast
+
+PEERS = ("sentence-transformers",)
+PEER_LABEL = "sentence-transformers MNRL (SimCSE)"
+
+
+def sentence_transformers_step(model: str, rows: int, tokens: int, precision: str) -> tuple[Callable[[dict], None], int]:
+    """One optimiser step of the peer on a (rows, tokens) batch, and its model FLOPs.
+
+    ``model`` must be a model directory (the peer loads weights and tokenizer from it);
+    ``precision``: resolved (``no`` or ``bf16``), the peer's forward under the same autocast.
+    """
+    if not Path(model).is_dir():
+        raise ValueError(f"--compare needs --model to be a model directory (sentence-transformers loads it); got {model}")
+    from sentence_transformers import SentenceTransformer
+
+    try:  # sentence-transformers >= 6
+        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    except ImportError:
+        from sentence_transformers.losses import MultipleNegativesRankingLoss
+
+    peer = SentenceTransformer(str(model), device="cpu" if not torch.cuda.is_available() else "cuda")
+    peer.max_seq_length = tokens
+    peer.train()
+    loss = MultipleNegativesRankingLoss(peer, scale=20.0)
+    optimizer = torch.optim.AdamW(peer.parameters(), lr=3e-5)
+    device = peer.device
+
+    def step(batch: dict) -> None:
+        features = {k: v.to(device) for k, v in batch.items()}  # (b, L); anchor and positive alike
+        with autocast(device.type, precision):
+            value = loss([features, dict(features)], labels=None)
+        value.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    shape = EncoderShape.of(peer[0].auto_model.config)
+    flops = 0 if shape is None else 3 * (shape.forward_flops(2 * rows, tokens) + 2 * rows * rows * shape.hidden)
+    return step, flops
