@@ -245,6 +245,34 @@ def test_gradcheck_nt_xent_and_neighbourhood_nll() -> None:
     )
 
 
+def test_blocked_nt_xent_equals_the_one_matrix_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past LOGITS_BLOCK_ELEMENTS the logits are formed in row blocks, recomputed in the backward:
+    the same loss and gradients (float64), and every backward (twice here, as the cached step
+    runs it) recomputes them again."""
+    from vascl_scale.losses import contrastive
+
+    torch.manual_seed(3)
+    anchors = _unit(torch.randn(10, 4, dtype=torch.float64))
+    candidates = _unit(torch.randn(20, 4, dtype=torch.float64))
+    positive, own = torch.randint(0, 20, (10,)), torch.arange(10)
+
+    def loss_and_grads():
+        a, c = anchors.clone().requires_grad_(True), candidates.clone().requires_grad_(True)
+        loss = nt_xent(a, c, positive, own, 0.1)
+        first = torch.autograd.grad(loss, [a, c], retain_graph=True)
+        second = torch.autograd.grad(loss, [a, c])
+        return loss, first, second
+
+    plain = loss_and_grads()
+    monkeypatch.setattr(contrastive, "LOGITS_BLOCK_ELEMENTS", 3 * 20)  # blocks of 3, 3, 3 and 1 anchors
+    blocked = loss_and_grads()
+    torch.testing.assert_close(blocked[0], plain[0], rtol=1e-12, atol=0)
+    for got, expected in zip(blocked[1] + blocked[2], plain[1] + plain[2]):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
+    a, c = anchors.clone().requires_grad_(True), candidates.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a, c: nt_xent(_unit(a), _unit(c), positive, own, 0.5), (a, c))
+
+
 def test_gradcheck_simcse_loss() -> None:
     torch.manual_seed(3)
     z1 = torch.randn(4, 5, requires_grad=True)

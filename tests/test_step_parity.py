@@ -58,7 +58,8 @@ def train_steps(
     its losses ("<objective> losses") and the dtypes of the optimiser state ("optimizer_dtypes")."""
     from vascl_scale.losses import build_objective
     from vascl_scale.train.step import TrainingStep
-    from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training, train_precision
+    from vascl_scale.precision import train_precision
+    from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
 
     rows = GLOBAL_BATCH // world_size
     own = slice(rank * rows, (rank + 1) * rows)
@@ -70,7 +71,7 @@ def train_steps(
         prepared, prepared_optimizer = prepare_for_training(accelerator, model, build_optimizer(model, config), config)
         step = TrainingStep(
             accelerator, prepared, prepared_optimizer, build_objective(objective, config.loss),
-            seed=config.train.seed, per_device_batch=rows, precision=train_precision(config),
+            seed=config.train.seed, per_device_batch=rows, precision=train_precision(config.train.precision),
         )  # fmt: skip
         losses = []
         for index in range(steps):

@@ -94,7 +94,8 @@ def run_step_bench(
     from vascl_scale.bench.peer import PEERS, sentence_transformers_step
     from vascl_scale.losses import OBJECTIVES, build_objective
     from vascl_scale.train.step import TrainingStep
-    from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training, train_precision
+    from vascl_scale.precision import train_precision
+    from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
 
     unknown = [o for o in objectives if o not in OBJECTIVES]
     if unknown or not objectives:
@@ -116,7 +117,7 @@ def run_step_bench(
     steps_of = {
         o: TrainingStep(
             accelerator, wrapped, optimizer, build_objective(o, configs[o].loss), seed=seed, per_device_batch=rows,
-            chunk_size=chunk_size, precision=train_precision(first),
+            chunk_size=chunk_size, precision=train_precision(first.train.precision),
         )  # fmt: skip
         for o in objectives
     }
@@ -130,7 +131,7 @@ def run_step_bench(
     if compare is not None:
         if world_size > 1 or deepspeed is not None:
             raise ValueError("--compare runs on one process without DeepSpeed (the peer is a single-process trainer)")
-        peer_step, peer_flops = sentence_transformers_step(model, rows, max_length, train_precision(first))
+        peer_step, peer_flops = sentence_transformers_step(model, rows, max_length, train_precision(first.train.precision))
 
         def peer(index: int) -> int:
             peer_step(next(batches))
@@ -173,7 +174,7 @@ def run_step_bench(
         "max_length": max_length,
         "device": str(device),
         "deepspeed": deepspeed,
-        "precision": train_precision(first),
+        "precision": train_precision(first.train.precision),
         "steps": steps,
         "warmup": warmup,
         "chunk_size": chunk_size,
@@ -221,7 +222,7 @@ def step_table(result: dict[str, Any]):
     cached = f"cached, chunks of {result['chunk_size']}" if result["chunk_size"] else "uncached"
     title = (
         f"bench step: global batch {result['global_batch']} = {result['world_size']} x {result['per_device_batch']}, "
-        f"{cached}, max length {result['max_length']}, {result['device']}, {result['steps']} steps after "
+        f"{cached}, max length {result['max_length']}, {result['device']}, precision {result['precision']}, {result['steps']} steps after "
         f"{result['warmup']} warm-up"
     )
     table = Table(title=title)

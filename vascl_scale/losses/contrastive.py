@@ -39,6 +39,31 @@ def check_features(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
         raise ValueError(f"{name_a} and {name_b} hold no rows; pass at least one sentence per rank")
 
 
+# Logits of more than this many elements (A x C; 64 MiB in float32) are formed a block of
+# anchor rows at a time, each block recomputed in the backward (activation checkpointing), so
+# that the loss's memory does not grow with the square of the global batch. Smaller ones (every
+# batch up to a few thousand sentences per rank) take the one-matrix path.
+LOGITS_BLOCK_ELEMENTS = 1 << 24
+
+
+def _masked_logits(anchors: Tensor, candidates: Tensor, self_index: Tensor, temperature: float, dtype: torch.dtype) -> Tensor:
+    """sim / tau (A, C) in ``dtype``, each anchor's own column at -inf."""
+    logits = anchors.to(dtype) @ candidates.to(dtype).T / temperature  # (A, C)
+    rows = torch.arange(anchors.shape[0], device=anchors.device)
+    is_self = torch.zeros_like(logits, dtype=torch.bool)
+    is_self[rows, self_index] = True
+    return logits.masked_fill(is_self, float("-inf"))
+
+
+def _nt_xent_block_sum(
+    anchors: Tensor, candidates: Tensor, positive_index: Tensor, self_index: Tensor, temperature: float
+) -> Tensor:
+    """NT-Xent summed over one block of anchors (a, D) against all candidates (C, D)."""
+    with full_precision(anchors) as dtype:
+        logits = _masked_logits(anchors, candidates, self_index, temperature, dtype)  # (a, C)
+        return F.cross_entropy(logits, positive_index, reduction="sum")
+
+
 def nt_xent(
     anchors: Tensor,
     candidates: Tensor,
@@ -52,14 +77,29 @@ def nt_xent(
     of Eq. 1. positive_index (A,) and self_index (A,) index candidates. Returns a scalar:
     mean over the A anchors of -log softmax(sim / tau)[positive], with the anchor itself
     masked out (the 2M - 1 candidates of Eq. 1 when C is the 2M features of the batch).
+    Past :data:`LOGITS_BLOCK_ELEMENTS` logits, blocks of anchor rows are summed and divided
+    by A: the same value and gradient, with one block's logits alive at a time.
     """
-    with full_precision(anchors) as dtype:
-        logits = anchors.to(dtype) @ candidates.to(dtype).T / temperature  # (A, C)
-        rows = torch.arange(anchors.shape[0], device=anchors.device)
-        is_self = torch.zeros_like(logits, dtype=torch.bool)
-        is_self[rows, self_index] = True
-        logits = logits.masked_fill(is_self, float("-inf"))
-        return F.cross_entropy(logits, positive_index)
+    rows, columns = anchors.shape[0], candidates.shape[0]
+    if rows * columns <= LOGITS_BLOCK_ELEMENTS:
+        with full_precision(anchors) as dtype:
+            return F.cross_entropy(_masked_logits(anchors, candidates, self_index, temperature, dtype), positive_index)
+    from torch.utils.checkpoint import checkpoint
+
+    block = max(1, LOGITS_BLOCK_ELEMENTS // columns)
+    total = sum(
+        checkpoint(
+            _nt_xent_block_sum,
+            anchors[start : start + block],
+            candidates,
+            positive_index[start : start + block],
+            self_index[start : start + block],
+            temperature,
+            use_reentrant=False,
+        )
+        for start in range(0, rows, block)
+    )
+    return total / rows
 
 
 def neighbourhood_nll(anchor: Tensor, positive: Tensor, negatives: Tensor, temperature: float) -> Tensor:

@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from vascl_scale.config import load_config, path_values, resolve_paths
-from vascl_scale.precision import local_device_type, resolve_precision
+from vascl_scale.precision import train_precision
 from vascl_scale.train.launch import (
     LaunchPlan,
     become_single_rank,
@@ -79,7 +79,7 @@ def train_command(
         # Fail here, once, rather than in every worker.
         run_config = resolve_paths(run_config)
         run_config.per_device_batch_size(plan.world_size)
-        resolve_precision(run_config.train.precision, local_device_type(), "train.precision")
+        train_precision(run_config.train.precision)
         run_dir = Path(run_config.train.output_dir)
         check_writable(run_dir)
         if deepspeed is not None and not deepspeed.is_file():

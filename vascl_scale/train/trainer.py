@@ -30,7 +30,7 @@ from vascl_scale.config import RunConfig, save_config
 from vascl_scale.losses import build_objective
 from vascl_scale.flops import tflops_and_mfu
 from vascl_scale.model import SentenceEncoder
-from vascl_scale.precision import local_device_type, resolve_precision
+from vascl_scale.precision import train_precision
 from vascl_scale.train.atomic import replace_directory, staging_directory
 from vascl_scale.train.checkpoint import (
     STATE_FILE,
@@ -66,11 +66,6 @@ def deepspeed_path_from_environment() -> str | None:
     return None
 
 
-def train_precision(config: RunConfig) -> str:
-    """``train.precision`` resolved for this machine's device (:mod:`vascl_scale.precision`)."""
-    return resolve_precision(config.train.precision, local_device_type(), "train.precision")
-
-
 def build_accelerator(config: RunConfig, deepspeed_config: str | None):
     """An Accelerator for this run: DDP (gloo on CPU, NCCL on GPU) or DeepSpeed ZeRO."""
     from accelerate import Accelerator, DeepSpeedPlugin
@@ -79,7 +74,7 @@ def build_accelerator(config: RunConfig, deepspeed_config: str | None):
     cuda = torch.cuda.is_available()
     # On a CPU the training step autocasts itself (TrainingStep): the accelerator stays float32
     # there, so that DeepSpeed keeps float32 weights as DDP does (its bf16 mode would cast them).
-    precision = train_precision(config) if cuda else "no"
+    precision = train_precision(config.train.precision) if cuda else "no"
     kwargs: dict[str, Any] = {"mixed_precision": precision, "gradient_accumulation_steps": config.train.grad_accum_steps}
     if "RANK" in os.environ:  # started by a distributed launcher
         # Without CUDA, accelerate picks no backend for DeepSpeed on its own: name gloo.
@@ -257,7 +252,7 @@ def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume
         grad_accum_steps=config.train.grad_accum_steps,
         max_grad_norm=config.optim.max_grad_norm,
         chunk_size=config.train.chunk_size,
-        precision=train_precision(config),
+        precision=train_precision(config.train.precision),
     )
     stream = build_stream(config, model.tokenizer, acc.process_index, world_size, per_device_batch)
     if resume_from is not None:
