@@ -27,7 +27,7 @@ POOLING = typer.Option(None, "--pooling", help="mean or cls; default: the model'
 DEVICE = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ...; default: cuda when available.")
 CACHE = typer.Option(None, "--cache-dir", help="Embedding cache; default $VASCL_CACHE/embeddings or ~/.cache/vascl-scale.")
 PRECISION = typer.Option(
-    "auto", "--precision", help="auto, no (float32) or bf16 (autocast; native bf16 only); auto: see README, Speed."
+    "auto", "--precision", help="auto (bf16 where native, else float32), no (float32) or bf16; see README, Speed."
 )
 NO_CACHE = typer.Option(False, "--no-cache", help="Encode everything afresh and store nothing.")
 CLUSTERING_MAX_TEXTS = typer.Option(
