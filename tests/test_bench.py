@@ -23,15 +23,18 @@ def tiny_config(tmp_path_factory) -> Path:
     return path
 
 
-def test_bench_step_reports_medians_and_the_ratio(tiny_config: Path, tmp_path: Path) -> None:
-    out = tmp_path / "step.json"
-    result = CliRunner().invoke(
-        app,
-        ["bench", "step", "--model", str(tiny_config), "--global-batch", "16", "--k", "4", "--steps", "3", "--warmup", "1",
-         "--max-length", "8", "--peak-tflops", "0.5", "--output", str(out)],
-    )  # fmt: skip
+def _bench_step(output: Path, *args: str):
+    """``vascl-scale bench step ARGS --output OUTPUT``: the CLI result and the JSON report."""
+    result = CliRunner().invoke(app, ["bench", "step", *args, "--output", str(output)])
     assert result.exit_code == 0, result.output
-    report = json.loads(out.read_text())
+    return result, json.loads(output.read_text())
+
+
+def test_bench_step_reports_medians_and_the_ratio(tiny_config: Path, tmp_path: Path) -> None:
+    result, report = _bench_step(
+        tmp_path / "step.json", "--model", str(tiny_config), "--global-batch", "16", "--k", "4", "--steps", "3",
+        "--warmup", "1", "--max-length", "8", "--peak-tflops", "0.5",
+    )  # fmt: skip
     assert report["world_size"] == 1 and report["per_device_batch"] == 16
     for objective in ("vascl", "simcse"):
         stats = report["objectives"][objective]
@@ -55,14 +58,10 @@ def test_bench_step_compares_with_sentence_transformers_in_the_same_rounds(tmp_p
     from tests.test_eval_cli import save_tiny_bert
 
     model = save_tiny_bert(tmp_path / "model")  # weights and tokenizer: the peer loads the same directory
-    out = tmp_path / "step.json"
-    result = CliRunner().invoke(
-        app,
-        ["bench", "step", "--model", str(model), "--global-batch", "8", "--k", "3", "--steps", "2", "--warmup", "1",
-         "--max-length", "8", "--compare", "sentence-transformers", "--output", str(out)],
+    result, report = _bench_step(
+        tmp_path / "step.json", "--model", str(model), "--global-batch", "8", "--k", "3", "--steps", "2",
+        "--warmup", "1", "--max-length", "8", "--compare", "sentence-transformers",
     )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    report = json.loads(out.read_text())
     assert set(report["objectives"]) == {"vascl", "simcse", "sentence-transformers"}
     peer = report["objectives"]["sentence-transformers"]
     assert len(peer["times_s"]) == 2 and peer["model_flops_per_device"] > 0

@@ -7,8 +7,8 @@ One resolution for training (``train.precision``) and evaluation (``eval --preci
   optimiser state, the pooled embeddings (pooling sums in float32), logits and losses stay
   float32 (:func:`vascl_scale.losses.contrastive.full_precision`). On CUDA it needs a GPU with
   bf16; on a CPU it needs native bf16 arithmetic (AVX512-BF16 or AMX): without it autocast
-  falls back to converting every operand, which ran 12x *slower* than float32 on an AMD EPYC
-  with AVX2 only, so it is refused rather than run.
+  falls back to converting every operand, which made a training step 22x *slower* than float32
+  on an AMD EPYC with AVX2 only (README, "Speed"), so it is refused rather than run.
 - ``fp16``: CUDA only (loss scaling through accelerate).
 - ``auto``: bf16 where it is native and its quality check (README, "Speed") held, else ``no``:
   training on a GPU with bf16, on a CPU only once :data:`CPU_TRAINING_BF16_CHECKED`;

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from vascl_scale.flops import EncoderShape
-from vascl_scale.precision import autocast
+from vascl_scale.precision import autocast, local_device_type
 
 PEERS = ("sentence-transformers",)
 PEER_LABEL = "sentence-transformers MNRL (SimCSE)"
@@ -36,7 +36,7 @@ def sentence_transformers_step(model: str, rows: int, tokens: int, precision: st
     except ImportError:
         from sentence_transformers.losses import MultipleNegativesRankingLoss
 
-    peer = SentenceTransformer(str(model), device="cpu" if not torch.cuda.is_available() else "cuda")
+    peer = SentenceTransformer(str(model), device=local_device_type())
     peer.max_seq_length = tokens
     peer.train()
     loss = MultipleNegativesRankingLoss(peer, scale=20.0)

@@ -93,8 +93,8 @@ def run_step_bench(
     (:data:`vascl_scale.bench.peer.PEERS`) timed in the same rounds, on one process only."""
     from vascl_scale.bench.peer import PEERS, sentence_transformers_step
     from vascl_scale.losses import OBJECTIVES, build_objective
-    from vascl_scale.train.step import TrainingStep
     from vascl_scale.precision import train_precision
+    from vascl_scale.train.step import TrainingStep
     from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
 
     unknown = [o for o in objectives if o not in OBJECTIVES]
@@ -104,6 +104,7 @@ def run_step_bench(
         raise ValueError(f"--steps must be >= 1 and --warmup >= 0; got {steps} and {warmup}")
     configs = {o: bench_config(o, model, global_batch, max_length, k, eps, precision, chunk_size) for o in objectives}
     first = configs[objectives[0]]
+    run_precision = train_precision(first.train.precision)
     if compare is not None and compare not in PEERS:
         raise ValueError(f"--compare takes {', '.join(PEERS)}; got {compare!r}")
 
@@ -117,7 +118,7 @@ def run_step_bench(
     steps_of = {
         o: TrainingStep(
             accelerator, wrapped, optimizer, build_objective(o, configs[o].loss), seed=seed, per_device_batch=rows,
-            chunk_size=chunk_size, precision=train_precision(first.train.precision),
+            chunk_size=chunk_size, precision=run_precision,
         )  # fmt: skip
         for o in objectives
     }
@@ -131,7 +132,7 @@ def run_step_bench(
     if compare is not None:
         if world_size > 1 or deepspeed is not None:
             raise ValueError("--compare runs on one process without DeepSpeed (the peer is a single-process trainer)")
-        peer_step, peer_flops = sentence_transformers_step(model, rows, max_length, train_precision(first.train.precision))
+        peer_step, peer_flops = sentence_transformers_step(model, rows, max_length, run_precision)
 
         def peer(index: int) -> int:
             peer_step(next(batches))
@@ -174,7 +175,7 @@ def run_step_bench(
         "max_length": max_length,
         "device": str(device),
         "deepspeed": deepspeed,
-        "precision": train_precision(first.train.precision),
+        "precision": run_precision,
         "steps": steps,
         "warmup": warmup,
         "chunk_size": chunk_size,

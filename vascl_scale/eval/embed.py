@@ -244,8 +244,8 @@ class Embedder:
         self.cache_dir = cache_dir
         self.device = device or local_device_type()
         self.chunk_size = batch_size * chunk_batches  # texts per progress update and per cache part
-        device_type = self.device.split(":")[0]
-        self.stats = EmbeddingStats(precision=resolve_precision(precision, device_type, "--precision", EVAL_BF16_CHECKED))
+        self.device_type = self.device.split(":")[0]  # "cuda:1" -> "cuda"
+        self.stats = EmbeddingStats(precision=resolve_precision(precision, self.device_type, "--precision", EVAL_BF16_CHECKED))
 
     def _load_encoder(self):
         from vascl_scale.model import SentenceEncoder
@@ -287,7 +287,7 @@ class Embedder:
                 bar = progress.add_task("encode", total=len(todo))
                 for start in range(0, len(todo), self.chunk_size):
                     chunk = todo[start : start + self.chunk_size]
-                    with autocast(self.device.split(":")[0], self.stats.precision):
+                    with autocast(self.device_type, self.stats.precision):
                         vectors = model.encode(
                             chunk, batch_size=self.batch_size, max_length=self.spec.max_length, normalize=self.spec.normalize
                         )  # (n, d) float32
