@@ -5,15 +5,17 @@
 #   3. eval:    STS, clustering and few-shot intent on the trained model (eval all); with
 #               DEMO_BASELINE=1 the packaged model too, side by side (about 12 more minutes
 #               the first time, then cached)
-# VASCL_DATA must point at the data directory (corpus/, sts/, clustering/, intent/); it
-# defaults to ../shared/data next to this checkout. DEMO_LINES sets the slice (default 20000),
+# VASCL_DATA must point at the data directory (corpus/, sts/, clustering/, intent/: README,
+# Data; `vascl-scale data download --to DIR` fills one); it defaults to ../shared/data next to
+# this checkout. DEMO_LINES sets the slice (default 20000),
 # DEMO_OUT the output directory (default runs/demo; it is replaced).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export VASCL_DATA="${VASCL_DATA:-$(cd .. && pwd)/shared/data}"
 corpus="$VASCL_DATA/corpus/wiki1m.txt.gz"
 if [ ! -f "$corpus" ]; then
-  echo "no corpus at $corpus: set VASCL_DATA to the data directory (see README)" >&2
+  echo "no corpus at $corpus: set VASCL_DATA to the data directory, or fetch one first:" >&2
+  echo "  vascl-scale data download --to data && VASCL_DATA=data bash launchers/cpu_demo.sh" >&2
   exit 2
 fi
 out="${DEMO_OUT:-runs/demo}"

@@ -25,7 +25,7 @@ from vascl_scale.config import (
 )
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-MINIMAL = {"model": {"path": "some/model"}, "data": {"train": "some/text.txt"}}
+MINIMAL = {"model": {"path": "./some/model"}, "data": {"train": "some/text.txt"}}
 
 
 def minimal(**sections) -> dict:

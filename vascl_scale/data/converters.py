@@ -1,0 +1,230 @@
+"""Converters from each dataset's original format to the data directory's layout.
+
+A converter is ``convert(originals, options, stage)``: ``originals`` are the local copies of a
+registry entry's sources, in registry order; ``options`` its ``options`` table; it writes the
+entry's outputs under ``stage`` (paths relative to the data directory). Every ``.tsv`` is
+written by :func:`write_tsv` (UTF-8, header row, tab-separated, minimal quoting, ``\\n`` line
+ends): the layout :func:`vascl_scale.eval.tables.read_tsv` reads. Rows keep the original order;
+nothing is deduplicated (these are fixed benchmarks). Which originals each one was checked on is
+in the registry's ``checked`` field.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import shutil
+import tarfile
+import zipfile
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+Converter = Callable[[list[Path], dict, Path], None]
+
+
+def write_tsv(path: Path, header: Sequence[str], rows: Iterable[Sequence[str]]) -> int:
+    """Write one layout ``.tsv``; returns the number of rows."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with path.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle, delimiter="\t", lineterminator="\n")
+        writer.writerow(header)
+        for row in rows:
+            writer.writerow(row)
+            count += 1
+    return count
+
+
+def _split_lines(data: bytes) -> list[str]:
+    """Lines of UTF-8 bytes split at ``\\n`` only (one ``\\r`` before it dropped), without the
+    empty piece after a final line end: texts can hold U+2028 or form feeds, which
+    ``str.splitlines`` would split at."""
+    lines = data.decode("utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def _text_lines(path: Path) -> list[str]:
+    return _split_lines(path.read_bytes())
+
+
+def _original_files(originals: list[Path], folder: str = "") -> dict[str, bytes]:
+    """File name -> bytes of every original: a ``.zip`` or ``.tar[.gz]`` gives the files directly
+    inside its ``folder`` (e.g. ``test-gold/``), any other file itself."""
+    files: dict[str, bytes] = {}
+
+    def wanted(member: str) -> bool:
+        return member.startswith(folder) and "/" not in member[len(folder) :]
+
+    for path in originals:
+        if path.name.endswith(".zip"):
+            with zipfile.ZipFile(path) as archive:
+                for info in archive.infolist():
+                    if not info.is_dir() and wanted(info.filename):
+                        files[Path(info.filename).name] = archive.read(info)
+        elif path.name.endswith((".tar", ".tar.gz", ".tgz")):
+            with tarfile.open(path) as archive:
+                for member in archive.getmembers():
+                    if member.isfile() and wanted(member.name):
+                        files[Path(member.name).name] = archive.extractfile(member).read()  # type: ignore[union-attr]
+        else:
+            files[path.name] = path.read_bytes()
+    return files
+
+
+def _member(files: dict[str, bytes], name: str, where: str) -> bytes:
+    if name not in files:
+        raise ValueError(f"{name} not found in {where} (found: {', '.join(sorted(files)) or 'nothing'})")
+    return files[name]
+
+
+def _score(text: str, where: str) -> str:
+    """A gold score as the layout writes it: the float's shortest text ("4.400" -> "4.4")."""
+    try:
+        return str(float(text.strip()))
+    except ValueError:
+        raise ValueError(f"{where}: gold score {text!r} is not a number") from None
+
+
+def _one_line(text: str) -> str:
+    """Strip the text, and make a line break left inside it one space (a layout row is one line)."""
+    return text.strip().replace("\r\n", " ").replace("\r", " ").replace("\n", " ")
+
+
+def _outputs(options: dict, count: int) -> list[str]:
+    outputs = list(options["outputs"])
+    if len(outputs) * options.get("files_per_output", 1) != count:
+        raise ValueError(f"{count} original files for {len(outputs)} outputs: the registry entry is inconsistent")
+    return outputs
+
+
+def gzip_text(originals: list[Path], options: dict, stage: Path) -> None:
+    """A one-sentence-per-line text file, gzip-compressed as it is (no timestamp in the header,
+    so the same text always gives the same bytes)."""
+    (output,) = _outputs(options, len(originals))
+    target = stage / output
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with originals[0].open("rb") as source, target.open("wb") as raw:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as compressed:
+            shutil.copyfileobj(source, compressed)
+
+
+def label_tab_text(originals: list[Path], options: dict, stage: Path) -> None:
+    """Short-text clustering release: one ``label<TAB>text`` line per text. A tab inside the text
+    becomes a space and the text is stripped (stackoverflow's lines end with a stray tab)."""
+    for original, output in zip(originals, _outputs(options, len(originals))):
+        rows = []
+        for number, line in enumerate(_text_lines(original), start=1):
+            label, tab, text = line.partition("\t")
+            if not tab:
+                raise ValueError(f"{original.name}:{number}: expected label<TAB>text")
+            rows.append((text.replace("\t", " ").strip(), label.strip()))
+        write_tsv(stage / output, ("text", "label"), rows)
+
+
+def csv_text_category(originals: list[Path], options: dict, stage: Path) -> None:
+    """BANKING77: a CSV file per split with the header ``text,category``."""
+    for original, output in zip(originals, _outputs(options, len(originals))):
+        with original.open(encoding="utf-8", newline="") as handle:
+            rows = list(csv.reader(handle))
+        if not rows or rows[0] != ["text", "category"]:
+            raise ValueError(f"{original.name}: expected the header text,category")
+        write_tsv(stage / output, ("text", "label"), ((_one_line(text), label.strip()) for text, label in rows[1:]))
+
+
+def json_splits(originals: list[Path], options: dict, stage: Path) -> None:
+    """CLINC150's ``data_full.json``: an object of lists of ``[text, intent]``; ``options.splits``
+    maps each output to its key (the ``oos_*`` lists, out of scope, are not taken)."""
+    (original,) = originals
+    table = json.loads(original.read_text(encoding="utf-8"))
+    for output, key in options["splits"].items():
+        if key not in table:
+            raise ValueError(f"{original.name} has no list {key!r} (keys: {', '.join(table)})")
+        write_tsv(stage / output, ("text", "label"), ((_one_line(text), label.strip()) for text, label in table[key]))
+
+
+def parallel_lines(originals: list[Path], options: dict, stage: Path) -> None:
+    """HWU64 and SNIPS as the intent-detection repositories hold them: per split a ``seq.in``
+    (one text a line) and a ``label`` file, aligned line by line."""
+    options = {**options, "files_per_output": 2}
+    outputs = _outputs(options, len(originals))
+    for index, output in enumerate(outputs):
+        text_file, label_file = originals[2 * index], originals[2 * index + 1]
+        texts, labels = _text_lines(text_file), _text_lines(label_file)
+        if len(texts) != len(labels):
+            raise ValueError(f"{text_file} has {len(texts)} lines but {label_file} has {len(labels)}")
+        write_tsv(stage / output, ("text", "label"), ((_one_line(t), label.strip()) for t, label in zip(texts, labels)))
+
+
+def senteval_sts(originals: list[Path], options: dict, stage: Path) -> None:
+    """STS 2012-2016 in SentEval's layout: per subset ``<prefix>.input.<subset>.txt`` (two
+    tab-separated sentences a line; STS16 adds source columns) and ``<prefix>.gs.<subset>.txt`` (one
+    gold score a line). Subsets in ``options.subsets`` order (SentEval's); a leading ``surprise.``
+    is dropped from the subset name; a pair with an empty gold line has no gold and is dropped,
+    as SentEval does. Read from the year's release zip (``options.folder``) or loose files."""
+    files = _original_files(originals, options.get("folder", ""))
+    prefix, where = options.get("prefix", "STS"), ", ".join(p.name for p in originals)
+    rows = []
+    for subset in options["subsets"]:
+        input_name, gold_name = f"{prefix}.input.{subset}.txt", f"{prefix}.gs.{subset}.txt"
+        sentences = _split_lines(_member(files, input_name, where))
+        gold = _split_lines(_member(files, gold_name, where))
+        if len(sentences) != len(gold):
+            raise ValueError(f"{input_name} has {len(sentences)} lines but {gold_name} has {len(gold)}")
+        name = subset.removeprefix("surprise.")
+        for number, (line, score) in enumerate(zip(sentences, gold), start=1):
+            if not score.strip():
+                continue
+            fields = line.split("\t")
+            if len(fields) < 2:
+                raise ValueError(f"{input_name}:{number}: expected two tab-separated sentences")
+            rows.append((fields[0], fields[1], _score(score, f"{gold_name}:{number}"), name))
+    (output,) = options["outputs"]
+    write_tsv(stage / output, ("sentence1", "sentence2", "score", "subset"), rows)
+
+
+def stsb_csv(originals: list[Path], options: dict, stage: Path) -> None:
+    """The STS Benchmark's ``sts-<split>.csv``: tab-separated, unquoted, no header; fields genre,
+    file, year, id, score, sentence1, sentence2 (and sometimes two source columns)."""
+    files = _original_files(originals, options.get("folder", ""))
+    for name, output in options["files"].items():
+        rows = []
+        for number, line in enumerate(_split_lines(_member(files, name, originals[0].name)), start=1):
+            fields = line.split("\t")
+            if len(fields) < 7:
+                raise ValueError(f"{name}:{number}: expected at least 7 tab-separated fields, found {len(fields)}")
+            rows.append((fields[5], fields[6], _score(fields[4], f"{name}:{number}")))
+        write_tsv(stage / output, ("sentence1", "sentence2", "score"), rows)
+
+
+def sick_semeval(originals: list[Path], options: dict, stage: Path) -> None:
+    """SICK as SemEval-2014 Task 1 released it, one file per split (``SICK_train.txt``,
+    ``SICK_trial.txt``, ``SICK_test_annotated.txt``, each in its zip): a header row, columns
+    pair_ID, sentence_A, sentence_B, relatedness_score, entailment_judgment."""
+    files = _original_files(originals)
+    for name, output in options["files"].items():
+        lines = _split_lines(_member(files, name, ", ".join(p.name for p in originals)))
+        header = lines[0].split("\t") if lines else []
+        try:
+            a, b, score = (header.index(column) for column in ("sentence_A", "sentence_B", "relatedness_score"))
+        except ValueError:
+            raise ValueError(f"{name}: expected a header with sentence_A, sentence_B, relatedness_score") from None
+        rows = []
+        for number, line in enumerate(lines[1:], start=2):
+            fields = line.split("\t")
+            rows.append((fields[a], fields[b], _score(fields[score], f"{name}:{number}")))
+        write_tsv(stage / output, ("sentence1", "sentence2", "score"), rows)
+
+
+CONVERTERS: dict[str, Converter] = {
+    "gzip_text": gzip_text,
+    "label_tab_text": label_tab_text,
+    "csv_text_category": csv_text_category,
+    "json_splits": json_splits,
+    "parallel_lines": parallel_lines,
+    "senteval_sts": senteval_sts,
+    "stsb_csv": stsb_csv,
+    "sick_semeval": sick_semeval,
+}

@@ -1,0 +1,298 @@
+"""``data download``: fetch each dataset's original files, convert them, verify the result.
+
+Per dataset (:mod:`vascl_scale.data.registry`):
+
+1. **Present?** When every converted file already exists with its registry digest, nothing is
+   fetched (``--force`` redoes it).
+2. **Fetch** each original into ``<to>/.downloads/<host>/<path>`` (the URL's host and path), from
+   its URL or from ``--mirror``, a directory or URL holding the originals in that same layout.
+   Bytes go to ``<file>.part`` first and are renamed only once complete and, where the registry
+   pins the original's sha256, verified: a partial download never looks complete. An HTTP
+   transfer that stops part-way keeps its ``.part``; the next run asks for the rest with a
+   ``Range`` request (and starts over when the server ignores it).
+3. **Convert** into a staging directory inside ``<to>``, check every converted file against its
+   digest, then move the files into place. A mismatch keeps the old files and names the file,
+   both digests and what to do.
+
+A failure of one dataset (network, checksum, conversion) is reported and the others go on; the
+summary lists what was fetched, converted, skipped as present, and failed, and why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
+
+from vascl_scale.data.converters import CONVERTERS
+from vascl_scale.data.registry import Dataset, Source
+from vascl_scale.data.shards import file_sha256
+from vascl_scale.log import console
+
+logger = logging.getLogger(__name__)
+
+DOWNLOADS = ".downloads"
+READ_TIMEOUT_S = 60.0  # per socket operation: a stalled server fails instead of hanging
+CHUNK_BYTES = 1 << 20
+
+
+class DownloadError(Exception):
+    """One dataset could not be obtained; ``kind`` is network, checksum, source or conversion."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class Outcome:
+    """What happened to one dataset."""
+
+    name: str
+    status: str  # "converted", "present" or "failed"
+    fetched: list[Path] = field(default_factory=list)  # originals transferred in this run
+    reused: list[Path] = field(default_factory=list)  # originals already complete in .downloads
+    reason: str = ""  # "<kind>: <message>" of a failure
+    remarks: list[str] = field(default_factory=list)  # withheld parts, unpinned digests
+
+
+def _check_digest(path: Path, expected: str, what: str, fix: str) -> None:
+    actual = file_sha256(path)
+    if actual != expected:
+        raise DownloadError("checksum", f"{what} has sha256 {actual}, the registry expects {expected}; {fix}")
+
+
+class Fetcher:
+    """Brings original files into ``<to>/.downloads``, from their URLs or a mirror."""
+
+    def __init__(self, downloads: Path, mirror: str | None, progress: Progress) -> None:
+        self.downloads = downloads
+        self.mirror = mirror
+        self.progress = progress
+
+    def location(self, source: Source) -> str:
+        """The URL or local path this source is read from."""
+        if self.mirror is None:
+            return source.url
+        if urlsplit(self.mirror).scheme in ("http", "https"):
+            return f"{self.mirror.rstrip('/')}/{source.mirror_path}"
+        return str(Path(self.mirror) / source.mirror_path)
+
+    def fetch(self, source: Source, force: bool) -> tuple[Path, bool]:
+        """(the local original, whether it was transferred now)."""
+        target = self.downloads / source.mirror_path
+        if target.is_file() and not force:
+            if source.sha256 is None or file_sha256(target) == source.sha256:
+                return target, False
+            target.unlink()  # a pinned original that changed on disk: fetch it again
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part = target.with_name(target.name + ".part")
+        if force:
+            part.unlink(missing_ok=True)
+        where = self.location(source)
+        if urlsplit(where).scheme in ("http", "https"):
+            self._http(where, part)
+        else:
+            self._copy(Path(where), part)
+        if source.sha256 is not None:
+            try:
+                _check_digest(
+                    part,
+                    source.sha256,
+                    f"the original {where}",
+                    "it is deleted; rerun to fetch it again, and if it persists, the source no longer serves "
+                    "the file the registry pinned: use an existing copy of the data or report it",
+                )
+            except DownloadError:
+                part.unlink()
+                raise
+        os.replace(part, target)
+        return target, True
+
+    def _copy(self, path: Path, part: Path) -> None:
+        if not path.is_file():
+            raise DownloadError("source", f"{path} does not exist; the mirror must hold each original at <mirror>/<host>/<path> of its URL")
+        shutil.copyfile(path, part)
+
+    def _http(self, url: str, part: Path) -> None:
+        start = part.stat().st_size if part.exists() else 0
+        headers = {"User-Agent": "vascl-scale"}
+        if start:
+            headers["Range"] = f"bytes={start}-"
+        try:
+            response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=READ_TIMEOUT_S)
+        except urllib.error.HTTPError as err:
+            if err.code == 416 and start:  # the .part already holds every byte: verify it as it is
+                return
+            raise DownloadError("network", f"{url}: HTTP {err.code} {err.reason}") from None
+        except (urllib.error.URLError, OSError) as err:
+            raise DownloadError("network", f"{url}: {getattr(err, 'reason', err)}") from None
+        with response:
+            if start and response.status != 206:
+                logger.info("%s ignored the resume request: fetching it from the start", url)
+                start = 0
+            length = response.headers.get("Content-Length")
+            total = start + int(length) if length is not None else None
+            task = self.progress.add_task(Path(urlsplit(url).path).name, total=total, completed=start)
+            received = start
+            try:
+                with part.open("ab" if start else "wb") as out:
+                    while chunk := response.read(CHUNK_BYTES):
+                        out.write(chunk)
+                        received += len(chunk)
+                        self.progress.update(task, completed=received)
+            except OSError as err:
+                raise DownloadError("network", f"{url}: transfer stopped after {received} bytes ({err}); rerun to resume") from None
+            finally:
+                self.progress.remove_task(task)
+        if total is not None and received < total:
+            raise DownloadError("network", f"{url}: connection closed after {received} of {total} bytes; rerun to resume")
+
+
+def outputs_present(dataset: Dataset, to: Path) -> bool:
+    """Every converted file exists and, where pinned, has its registry digest."""
+    for relative, digest in dataset.outputs.items():
+        path = to / relative
+        if not path.is_file() or (digest and file_sha256(path) != digest):
+            return False
+    return True
+
+
+def obtain(dataset: Dataset, to: Path, fetcher: Fetcher, force: bool) -> Outcome:
+    """Fetch, convert and verify one dataset into ``to`` (the steps of the module docstring)."""
+    outcome = Outcome(dataset.name, "converted")
+    if dataset.withheld:
+        outcome.remarks.append(f"withheld: {dataset.withheld}")
+    if not force and outputs_present(dataset, to):
+        outcome.status = "present"
+        return outcome
+    originals = []
+    for source in dataset.sources:
+        path, transferred = fetcher.fetch(source, force)
+        (outcome.fetched if transferred else outcome.reused).append(path)
+        originals.append(path)
+    converter = CONVERTERS[dataset.converter]
+    with tempfile.TemporaryDirectory(prefix=f".staging-{dataset.name}-", dir=to) as staging:
+        stage = Path(staging)
+        try:
+            converter(originals, dataset.options, stage)
+        except (ValueError, KeyError, OSError, UnicodeDecodeError) as err:
+            raise DownloadError("conversion", f"converting {', '.join(p.name for p in originals)}: {err}") from None
+        written = sorted(str(p.relative_to(stage)) for p in stage.rglob("*") if p.is_file())
+        assert written == sorted(dataset.outputs), (dataset.name, written, sorted(dataset.outputs))
+        for relative, digest in dataset.outputs.items():
+            if digest:
+                _check_digest(
+                    stage / relative,
+                    digest,
+                    f"the converted {relative}",
+                    "the converted file is not kept. Rerun with --force to fetch the originals again (a "
+                    "damaged transfer); if it persists, the source has changed since the registry was "
+                    "written: use an existing copy of the data or report it",
+                )
+            else:
+                outcome.remarks.append(f"{relative}: sha256 {file_sha256(stage / relative)} (not pinned)")
+        for relative in dataset.outputs:
+            (to / relative).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(stage / relative, to / relative)
+    return outcome
+
+
+def download_datasets(
+    datasets: list[Dataset], to: str | Path, mirror: str | None = None, force: bool = False, show_progress: bool = True
+) -> list[Outcome]:
+    """Obtain each dataset into the data directory ``to``; one :class:`Outcome` each, in order."""
+    to = Path(to)
+    to.mkdir(parents=True, exist_ok=True)
+    if mirror is not None and urlsplit(mirror).scheme not in ("http", "https") and not Path(mirror).is_dir():
+        raise ValueError(f"--mirror {mirror}: neither an http(s) URL nor an existing directory")
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=not show_progress,
+    )
+    outcomes = []
+    with progress:
+        fetcher = Fetcher(to / DOWNLOADS, mirror, progress)
+        overall = progress.add_task("datasets", total=len(datasets))
+        for dataset in datasets:
+            try:
+                outcome = obtain(dataset, to, fetcher, force)
+            except DownloadError as err:
+                outcome = Outcome(dataset.name, "failed", reason=f"{err.kind}: {err}")
+            logger.info("%s: %s%s", dataset.name, outcome.status, f" ({outcome.reason})" if outcome.reason else "")
+            outcomes.append(outcome)
+            progress.advance(overall)
+    return outcomes
+
+
+def summary_table(outcomes: list[Outcome]) -> Table:
+    table = Table(title="data download")
+    for column in ("dataset", "result", "fetched", "already here", "reason / remarks"):
+        table.add_column(column)
+    for outcome in outcomes:
+        table.add_row(
+            outcome.name,
+            outcome.status,
+            _files(outcome.fetched),
+            _files(outcome.reused),
+            "; ".join(([outcome.reason] if outcome.reason else []) + outcome.remarks) or "-",
+        )
+    counts = {status: sum(o.status == status for o in outcomes) for status in ("converted", "present", "failed")}
+    table.caption = ", ".join(f"{count} {status}" for status, count in counts.items())
+    return table
+
+
+def _files(paths: list[Path]) -> str:
+    if not paths:
+        return "-"
+    size = sum(path.stat().st_size for path in paths)
+    return f"{len(paths)} file{'s' if len(paths) > 1 else ''}, {size / 1e6:.1f} MB"
+
+
+def _source_summary(dataset: Dataset) -> str:
+    """The source URL, or the folder URL the sources share and their count."""
+    urls = [source.url for source in dataset.sources]
+    if len(urls) == 1:
+        return urls[0]
+    shared = os.path.commonprefix(urls)
+    return f"{shared[: shared.rfind('/') + 1]} ({len(urls)} files)"
+
+
+def registry_table(datasets: list[Dataset]) -> Table:
+    """What ``data download --list`` shows: each dataset's files, source and licence."""
+    table = Table(title="dataset registry")
+    for column in ("dataset", "files", "source", "licence"):
+        table.add_column(column)
+    for dataset in datasets:
+        table.add_row(dataset.name, "\n".join(dataset.outputs), _source_summary(dataset), dataset.licence)
+    return table
+
+
+def registry_markdown(datasets: list[Dataset]) -> str:
+    """The registry as the README's Markdown table (``data download --list --markdown``): a row
+    per converted file with its sha256 ("not pinned" where the registry pins none)."""
+    lines = ["| dataset | file | sha256 | source | licence |", "|---|---|---|---|---|"]
+    for dataset in datasets:
+        source = _source_summary(dataset)
+        for index, (relative, digest) in enumerate(dataset.outputs.items()):
+            first = index == 0
+            lines.append(
+                f"| {dataset.name if first else ''} | `{relative}` | {f'`{digest}`' if digest else 'not pinned'} "
+                f"| {source if first else ''} | {dataset.licence if first else ''} |"
+            )
+    return "\n".join(lines) + "\n"
