@@ -20,6 +20,7 @@ summary lists what was fetched, converted, skipped as present, and failed, and w
 
 from __future__ import annotations
 
+import http.client
 import logging
 import os
 import shutil
@@ -46,7 +47,8 @@ CHUNK_BYTES = 1 << 20
 
 
 class DownloadError(Exception):
-    """One dataset could not be obtained; ``kind`` is network, checksum, source or conversion."""
+    """One dataset could not be obtained; ``kind`` is network, checksum, source or conversion
+    (a failure to write under ``--to`` is reported as filesystem)."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -146,12 +148,18 @@ class Fetcher:
             received = start
             try:
                 with part.open("ab" if start else "wb") as out:
-                    while chunk := response.read(CHUNK_BYTES):
+                    while True:
+                        try:
+                            chunk = response.read(CHUNK_BYTES)
+                        except (OSError, http.client.HTTPException) as err:
+                            raise DownloadError(
+                                "network", f"{url}: transfer stopped after {received} bytes ({err!r}); rerun to resume"
+                            ) from None
+                        if not chunk:
+                            break
                         out.write(chunk)
                         received += len(chunk)
                         self.progress.update(task, completed=received)
-            except OSError as err:
-                raise DownloadError("network", f"{url}: transfer stopped after {received} bytes ({err}); rerun to resume") from None
             finally:
                 self.progress.remove_task(task)
         if total is not None and received < total:
@@ -234,6 +242,8 @@ def download_datasets(
                 outcome = obtain(dataset, to, fetcher, force)
             except DownloadError as err:
                 outcome = Outcome(dataset.name, "failed", reason=f"{err.kind}: {err}")
+            except OSError as err:  # writing under --to: a full or read-only disk
+                outcome = Outcome(dataset.name, "failed", reason=f"filesystem: {err}")
             logger.info("%s: %s%s", dataset.name, outcome.status, f" ({outcome.reason})" if outcome.reason else "")
             outcomes.append(outcome)
             progress.advance(overall)
