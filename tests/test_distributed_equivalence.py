@@ -21,11 +21,21 @@ from vascl_scale.losses.vascl import project
 GLOBAL_BATCH = 12
 SEQ_LEN = 7
 K = 3
-CASES = ("vascl_detach", "vascl_literal", "vascl_relative_cosine", "vascl_instance_literal", "simcse")
+CASES = (
+    "vascl_detach",
+    "vascl_literal",
+    "vascl_detach_one_iteration",
+    "vascl_literal_three_iterations",
+    "vascl_relative_cosine",
+    "vascl_instance_literal",
+    "simcse",
+)
 # Settings of each VaSCL case beyond the shared ones.
 VASCL_CASES = {
     "vascl_detach": dict(detach=True),
     "vascl_literal": dict(detach=False),
+    "vascl_detach_one_iteration": dict(detach=True, power_iters=1),
+    "vascl_literal_three_iterations": dict(detach=False, power_iters=3),
     "vascl_relative_cosine": dict(detach=True, similarity="cosine", eps_mode="relative", xi_mode="relative", eps=0.8, xi=0.5),
     "vascl_instance_literal": dict(detach=False, eps_mode="relative_instance", xi_mode="relative_instance", eps=0.8, xi=0.5),
 }

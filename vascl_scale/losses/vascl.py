@@ -8,10 +8,14 @@ Per step, for the b sentences on this rank (B = W * b over all ranks):
    batch, by raw inner product e1 @ e1.T (the authors' choice; ``similarity="cosine"`` is
    the alternative).
 3. Virtual augmentation (Eq. 2-4): a direction d_i starts uniform in [-0.5, 0.5) per
-   element, L2-normalised per row; each power iteration replaces it by the row-normalised
-   gradient, with respect to d_i only, of Eq. 2 at h(e_i + xi * d_i) against the clean
-   features (no gradient) of i (positive) and of N(i) (negatives). delta_i = eps * d_i,
-   so ||delta_i|| = eps, the paper's Delta. delta is a constant afterwards (Danskin).
+   element, L2-normalised per row; each power iteration replaces it by the gradient g, with
+   respect to d only, of the mean over the B sentences of the global batch of Eq. 2 at
+   h(e_i + xi * d_i) against the clean features (no gradient) of i (positive) and of N(i)
+   (negatives), normalised as the authors' code does (``VaSCL/learners/vat_utils.py``,
+   ``_l2_normalize``): g_i / (||g_i|| + 1e-8). delta_i = eps * d_i, so ||delta_i|| = eps, the
+   paper's Delta, wherever ||g_i|| >> 1e-8; where Eq. 2 saturates and its gradient nearly
+   vanishes, delta_i shrinks with it. Only row i of the mean depends on d_i, so g_i is that row's
+   gradient / B on every rank alike. delta is a constant afterwards (Danskin).
    With ``eps_mode="relative"`` (and ``xi_mode``) eps and xi are multiples of the mean
    ||e1|| over the global batch instead; with "relative_instance", of each row's own ||e1_i||.
 4. Eq. 5 for anchor i in both directions: (z_i*, z_i) and (z_i, z_i*), each against the
@@ -48,6 +52,8 @@ Head = Callable[[Tensor], Tensor]
 # A neighbour whose embedding has at least this cosine with the anchor's counts as a
 # near-duplicate of it (the share is logged: a neighbourhood of copies teaches nothing).
 NEAR_DUPLICATE_COSINE = 0.95
+# Added to each row's norm when a direction is normalised, as in the authors' _l2_normalize.
+DIRECTION_GUARD = 1e-8
 
 
 @dataclass
@@ -100,24 +106,33 @@ def adversarial_direction(
     xi: float | Tensor,
     power_iters: int,
     temperature: float,
+    global_rows: int,
 ) -> Tensor:
-    """Unit-norm direction per row that increases Eq. 2 (power iteration, Eq. 3).
+    """Direction per row that increases Eq. 2 (power iteration, Eq. 3), as the authors compute it.
 
     embeddings (b, d) without gradient; positive (b, D) and negatives (b, k, D) are clean
-    features without gradient; init_dir (b, d); xi a number or (b, 1), one radius per row.
-    Returns (b, d), rows of norm 1 (a row whose
-    gradient vanishes stays 0). Only the direction is differentiated (autograd.grad), so no
-    parameter gradient or DDP/ZeRO gradient hook is touched.
+    features without gradient; init_dir (b, d); xi a number or (b, 1), one radius per row;
+    ``global_rows`` B, the rows of the global batch the mean of Eq. 2 runs over. Returns (b, d):
+    each row g / (||g|| + 1e-8) of the gradient g of that mean, so of norm 1 unless g nearly
+    vanishes. Only the direction is differentiated (autograd.grad), so no parameter gradient or
+    DDP/ZeRO gradient hook is touched.
     """
-    direction = F.normalize(init_dir, dim=-1)
+    direction = _authors_l2_normalize(init_dir)
     for _ in range(power_iters):
         direction = direction.detach().requires_grad_(True)
         with torch.enable_grad():
             perturbed = project(head, embeddings + xi * direction)  # (b, D)
-            nll = neighbourhood_nll(perturbed, positive, negatives, temperature).sum()
+            # This rank's share of the global mean: sum over its b rows / B.
+            nll = neighbourhood_nll(perturbed, positive, negatives, temperature).sum() / global_rows
             (grad,) = torch.autograd.grad(nll, direction)
-        direction = F.normalize(grad, dim=-1)
+        direction = _authors_l2_normalize(grad)
     return direction.detach()
+
+
+def _authors_l2_normalize(rows: Tensor) -> Tensor:
+    """(n, d) -> rows / (||row|| + 1e-8): the guard of the authors' ``_l2_normalize``, which
+    lets a vanishing gradient give a short direction (``F.normalize`` would stretch it to 1)."""
+    return rows / (rows.norm(dim=-1, keepdim=True) + DIRECTION_GUARD)
 
 
 def _strength(value: float, mode: str, e1: Tensor, global_embeddings: Tensor) -> float | Tensor:
@@ -216,8 +231,9 @@ def vascl_objective(
         xi=xi_abs,
         power_iters=power_iters,
         temperature=temperature,
+        global_rows=rows * world_size,
     )
-    delta = eps_abs * direction  # (b, d), ||delta_i|| = eps_abs (per row for relative_instance)
+    delta = eps_abs * direction  # (b, d), ||delta_i|| = eps_abs (per row for relative_instance) unless Eq. 2 saturates
 
     z_aug = project(head, anchors + delta)  # (b, D): z_i* of Eq. 5
     global_aug = distributed.all_gather_with_grad(z_aug)  # (B, D)
