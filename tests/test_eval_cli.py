@@ -262,3 +262,35 @@ def test_fidelity_packaged_minilm_matches_published_mteb_figures(tmp_path):
     scores = {r["task"]: r["primary"] for r in json.loads((tmp_path / "f.json").read_text())["models"][0]["results"]}
     assert scores["stsb"] == pytest.approx(82.03, abs=0.05)
     assert scores["sickr-full"] == pytest.approx(77.58, abs=0.05)
+
+
+def test_sts_source_senteval_scores_the_senteval_copies_and_keeps_sickr_untokenised(tiny_model, tmp_path):
+    rng = np.random.default_rng(1)
+    sentence = lambda: " ".join(rng.choice(WORDS, size=4))
+    published = [f"{sentence()}\t{sentence()}\t{i % 5}" for i in range(20)]
+    senteval = [f"{sentence().upper()} .\t{sentence()} .\t{(i * 7) % 5}" for i in range(20)]
+    header = "sentence1\tsentence2\tscore"
+    both, only_senteval = tmp_path / "both", tmp_path / "only"
+    write_tsv(both / "sts" / "stsb" / "test.tsv", header, published)
+    write_tsv(both / "sts" / "sickr" / "test.tsv", header, published)
+    write_tsv(both / "sts_senteval" / "stsb" / "test.tsv", header, senteval)
+    write_tsv(only_senteval / "sts" / "stsb" / "test.tsv", header, senteval)
+    common = ["--model", str(tiny_model), "--no-cache", "--task", "stsb"]
+
+    def scores(data: Path, name: str, *extra: str) -> dict:
+        result = invoke("sts", *common, *extra, "--data-dir", str(data), "--output", str(tmp_path / f"{name}.json"))
+        assert result.exit_code == 0, result.output
+        return {r["task"]: r for r in json.loads((tmp_path / f"{name}.json").read_text())["models"][0]["results"]}
+
+    chosen = scores(both, "senteval", "--task", "sickr", "--sts-source", "senteval")
+    assert chosen["stsb"]["details"]["source"] == "senteval" and chosen["sickr"]["details"]["source"] == "mteb"
+    assert chosen["stsb"]["primary"] == scores(only_senteval, "reference")["stsb"]["primary"]
+    published_scores = scores(both, "published")
+    assert published_scores["stsb"]["details"]["source"] == "mteb"
+    assert published_scores["stsb"]["primary"] != chosen["stsb"]["primary"]
+    assert "SentEval" in (tmp_path / "senteval.md").read_text()
+
+    wrong = invoke("sts", *common, "--data-dir", str(both), "--sts-source", "moses", "--output", str(tmp_path / "w.json"))
+    assert wrong.exit_code == 2 and "--sts-source must be one of mteb, senteval" in wrong.output
+    refused = invoke("clustering", "--model", str(tiny_model), "--data-dir", str(both), "--sts-source", "senteval")
+    assert refused.exit_code == 2 and "only applies to STS" in refused.output

@@ -20,6 +20,12 @@ MODEL = typer.Option(..., "--model", help="Run dir (best/, else final/), HF or s
 DATA_DIR = typer.Option(None, "--data-dir", help="Evaluation data directory (README, Data; `data download` fills one); default $VASCL_DATA.")
 OUTPUT = typer.Option(Path("eval-results.json"), "--output", help="JSON with every score, per task, subset and seed.")
 MARKDOWN = typer.Option(None, "--markdown", help="Markdown tables; default: the --output path with .md.")
+STS_SOURCE = typer.Option(
+    "mteb",
+    "--sts-source",
+    help="STS copies to score: mteb (the releases as published, as MTEB scores them) or senteval (SentEval's "
+    "tokenised, lower-cased copies under sts_senteval/, as SentEval-based papers did; SICK-R stays untokenised).",
+)
 TASK = typer.Option(None, "--task", help="Run only these tasks (repeatable), e.g. --task stsb --task sickr-full.")
 BATCH = typer.Option(64, "--batch-size", min=1, help="Texts per encoder forward.")
 MAX_LENGTH = typer.Option(None, "--max-length", min=1, help="Tokens per text; default: the model's, else 256.")
@@ -71,6 +77,7 @@ def _run(
     missing_ok: bool,
     clustering_max_texts: Optional[int],
     precision: str,
+    sts_source: str,
 ) -> None:
     from vascl_scale.eval.embed import default_cache_dir, resolve_model
     from vascl_scale.eval.report import markdown, rich_tables
@@ -83,7 +90,9 @@ def _run(
         if routed is not None:
             families = [family for family in families if family in routed]
         specs = [resolve_model(path, pooling, max_length) for path in models]
-        evaluators = build_evaluators(data, families, routed, missing_ok=missing_ok, clustering_max_texts=clustering_max_texts)
+        evaluators = build_evaluators(
+            data, families, routed, missing_ok=missing_ok, clustering_max_texts=clustering_max_texts, sts_source=sts_source
+        )
         cache = None if no_cache else (cache_dir or default_cache_dir())
         report = run_evaluation(specs, evaluators, data, batch_size, cache, device, precision)
     except ValueError as err:
@@ -128,6 +137,7 @@ def _family_command(families: list[str], missing_ok: bool, doc: str):
         no_cache: bool = NO_CACHE,
         clustering_max_texts: Optional[int] = CLUSTERING_MAX_TEXTS,
         precision: str = PRECISION,
+        sts_source: str = STS_SOURCE,
     ) -> None:
         _run(
             families,
@@ -145,6 +155,7 @@ def _family_command(families: list[str], missing_ok: bool, doc: str):
             missing_ok,
             clustering_max_texts,
             precision,
+            sts_source,
         )
 
     command.__doc__ = doc

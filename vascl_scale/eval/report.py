@@ -144,11 +144,21 @@ def families_in(report: EvalReport) -> list[str]:
     return [family for family in FAMILIES if family in present]
 
 
+def family_title(report: EvalReport, family: str) -> str:
+    """The family's title; for STS, which copies were scored when not the published releases."""
+    sources = {r.details.get("source") for m in report.models for r in m.results if r.family == family and r.status == "ok"}
+    if family == "sts" and "senteval" in sources:
+        return TITLES[family] + "; STS12-16 and STS-B on SentEval's tokenised copies" + (
+            ", SICK-R untokenised (no SentEval copy)" if "mteb" in sources else ""
+        )
+    return TITLES[family]
+
+
 def rich_tables(report: EvalReport) -> list[Table]:
     tables = []
     for family in families_in(report):
         header, rows = family_rows(report, family)
-        table = Table(title=TITLES[family], title_justify="left")
+        table = Table(title=family_title(report, family), title_justify="left")
         for i, name in enumerate(header):
             table.add_column(name, justify="left" if i == 0 else "right", style="bold" if name == "Avg." else None)
         for row in rows:
@@ -161,7 +171,7 @@ def markdown(report: EvalReport) -> str:
     parts = []
     for family in families_in(report):
         header, rows = family_rows(report, family)
-        lines = [f"### {TITLES[family]}", "", "| " + " | ".join(header) + " |"]
+        lines = [f"### {family_title(report, family)}", "", "| " + " | ".join(header) + " |"]
         lines.append("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
         lines += ["| " + " | ".join(row) + " |" for row in rows]
         parts.append("\n".join(lines))

@@ -14,7 +14,7 @@ from vascl_scale.eval.embed import Embedder, ModelSpec
 from vascl_scale.eval.intent import INTENT_TASKS, FewShotProtocol, IntentEvaluator
 from vascl_scale.eval.report import EvalReport, ModelReport
 from vascl_scale.eval.results import FAMILIES
-from vascl_scale.eval.sts import PAPER_STS_TASKS, STSEvaluator
+from vascl_scale.eval.sts import PAPER_STS_TASKS, STSEvaluator, check_sts_source
 
 logger = logging.getLogger(__name__)
 
@@ -42,20 +42,24 @@ def build_evaluators(
     clustering_seeds: int = 10,
     protocol: FewShotProtocol = FewShotProtocol(),
     clustering_max_texts: int | None = None,
+    sts_source: str = "mteb",
 ) -> list:
     """One evaluator per family, its data loaded. With ``missing_ok`` a task whose file is absent
     is skipped with a warning and reported as missing; otherwise its absence raises.
+    ``sts_source``: the STS copies to score (:data:`vascl_scale.eval.sts.STS_SOURCES`).
     ``clustering_max_texts``: see :meth:`ClusteringEvaluator.from_data_dir`."""
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         raise ValueError(f"unknown task families {unknown}; choose from {', '.join(FAMILIES)}")
     if clustering_max_texts is not None and "clustering" not in families:
         raise ValueError("--clustering-max-texts only applies to clustering tasks (eval clustering or eval all)")
+    if check_sts_source(sts_source) != "mteb" and "sts" not in families:
+        raise ValueError("--sts-source only applies to STS tasks (eval sts or eval all)")
     tasks = {**DEFAULT_TASKS, **(tasks or {})}
     evaluators = []
     for family in families:
         if family == "sts":
-            evaluators.append(STSEvaluator.from_data_dir(data_dir, tasks["sts"], missing_ok))
+            evaluators.append(STSEvaluator.from_data_dir(data_dir, tasks["sts"], missing_ok, sts_source))
         elif family == "clustering":
             seeds = tuple(range(clustering_seeds))
             evaluators.append(

@@ -52,6 +52,24 @@ STS_TASKS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 # The seven columns of the paper's Table 1, averaged in that order.
 PAPER_STS_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
+# Which copy of the STS data a task is scored on: "mteb", the releases as published (and as
+# MTEB scores them) under <data>/sts; "senteval", the Moses-tokenised, lower-cased copies that
+# SentEval's download script leaves, under <data>/sts_senteval (what SentEval-based papers,
+# SimCSE and VaSCL's Table 1 among them, scored). SICK-R has no SentEval copy here: it stays on
+# <data>/sts under either source.
+STS_SOURCES = {"mteb": "sts", "senteval": "sts_senteval"}
+SENTEVAL_FOLDERS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb")
+
+
+def check_sts_source(source: str) -> str:
+    if source not in STS_SOURCES:
+        raise ValueError(f"--sts-source must be one of {', '.join(STS_SOURCES)}; got {source!r}")
+    return source
+
+
+def task_source(task: str, source: str) -> str:
+    """The source ``task`` is really scored on under ``--sts-source source``."""
+    return source if STS_TASKS[task][0] in SENTEVAL_FOLDERS else "mteb"
 
 
 def load_sts_tsv(path: str | Path) -> list[StsPair]:
@@ -139,11 +157,12 @@ def load_sick_txt(path: str | Path) -> list[StsPair]:
     return pairs
 
 
-def sts_task_paths(data_dir: str | Path, task: str) -> list[Path]:
+def sts_task_paths(data_dir: str | Path, task: str, source: str = "mteb") -> list[Path]:
     if task not in STS_TASKS:
         raise ValueError(f"unknown STS task {task!r}; choose from {', '.join(STS_TASKS)}")
     folder, splits = STS_TASKS[task]
-    return [Path(data_dir) / "sts" / folder / f"{split}.tsv" for split in splits]
+    root = Path(data_dir) / STS_SOURCES[task_source(task, check_sts_source(source))]
+    return [root / folder / f"{split}.tsv" for split in splits]
 
 
 def default_stsb_dev_path(data_dir: str | Path) -> Path:
@@ -151,8 +170,8 @@ def default_stsb_dev_path(data_dir: str | Path) -> Path:
     return sts_task_paths(data_dir, "stsb-dev")[0]
 
 
-def load_sts_task(data_dir: str | Path, task: str) -> list[StsPair]:
-    return [pair for path in sts_task_paths(data_dir, task) for pair in load_sts_tsv(path)]
+def load_sts_task(data_dir: str | Path, task: str, source: str = "mteb") -> list[StsPair]:
+    return [pair for path in sts_task_paths(data_dir, task, source) for pair in load_sts_tsv(path)]
 
 
 def cosine_similarity_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -223,24 +242,34 @@ class STSEvaluator:
     family = "sts"
     metric = "spearman"
 
-    def __init__(self, tasks: Mapping[str, Sequence[StsPair]], missing: Mapping[str, Exception] | None = None) -> None:
+    def __init__(
+        self,
+        tasks: Mapping[str, Sequence[StsPair]],
+        missing: Mapping[str, Exception] | None = None,
+        source: str = "mteb",
+    ) -> None:
         self.tasks = dict(tasks)
         self.missing = dict(missing or {})
+        self.source = check_sts_source(source)
 
     @classmethod
     def from_data_dir(
-        cls, data_dir: str | Path, tasks: Iterable[str] = PAPER_STS_TASKS, missing_ok: bool = False
+        cls, data_dir: str | Path, tasks: Iterable[str] = PAPER_STS_TASKS, missing_ok: bool = False, source: str = "mteb"
     ) -> "STSEvaluator":
+        """The ``tasks`` from ``data_dir``, on the copies ``source`` names (:data:`STS_SOURCES`)."""
         loaded, missing = {}, {}
         for task in tasks:
             try:
-                loaded[task] = load_sts_task(data_dir, task)
+                loaded[task] = load_sts_task(data_dir, task, source)
             except MissingDataError as err:
                 if not missing_ok:
                     raise
                 logger.warning("skipping STS task %s: %s", task, err)
                 missing[task] = err
-        return cls(loaded, missing)
+        kept = [task for task in loaded if task_source(task, source) != source]
+        if kept:
+            logger.info("%s: no SentEval copy exists, scored on the untokenised release as with --sts-source mteb", ", ".join(kept))
+        return cls(loaded, missing, source)
 
     def texts(self) -> set[str]:
         return {text for pairs in self.tasks.values() for pair in pairs for text in (pair.sentence1, pair.sentence2)}
@@ -249,6 +278,7 @@ class STSEvaluator:
         results = [TaskResult.missing(self.family, task, self.metric, err) for task, err in self.missing.items()]
         for task, pairs in self.tasks.items():
             scores = sts_task_scores(pair_similarities(encode, pairs), pairs)
+            scores["source"] = task_source(task, self.source)
             results.append(TaskResult(self.family, task, self.metric, scores["all"], details=scores))
             logger.info("%s: Spearman %.2f over %d pairs", task, scores["all"], len(pairs))
         return in_task_order(results, list(STS_TASKS))
