@@ -95,11 +95,16 @@ def _parts(objective: str, loss: dict, chunk_size: int, dropout: float, grad_acc
     return accelerator, model, step, recorder
 
 
-def _own_batch(rank: int, world_size: int, seed: int = 10) -> dict[str, torch.Tensor]:
+def _own_batch(rank: int, world_size: int, seed: int = 10, augmented: bool = False) -> dict[str, torch.Tensor]:
+    """This rank's rows of the global batch; ``augmented``: with a second view of other tokens."""
     rows = GLOBAL_BATCH // world_size
     ids, mask = token_batch(GLOBAL_BATCH, SEQ_LEN, seed=seed)  # the same global batch everywhere
     own = slice(rank * rows, (rank + 1) * rows)
-    return {"input_ids": ids[own], "attention_mask": mask[own]}
+    batch = {"input_ids": ids[own], "attention_mask": mask[own]}
+    if augmented:
+        other_ids, other_mask = token_batch(GLOBAL_BATCH, SEQ_LEN, seed=seed + 1)
+        batch.update(view2_input_ids=other_ids[own], view2_attention_mask=other_mask[own])
+    return batch
 
 
 def _gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -136,12 +141,14 @@ def same_mask_reference(step, batch: dict[str, torch.Tensor], loss_call: int):
     return out
 
 
-def one_loss_call(rank: int, world_size: int, objective: str, loss: dict, dropout: float, mode: str) -> dict:
+def one_loss_call(
+    rank: int, world_size: int, objective: str, loss: dict, dropout: float, mode: str, augmented: bool = False
+) -> dict:
     """One loss call and its backward on this rank: "uncached", "cached" or "same_masks"."""
     accelerator, model, step, recorder = _parts(objective, loss, 0 if mode == "uncached" else CHUNK, dropout)
     forwards: list[tuple[bool, torch.Tensor]] = []
     model.register_forward_hook(lambda module, args, output: forwards.append((torch.is_grad_enabled(), output.detach().clone())))
-    batch = _own_batch(rank, world_size)
+    batch = _own_batch(rank, world_size, augmented=augmented)
     if mode == "uncached":
         out = step.loss_call(batch, 0)
         step._backward(out.loss, final=True)
@@ -152,9 +159,11 @@ def one_loss_call(rank: int, world_size: int, objective: str, loss: dict, dropou
     return {"loss": out.loss.detach(), "gradients": _gradients(model), "recorded": recorder.calls, "forwards": forwards}
 
 
-def loss_calls(rank: int, world_size: int, dropout: float, modes: tuple[str, ...]) -> list[dict]:
+def loss_calls(rank: int, world_size: int, dropout: float, modes: tuple[str, ...], augmented: bool = False) -> list[dict]:
     """:func:`one_loss_call` for every case and mode in one process (starting ranks is what costs)."""
-    results = [{mode: one_loss_call(rank, world_size, o, loss, dropout, mode) for mode in modes} for o, loss in CASES]
+    results = [
+        {mode: one_loss_call(rank, world_size, o, loss, dropout, mode, augmented) for mode in modes} for o, loss in CASES
+    ]
     return _portable(results)
 
 
@@ -178,6 +187,15 @@ def test_without_dropout_the_cached_call_is_the_one_forward_call() -> None:
     (results,) = run_as_launched(loss_calls, 1, 0.0, ("uncached", "cached"))
     for case_id, result in zip(CASE_IDS, results):
         _assert_same_call(result["cached"], result["uncached"], case_id)
+
+
+def test_with_an_augmented_second_view_the_cached_call_is_the_one_forward_call() -> None:
+    """data.augment gives view 2 other tokens (view2_*): each path encodes them as view 2."""
+    (augmented,) = run_as_launched(loss_calls, 1, 0.0, ("uncached", "cached"), True)
+    (plain,) = run_as_launched(loss_calls, 1, 0.0, ("uncached",))
+    for case_id, result, same_text in zip(CASE_IDS, augmented, plain):
+        _assert_same_call(result["cached"], result["uncached"], f"{case_id}, augmented")
+        assert abs(result["uncached"]["loss"] - same_text["uncached"]["loss"]) > 1e-6, case_id
 
 
 def test_with_dropout_the_cached_call_replays_the_masks_of_its_chunks() -> None:

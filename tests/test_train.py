@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import math
 import os
 import random
 import shutil
@@ -752,3 +753,15 @@ def test_cached_zero_runs_equal_the_cached_ddp_run(workspace: Path, tmp_path: Pa
     run_train(config, run, "--num-processes", "2", "--deepspeed", deepspeed, timeout=420)
     # 7 backwards per loss call, reduced in DeepSpeed's order: equal up to float32 rounding.
     assert_same_weights(run, ddp_cached_reference, atol=2e-6)
+
+
+def test_both_objectives_train_on_explicitly_augmented_pairs(workspace: Path, tmp_path: Path) -> None:
+    config = write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0})
+    for objective in ("vascl", "simcse"):
+        result = run_train(
+            config, tmp_path / objective, "--objective", objective, "--max-steps", "2",
+            "--set", "data.augment=wdel", "--set", "data.augment_fraction=0.2",
+        )  # fmt: skip
+        assert "wdel augmentation of 0.2 of the words, second view(s)" in result.stderr
+        records = [yaml.safe_load(line) for line in (tmp_path / objective / "metrics.jsonl").read_text().splitlines()]
+        assert records[-1]["step"] == 2 and math.isfinite(records[-1]["loss/loss"])

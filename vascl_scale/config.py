@@ -104,6 +104,29 @@ class DataConfig(_Strict):
     # Seconds a ``pipe:`` command may give no data (or run on after its output ended) before
     # the run stops naming it; below torch.distributed's 10-minute collective timeout.
     pipe_timeout: Number = Field(300.0, gt=0)
+    # Explicit augmentation (section 4.4, vascl_scale.data.augment), applied in the loader's
+    # workers: "second" changes view 2 only (x_i stays the original: the paper's setting),
+    # "both" augments each view independently (which the paper found worse).
+    augment: Literal["none", "wdel", "wnet", "ctxt"] = "none"
+    augment_fraction: Number = Field(0.1, gt=0, le=1)  # share of a sentence's words changed
+    augment_views: Literal["second", "both"] = "second"
+    augment_wordnet: NonEmpty = "/usr/share/wordnet"  # wnet: a WordNet 3.0 database directory
+    augment_model: str | None = None  # ctxt: a masked language model (directory, hub id or package:)
+    augment_top_n: int = Field(5, ge=1)  # ctxt: substitutes drawn from the model's top n
+
+    @model_validator(mode="after")
+    def _augmentation(self) -> "DataConfig":
+        if self.augment == "ctxt" and not self.augment_model:
+            raise ValueError("data.augment = ctxt needs data.augment_model: a masked language model directory or hub id")
+        return self
+
+    def augment_spec(self):
+        """What the loader's workers build their augmenter from (:class:`AugmentSpec`)."""
+        from vascl_scale.data.augment import AugmentSpec
+
+        return AugmentSpec(
+            self.augment, self.augment_fraction, self.augment_views, self.augment_wordnet, self.augment_model, self.augment_top_n
+        )
 
 
 class LossConfig(_Strict):
@@ -391,6 +414,9 @@ def resolve_paths(config: RunConfig, expanded: dict[str, str] | None = None) -> 
         if location.hub_id is not None:
             expanded["model.revision"] = location.revision
             logger.info("model %s at revision %s: %s", location.hub_id, location.revision, location.directory)
+        if written.data.augment_model:  # CTxt's masked LM: loaded by every loader worker, resolved once here
+            value = expand_path(written.data.augment_model, "data.augment_model")
+            expanded["data.augment_model"] = str(locate_model(value, "data.augment_model").directory)
     if expanded.get("model.revision") is not None:
         # Pin the commit loaded, so the saved config.yaml reloads exactly this model.
         pinned = written.model.model_copy(update={"revision": expanded["model.revision"]})
@@ -409,6 +435,8 @@ def path_values(config: RunConfig) -> dict[str, str]:
     values = {key: _value(config, key) for key in PATH_KEYS}
     if config.model.revision is not None:
         values["model.revision"] = config.model.revision
+    if config.data.augment_model:
+        values["data.augment_model"] = config.data.augment_model
     return values
 
 

@@ -57,6 +57,7 @@ import gzip
 import logging
 import multiprocessing
 import os
+import random
 from collections import deque
 from typing import TYPE_CHECKING, Iterator
 
@@ -65,7 +66,8 @@ import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from vascl_scale.data.layout import StreamLayout
+from vascl_scale.data.augment import AugmentSpec, build_augmenter
+from vascl_scale.data.layout import StreamLayout, seed_of
 from vascl_scale.data.shards import (
     ShardMismatchError,
     ShardSource,
@@ -81,6 +83,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+# The second view's tokens when it is not the first view's text (data.augment).
+VIEW2_PREFIX = "view2_"
+VIEW2_KEYS = tuple(VIEW2_PREFIX + key for key in TOKEN_KEYS)
 STATE_VERSION = 1
 # Consecutive passes without a single readable sample before a rank gives up (instead of spinning).
 MAX_EMPTY_PASSES = 10
@@ -127,8 +132,11 @@ class _PieceDataset(IterableDataset):
         on_corrupt: str,
         use_stored_ids: bool,
         pipe_timeout: float,
+        augment: AugmentSpec = AugmentSpec(),
     ) -> None:
         super().__init__()
+        self.augment = augment
+        self._augmenter = None  # built in each worker on first use (a masked LM does not pickle cheaply)
         self.layout = layout
         self.source = layout.source
         self.batch_size = layout.batch_size
@@ -156,16 +164,35 @@ class _PieceDataset(IterableDataset):
         size = self.layout.shuffle_buffer
         shuffled = wds.shuffle(size, initial=size, rng=self.layout.shuffle_rng(epoch, worker))(samples)
         chunk: list = []
+        position = 0  # of the chunk's first sample in this worker's pass: seeds its augmentations
         for sample in shuffled:
             chunk.append(sample)
             if len(chunk) == self.batch_size:
-                yield self._piece(chunk, events, placeholder=skip_pieces > 0)
+                yield self._piece(chunk, events, placeholder=skip_pieces > 0, where=(epoch, worker, position))
                 skip_pieces -= 1
+                position += len(chunk)
                 chunk = []
         if chunk or any(events.values()):
-            yield self._piece(chunk, events, placeholder=skip_pieces > 0)
+            yield self._piece(chunk, events, placeholder=skip_pieces > 0, where=(epoch, worker, position))
 
-    def _piece(self, samples: list, events: dict, placeholder: bool) -> dict:
+    def _augmented(self, texts: list[str], where: tuple[int, int, int], view: int) -> list[str]:
+        """``texts`` augmented, sample i seeded by (seed, epoch, rank, worker, position + i, view)."""
+        if self._augmenter is None:
+            self._augmenter = build_augmenter(self.augment)
+        epoch, worker, first = where
+        rngs = [
+            random.Random(seed_of(self.layout.seed, "augment", epoch, self.layout.rank, worker, first + i, view))
+            for i in range(len(texts))
+        ]
+        return self._augmenter(texts, rngs)
+
+    def _tokens(self, texts: list[str], prefix: str = "") -> dict[str, np.ndarray]:
+        # NumPy, not torch: small arrays pickle through the worker queue more cheaply than
+        # torch's shared-memory hand-over of every tensor.
+        encoded = self.tokenizer(texts, padding="longest", truncation=True, max_length=self.max_length, return_tensors="np")
+        return {prefix + key: encoded[key].astype(np.int64, copy=False) for key in TOKEN_KEYS if key in encoded}  # (rows, L_piece)
+
+    def _piece(self, samples: list, events: dict, placeholder: bool, where: tuple[int, int, int]) -> dict:
         piece = {"rows": len(samples), **{kind: list(events[kind]) for kind in _PROBLEMS}}
         piece["missing_field"] = events["missing_field"]
         for kind in _PROBLEMS:
@@ -176,14 +203,14 @@ class _PieceDataset(IterableDataset):
         if self.use_stored_ids:
             piece.update(self._pad_stored_ids(samples))
             return piece
-        # NumPy, not torch: small arrays pickle through the worker queue more cheaply than
-        # torch's shared-memory hand-over of every tensor.
-        encoded = self.tokenizer(
-            samples, padding="longest", truncation=True, max_length=self.max_length, return_tensors="np"
-        )
-        for key in TOKEN_KEYS:
-            if key in encoded:
-                piece[key] = encoded[key].astype(np.int64, copy=False)  # (rows, L_piece)
+        if self.augment.kind == "none":
+            piece.update(self._tokens(samples))
+            return piece
+        # View 1 stays the original text unless both views are augmented; the view number in the
+        # seed makes the two augmentations of "both" independent.
+        first = self._augmented(samples, where, 1) if self.augment.views == "both" else samples
+        piece.update(self._tokens(first))
+        piece.update(self._tokens(self._augmented(samples, where, 2), VIEW2_PREFIX))
         return piece
 
     def _pad_stored_ids(self, samples: list[bytes]) -> dict[str, np.ndarray]:
@@ -367,7 +394,7 @@ class TrainStream:
                     skip_rows -= rows
                     continue
                 assert "input_ids" in piece, "a placeholder piece reached the rows to yield"
-                tensors = {key: torch.from_numpy(piece[key][skip_rows:]) for key in TOKEN_KEYS if key in piece}
+                tensors = {key: torch.from_numpy(piece[key][skip_rows:]) for key in TOKEN_KEYS + VIEW2_KEYS if key in piece}
                 segments.append([epoch, first + skip_rows, tensors, rows - skip_rows])
                 pending += rows - skip_rows
                 skip_rows = 0
@@ -407,20 +434,33 @@ class TrainStream:
         return self._pad_and_trim(parts)
 
     def _pad_and_trim(self, parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Join row blocks (r_i, L_i) into (b, L) with L the longest real length among the rows."""
+        """Join row blocks (r_i, L_i) into (b, L) with L the longest real length among the rows.
+
+        With a second view (``view2_*``, data.augment) both views get the width of the longer,
+        so the step can stack them into one (2b, L) forward."""
+        if VIEW2_PREFIX + "input_ids" not in parts[0]:
+            return self._join(parts)
+        first = self._join([{k: v for k, v in part.items() if not k.startswith(VIEW2_PREFIX)} for part in parts])
+        second = self._join([{k[len(VIEW2_PREFIX) :]: v for k, v in part.items() if k.startswith(VIEW2_PREFIX)} for part in parts])
+        width = max(first["input_ids"].shape[1], second["input_ids"].shape[1])
+        return {**self._widen(first, width), **{VIEW2_PREFIX + k: v for k, v in self._widen(second, width).items()}}
+
+    def _widen(self, tensors: dict[str, torch.Tensor], width: int) -> dict[str, torch.Tensor]:
+        """(b, L) -> (b, width) with padding on the tokenizer's side."""
+        out = {}
+        for key, value in tensors.items():
+            extra = width - value.shape[1]
+            pad = (extra, 0) if self._padding_side == "left" else (0, extra)
+            out[key] = torch.nn.functional.pad(value, pad, value=self._pad_token_id if key == "input_ids" else 0)
+        return out
+
+    def _join(self, parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """One view's row blocks joined and trimmed to its longest real row."""
         if len(parts) == 1 and parts[0]["input_ids"].shape[0] == self._dataset.batch_size:
             # The common case: one whole worker piece, already padded to its longest row.
             return parts[0]
         width = max(part["input_ids"].shape[1] for part in parts)
-        joined = {}
-        for key in parts[0]:
-            fill = self._pad_token_id if key == "input_ids" else 0
-            blocks = []
-            for part in parts:
-                extra = width - part[key].shape[1]
-                pad = (extra, 0) if self._padding_side == "left" else (0, extra)
-                blocks.append(torch.nn.functional.pad(part[key], pad, value=fill))
-            joined[key] = torch.cat(blocks)  # (b, width)
+        joined = {key: torch.cat([self._widen({key: part[key]}, width)[key] for part in parts]) for key in parts[0]}  # (b, width)
         longest = int(joined["attention_mask"].sum(dim=1).max())
         keep = slice(width - longest, width) if self._padding_side == "left" else slice(0, longest)
         return {key: value[:, keep].contiguous() for key, value in joined.items()}
@@ -521,9 +561,14 @@ def build_train_stream(
         logger.warning("%s: training on the rest (on_corrupt='skip')", what)
     workers = max(1, num_workers)
     resolved_mode = _resolved_mode(shards, mode, num_nodes, world_size * workers, source)
-    use_stored_ids = _can_use_stored_ids(shards, tokenizer, max_length)
+    augment = data.augment_spec()
+    # Augmentation changes the text: the ids stored in the shards would be those of the original.
+    use_stored_ids = augment.kind == "none" and _can_use_stored_ids(shards, tokenizer, max_length)
     layout = StreamLayout(shards, resolved_mode, seed, rank, world_size, workers, per_device_batch_size, shuffle_buffer)
-    dataset = _PieceDataset(layout, tokenizer, max_length, on_corrupt, use_stored_ids, pipe_timeout)
+    dataset = _PieceDataset(layout, tokenizer, max_length, on_corrupt, use_stored_ids, pipe_timeout, augment)
+    if augment.kind != "none":
+        build_augmenter(augment)  # a missing WordNet or masked LM fails here, once, not in a worker
+        logger.info("data: %s augmentation of %s of the words, %s view(s)", augment.kind, augment.fraction, augment.views)
     what = shards.text_file or f"{len(shards.urls)} shards ({shards.total_samples or 'unknown'} samples)"
     logger.info(
         "data: %s, %s mode, rank %d of %d, %d workers, batch %d, max length %d%s",

@@ -1,7 +1,8 @@
 """One training step, written once: what ``vascl-scale train`` runs and every benchmark measures.
 
 A loss call: this rank's b sentences enter the encoder twice in one forward, the batch stacked
-on itself ((2b, L) -> (2b, d); dropout gives the two views), and the configured objective
+on itself ((2b, L) -> (2b, d); dropout gives the two views; with ``data.augment`` the second
+half is the augmented text, ``view2_*`` in the batch), and the configured objective
 (:func:`vascl_scale.losses.build_objective`) runs on the two halves, both under the run's
 autocast (:mod:`vascl_scale.precision`), its gathers spanning every rank. An optimiser step:
 ``grad_accum_steps`` loss calls, each checked finite on every rank before its backward, then
@@ -45,6 +46,7 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from vascl_scale.data.loader import VIEW2_PREFIX
 from vascl_scale.flops import EncoderShape
 from vascl_scale.losses import Objective, ObjectiveOutput
 from vascl_scale.precision import autocast
@@ -151,24 +153,28 @@ class TrainingStep:
             return autocast("cpu", self.precision)
         return self.accelerator.autocast()
 
-    def _inputs(self, batch: dict[str, Tensor], loss_call: int) -> tuple[dict[str, Tensor], torch.Generator]:
-        """This rank's (b, L) model inputs on the device, the global RNG seeded for the loss
+    def _inputs(self, batch: dict[str, Tensor], loss_call: int) -> tuple[list[dict[str, Tensor]], torch.Generator]:
+        """This rank's (b, L) model inputs of both views on the device (the same tensors twice
+        unless the batch holds an augmented second view), the global RNG seeded for the loss
         call's dropout masks, and the generator of its initial directions."""
         acc = self.accelerator
-        inputs = {k: v.to(acc.device) for k, v in batch.items() if k in MODEL_INPUTS}  # (b, L)
-        rows = inputs["input_ids"].shape[0]
+        first = {k: v.to(acc.device) for k, v in batch.items() if k in MODEL_INPUTS}  # (b, L)
+        second = {k[len(VIEW2_PREFIX) :]: v.to(acc.device) for k, v in batch.items() if k.startswith(VIEW2_PREFIX)}
+        rows = first["input_ids"].shape[0]
         if rows != self.per_device_batch:
             raise RuntimeError(f"the data stream gave {rows} rows; expected the per-device batch {self.per_device_batch}")
         torch.manual_seed(loss_call_seed(self.seed, loss_call, acc.process_index))  # dropout masks
         generator = torch.Generator(device=acc.device).manual_seed(loss_call_seed(self.seed, loss_call, 0))
-        return inputs, generator
+        return [first, second or first], generator
 
     def loss_call(self, batch: dict[str, Tensor], loss_call: int, with_stats: bool = False) -> ObjectiveOutput:
-        """The objective on one batch of this rank's b sentences (tokenised, (b, L) tensors)."""
-        inputs, generator = self._inputs(batch, loss_call)
+        """The objective on one batch of this rank's b sentences (tokenised, (b, L) tensors).
+
+        View 1 is the first half of the stacked forward: the neighbourhood search reads it."""
+        (first, second), generator = self._inputs(batch, loss_call)
         rows = self.per_device_batch
         with self._autocast():
-            embeddings = self.model(**{k: torch.cat([v, v]) for k, v in inputs.items()})  # (2b, d)
+            embeddings = self.model(**{k: torch.cat([v, second[k]]) for k, v in first.items()})  # (2b, d)
             return self.objective(embeddings[:rows], embeddings[rows:], self.head, generator, with_stats)
 
     def cached_loss_call(
@@ -178,13 +184,13 @@ class TrainingStep:
 
         Returns the objective's output with the loss detached; the gradients are in place.
         """
-        inputs, generator = self._inputs(batch, loss_call)
+        views, generator = self._inputs(batch, loss_call)
         spans = [(view, start, stop) for view in (0, 1) for start, stop in chunk_spans(self.per_device_batch, self.chunk_size)]
         states, pieces = [], []
         with torch.no_grad(), self._autocast():
-            for _, start, stop in spans:
+            for view, start, stop in spans:
                 states.append(RngState(self.accelerator.device))
-                pieces.append(self.model(**{k: v[start:stop] for k, v in inputs.items()}))  # (c, d)
+                pieces.append(self.model(**{k: v[start:stop] for k, v in views[view].items()}))  # (c, d)
         leaf_dtype = torch.promote_types(pieces[0].dtype, torch.float32)
         half = len(spans) // 2
         e1 = torch.cat(pieces[:half]).to(leaf_dtype).requires_grad_(True)  # (b, d)
@@ -196,12 +202,12 @@ class TrainingStep:
         cached = torch.cat(torch.autograd.grad(out.loss, [e1, e2], retain_graph=True))
         final_span = len(spans) - 1
         row = 0
-        for index, ((_, start, stop), state) in enumerate(zip(spans, states)):
+        for index, ((view, start, stop), state) in enumerate(zip(spans, states)):
             final = index == final_span and self.accelerator.sync_gradients
             with nullcontext() if final or not self.ddp else self.model.no_sync():
                 state.restore()
                 with self._autocast():
-                    chunk = self.model(**{k: v[start:stop] for k, v in inputs.items()})  # (c, d), the masks of pass 1
+                    chunk = self.model(**{k: v[start:stop] for k, v in views[view].items()})  # (c, d), the masks of pass 1
                 surrogate = (chunk.to(leaf_dtype) * cached[row : row + stop - start]).sum()  # d/d chunk = cached rows
                 if index == 0:
                     # The head's gradient joins the first backward: ZeRO-3 copies a parameter's
