@@ -294,3 +294,21 @@ def test_sts_source_senteval_scores_the_senteval_copies_and_keeps_sickr_untokeni
     assert wrong.exit_code == 2 and "--sts-source must be one of mteb, senteval" in wrong.output
     refused = invoke("clustering", "--model", str(tiny_model), "--data-dir", str(both), "--sts-source", "senteval")
     assert refused.exit_code == 2 and "only applies to STS" in refused.output
+
+
+def test_augmentation_cosines_table_plot_and_json(tiny_model, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(" ".join(WORDS[(i + j) % len(WORDS)] for j in range(6 + i % 4)) for i in range(40)) + "\nshort\n")
+    common = ["--model", str(tiny_model), "--corpus", str(corpus), "--no-cache", "--plot", str(tmp_path / "aug.png")]
+    result = invoke("augmentation", *common, "--fraction", "0.1,0.5", "--samples", "30", "--output", str(tmp_path / "aug.json"))
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "aug.json").read_text())
+    assert record["samples"] == 30  # drawn from the 40 lines of 3+ words
+    (cosines,) = record["cosines"].values()
+    for share in ("0.1", "0.5"):
+        entry = cosines["wdel"][share]
+        assert entry["pairs"] == 30 and entry["unchanged"] == 0 and -1 <= entry["mean"] <= 1
+    assert cosines["wdel"]["0.5"]["mean"] != cosines["wdel"]["0.1"]["mean"]
+    assert (tmp_path / "aug.png").stat().st_size > 0 and "10% words" in result.output
+    bad = invoke("augmentation", *common, "--fraction", "0,2")
+    assert bad.exit_code == 2 and "every share must be in (0, 1]" in bad.output

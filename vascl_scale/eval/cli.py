@@ -237,6 +237,86 @@ def neighbours(
         logger.info("wrote %s", output)
 
 
+@app.command("augmentation")
+def augmentation(
+    model: List[Path] = MODEL,
+    augment: List[str] = typer.Option(["wdel"], "--augment", help="wdel, wnet or ctxt (repeatable)."),
+    fraction: str = typer.Option("0.05,0.1,0.2", "--fraction", help="Shares of words changed, comma-separated."),
+    corpus: Optional[Path] = typer.Option(None, "--corpus", help="Sentences, one a line (.txt[.gz]); default $VASCL_DATA/corpus/wiki1m.txt.gz."),
+    samples: int = typer.Option(20000, "--samples", help="Sentences drawn from the corpus (seeded)."),
+    seed: int = typer.Option(0, "--seed", help="Seeds the sample and the augmentations."),
+    augment_model: Optional[str] = typer.Option(None, "--augment-model", help="ctxt: the masked language model."),
+    wordnet: str = typer.Option("/usr/share/wordnet", "--wordnet", help="wnet: the WordNet 3.0 database directory."),
+    data_dir: Optional[Path] = DATA_DIR,
+    plot: Path = typer.Option(Path("augmentation-cosines.png"), "--plot", help="PNG path."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Also write the numbers as JSON."),
+    batch_size: int = BATCH,
+    max_length: Optional[int] = MAX_LENGTH,
+    pooling: Optional[str] = POOLING,
+    device: Optional[str] = DEVICE,
+    cache_dir: Optional[Path] = CACHE,
+    no_cache: bool = NO_CACHE,
+) -> None:
+    """Figure 3b: mean cosine between each sentence and its explicit augmentation, per model."""
+    from rich.table import Table
+
+    from vascl_scale.data.augment import AugmentSpec
+    from vascl_scale.eval.augmentation import augmentation_cosines, augmented_texts, plot_augmentation_cosines, sample_sentences
+    from vascl_scale.eval.embed import Embedder, default_cache_dir, resolve_model
+    from vascl_scale.eval.report import short_label
+    from vascl_scale.eval.runner import resolve_data_dir
+
+    try:
+        kinds = list(dict.fromkeys(augment))
+        unknown = [kind for kind in kinds if kind not in ("wdel", "wnet", "ctxt")]
+        if unknown:
+            raise ValueError(f"--augment {unknown[0]!r}: choose wdel, wnet or ctxt")
+        try:
+            shares = [float(part) for part in fraction.split(",") if part.strip()]
+        except ValueError:
+            raise ValueError(f"--fraction {fraction!r}: give shares such as 0.05,0.1,0.2") from None
+        if not shares or not all(0 < share <= 1 for share in shares):
+            raise ValueError(f"--fraction {fraction!r}: every share must be in (0, 1]")
+        if samples < 2:
+            raise ValueError(f"--samples must be >= 2; got {samples}")
+        source = corpus or resolve_data_dir(data_dir) / "corpus" / "wiki1m.txt.gz"
+        originals = sample_sentences(source, samples, seed)
+        variants = {
+            (kind, share): augmented_texts(originals, AugmentSpec(kind, share, wordnet_dir=wordnet, model=augment_model), seed)
+            for kind in kinds
+            for share in shares
+        }
+        cache = None if no_cache else (cache_dir or default_cache_dir())
+        results: dict[str, dict[str, dict[str, dict]]] = {}
+        for path in model:
+            spec = resolve_model(path, pooling, max_length)
+            embeddings = Embedder(spec, batch_size=batch_size, cache_dir=cache, device=device).embed(
+                originals + [text for texts in variants.values() for text in texts if text.strip()]
+            )
+            by_kind = results.setdefault(short_label(spec.name), {})
+            for (kind, share), texts in variants.items():
+                kept = [i for i, text in enumerate(texts) if text.strip()]
+                by_kind.setdefault(kind, {})[str(share)] = augmentation_cosines(
+                    embeddings, [originals[i] for i in kept], [texts[i] for i in kept]
+                )
+    except ValueError as err:
+        fail(err)
+    table = Table(title=f"Mean cosine between a sentence and its augmentation ({len(originals)} sentences)", title_justify="left")
+    table.add_column("Model")
+    table.add_column("augmentation")
+    for share in shares:
+        table.add_column(f"{100 * share:g}% words", justify="right")
+    for name, by_kind in results.items():
+        for kind in kinds:
+            table.add_row(name, kind, *[f"{by_kind[kind][str(share)]['mean']:.4f}" for share in shares])
+    print_table(table)
+    logger.info("wrote %s", plot_augmentation_cosines(results, plot))
+    if output is not None:
+        record = {"corpus": str(source), "samples": len(originals), "seed": seed, "cosines": results}
+        output.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        logger.info("wrote %s", output)
+
+
 @app.command("compare")
 def compare(
     baseline: Path = typer.Argument(..., help="Results JSON A (the baseline)."),
