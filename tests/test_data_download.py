@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import io
 import json
+import shutil
 import tarfile
 import threading
 import zipfile
@@ -111,7 +112,7 @@ def registry_text(expected: dict[str, bytes], original_digests: dict[str, str] |
 [datasets.s12]
 family = "sts"
 {common}converter = "senteval_sts"
-options = {{ folder = "test-gold/", subsets = ["MSRpar", "surprise.OnWN"], outputs = ["sts/s12/test.tsv"] }}
+options = {{ folder = "test-gold/", subsets = ["MSRpar", "surprise.OnWN"] }}
 sources = [{source("sts/STS2012-en-test.zip")}]
 outputs = {{ {outputs("sts/s12/test.tsv")} }}
 
@@ -132,14 +133,12 @@ outputs = {{ {outputs("sts/k/train.tsv")} }}
 [datasets.t]
 family = "clustering"
 {common}converter = "label_tab_text"
-options = {{ outputs = ["clustering/t.tsv"] }}
 sources = [{source("clustering/T")}]
 outputs = {{ {outputs("clustering/t.tsv")} }}
 
 [datasets.bk]
 family = "intent"
 {common}converter = "csv_text_category"
-options = {{ outputs = ["intent/b/train.tsv"] }}
 sources = [{source("intent/train.csv")}]
 outputs = {{ {outputs("intent/b/train.tsv")} }}
 
@@ -153,27 +152,26 @@ outputs = {{ {outputs("intent/c/train.tsv", "intent/c/valid.tsv", "intent/c/test
 [datasets.p]
 family = "intent"
 {common}converter = "parallel_lines"
-options = {{ outputs = ["intent/p/train.tsv"] }}
 sources = [{source("intent/seq.in")}, {source("intent/label")}]
 outputs = {{ {outputs("intent/p/train.tsv")} }}
 
 [datasets.wiki]
 family = "corpus"
 {common}converter = "gzip_text"
-options = {{ outputs = ["corpus/wiki.txt.gz"] }}
 sources = [{source("corpus/wiki.txt")}]
 outputs = {{ "corpus/wiki.txt.gz" = "" }}
 """
 
 
 class Mirror:
-    """A loopback HTTP server holding original files at /<host>/<path>, with Range support.
+    """A loopback HTTP server holding original files at /<host>/<path>, with Range and If-Range
+    support (an ETag per file) unless ``ranges`` is off (a server that ignores Range).
 
     ``cut_after[path] = n`` ends the first response for ``path`` after n bytes of its body (a
     dropped connection); every request's path and Range header is recorded.
     """
 
-    def __init__(self, files: dict[str, bytes]) -> None:
+    def __init__(self, files: dict[str, bytes], ranges: bool = True) -> None:
         self.files = {f"/{HOST}/{name}": data for name, data in files.items()}
         self.cut_after: dict[str, int] = {}
         self.requests: list[tuple[str, str | None]] = []
@@ -189,17 +187,23 @@ class Mirror:
                 if data is None:
                     self.send_error(404)
                     return
+                etag = f'"{sha256(data)[:16]}"'
                 start = 0
-                if self.headers.get("Range"):
+                wanted = self.headers.get("Range") and ranges and self.headers.get("If-Range") == etag
+                if wanted:
                     start = int(self.headers["Range"].removeprefix("bytes=").rstrip("-"))
                     if start >= len(data):
-                        self.send_error(416)
+                        self.send_response(416)
+                        self.send_header("Content-Range", f"bytes */{len(data)}")
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
                         return
                     self.send_response(206)
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
                 else:
                     self.send_response(200)
                 body = data[start:]
+                self.send_header("ETag", etag)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 cut = mirror.cut_after.pop(self.path, None)
@@ -353,7 +357,7 @@ def test_converting_the_original_files_in_shared_data_reproduces_the_evaluators_
     ]
     for name, originals in cases:
         dataset = registry[name]
-        CONVERTERS[dataset.converter](originals, dataset.options, tmp_path / name)
+        dataset.convert(originals, tmp_path / name)
         for relative, digest in dataset.outputs.items():
             assert file_sha256(tmp_path / name / relative) == digest == file_sha256(SHARED_DATA / relative), relative
 
@@ -363,3 +367,78 @@ def test_the_readme_table_of_sources_is_the_registrys() -> None:
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     assert registry_markdown(list(load_registry().datasets)) in readme
+
+
+def test_resume_starts_over_when_the_server_ignores_range_or_the_file_changed(tmp_path: Path) -> None:
+    (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
+    datasets = load_registry(tmp_path / "registry.toml").select(["c"])
+    part = tmp_path / "data" / ".downloads" / HOST / "intent" / "data_full.json.part"
+    with Mirror(ORIGINALS, ranges=False) as mirror:
+        mirror.cut_after[f"/{HOST}/intent/data_full.json"] = 10
+        assert download_datasets(datasets, tmp_path / "data", mirror=mirror.url, show_progress=False)[0].status == "failed"
+        assert part.stat().st_size == 10
+        assert download_datasets(datasets, tmp_path / "data", mirror=mirror.url, show_progress=False)[0].status == "converted"
+    assert (tmp_path / "data" / "intent" / "c" / "test.tsv").read_bytes() == EXPECTED["intent/c/test.tsv"]
+    # A .part of another version of the file (its ETag no longer matches): fetched afresh.
+    shutil.rmtree(tmp_path / "data")
+    changed = {**ORIGINALS, "intent/data_full.json": ORIGINALS["intent/data_full.json"].replace(b'"a b"', b'"A B"')}
+    with Mirror(changed) as mirror:
+        mirror.cut_after[f"/{HOST}/intent/data_full.json"] = 10
+        download_datasets(datasets, tmp_path / "data", mirror=mirror.url, show_progress=False)
+    with Mirror(ORIGINALS) as mirror:
+        outcome = download_datasets(datasets, tmp_path / "data", mirror=mirror.url, show_progress=False)[0]
+        assert outcome.status == "converted" and mirror.requests[-1][0].endswith("data_full.json")
+    assert (tmp_path / "data" / "intent" / "c" / "train.tsv").read_bytes() == EXPECTED["intent/c/train.tsv"]
+
+
+def test_a_complete_part_file_is_finished_without_refetching(tmp_path: Path) -> None:
+    """A .part holding every byte (a run stopped before the rename): the server answers 416."""
+    (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
+    datasets = load_registry(tmp_path / "registry.toml").select(["c"])
+    downloads = tmp_path / "data" / ".downloads" / HOST / "intent"
+    downloads.mkdir(parents=True)
+    data = ORIGINALS["intent/data_full.json"]
+    (downloads / "data_full.json.part").write_bytes(data)
+    (downloads / "data_full.json.part.validator").write_text(f'"{sha256(data)[:16]}"')
+    with Mirror(ORIGINALS) as mirror:
+        assert download_datasets(datasets, tmp_path / "data", mirror=mirror.url, show_progress=False)[0].status == "converted"
+        assert mirror.requests == [(f"/{HOST}/intent/data_full.json", f"bytes={len(data)}-")]
+
+
+def test_direct_urls_a_directory_mirror_and_broken_originals(tmp_path: Path) -> None:
+    with Mirror(ORIGINALS) as mirror:
+        # The registry's URLs themselves (no --mirror), here on the loopback server.
+        text = registry_text(EXPECTED).replace(f"https://{HOST}/", f"{mirror.url}/{HOST}/")
+        (tmp_path / "direct.toml").write_text(text)
+        outcome = download_datasets(load_registry(tmp_path / "direct.toml").select(["t"]), tmp_path / "direct", show_progress=False)[0]
+        assert outcome.status == "converted" and outcome.fetched
+    assert (tmp_path / "direct" / "clustering" / "t.tsv").read_bytes() == EXPECTED["clustering/t.tsv"]
+    # A directory mirror (<mirror>/<host>/<path>) lacking a file: a source failure naming the layout.
+    mirror_dir = tmp_path / "mirror" / HOST
+    (mirror_dir / "clustering").mkdir(parents=True)
+    (mirror_dir / "clustering" / "T").write_bytes(ORIGINALS["clustering/T"])
+    (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
+    registry = load_registry(tmp_path / "registry.toml")
+    done, missing = download_datasets(registry.select(["t", "bk"]), tmp_path / "data", mirror=str(tmp_path / "mirror"), show_progress=False)
+    assert done.status == "converted"
+    assert missing.status == "failed" and missing.reason.startswith("source:") and "<mirror>/<host>/<path>" in missing.reason
+    # An original that is no archive (an error page): a conversion failure that says --force.
+    (mirror_dir / "sts").mkdir()
+    (mirror_dir / "sts" / "STS2012-en-test.zip").write_bytes(b"<html>Service unavailable</html>")
+    broken = download_datasets(registry.select(["s12"]), tmp_path / "data", mirror=str(tmp_path / "mirror"), show_progress=False)[0]
+    assert broken.status == "failed" and broken.reason.startswith("conversion:") and "--force" in broken.reason
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda t: t.replace(f"https://{HOST}/clustering/T", f"https://{HOST}/../../etc/passwd"), "'..' path segments"),
+        (lambda t: t.replace('converter = "label_tab_text"', 'converter = "nope"'), "converter 'nope' is not one of"),
+        (lambda t: t.replace('"clustering/t.tsv" =', '"intent/t.tsv" ='), "must lie under clustering/"),
+        (lambda t: t.replace('"intent/c/valid.tsv" = "val"', '"intent/c/other.tsv" = "val"'), "must map onto exactly the outputs"),
+    ],
+)
+def test_a_bad_registry_is_one_clear_error(tmp_path: Path, change, message: str) -> None:
+    (tmp_path / "registry.toml").write_text(change(registry_text(EXPECTED)))
+    with pytest.raises(ValueError, match=message):
+        load_registry(tmp_path / "registry.toml")

@@ -37,13 +37,15 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from vascl_scale.data.augment import AUGMENTATIONS, DEFAULT_WORDNET, AugmentSpec
 from vascl_scale.hub import PACKAGE_PREFIX, locate_model, package_directory
 from vascl_scale.losses.objective import check_objective_name
 from vascl_scale.losses.rules import check_neighbour_count, check_temperature, check_vascl_settings
 
 logger = logging.getLogger(__name__)
 
-# Every key that names a file or directory: expanded by resolve_paths, nowhere else.
+# Every key that names a file or directory and is always used: expanded by resolve_paths,
+# nowhere else (which also expands data.augment_model / augment_wordnet when an augmentation uses them).
 PATH_KEYS = ("model.path", "data.train", "train.output_dir", "eval.stsb_dev")
 
 
@@ -107,10 +109,10 @@ class DataConfig(_Strict):
     # Explicit augmentation (section 4.4, vascl_scale.data.augment), applied in the loader's
     # workers: "second" changes view 2 only (x_i stays the original: the paper's setting),
     # "both" augments each view independently (which the paper found worse).
-    augment: Literal["none", "wdel", "wnet", "ctxt"] = "none"
+    augment: Literal[AUGMENTATIONS] = "none"
     augment_fraction: Number = Field(0.1, gt=0, le=1)  # share of a sentence's words changed
     augment_views: Literal["second", "both"] = "second"
-    augment_wordnet: NonEmpty = "/usr/share/wordnet"  # wnet: a WordNet 3.0 database directory
+    augment_wordnet: NonEmpty = DEFAULT_WORDNET  # wnet: a WordNet 3.0 database directory
     augment_model: str | None = None  # ctxt: a masked language model (directory, hub id or package:)
     augment_top_n: int = Field(5, ge=1)  # ctxt: substitutes drawn from the model's top n
 
@@ -120,10 +122,8 @@ class DataConfig(_Strict):
             raise ValueError("data.augment = ctxt needs data.augment_model: a masked language model directory or hub id")
         return self
 
-    def augment_spec(self):
-        """What the loader's workers build their augmenter from (:class:`AugmentSpec`)."""
-        from vascl_scale.data.augment import AugmentSpec
-
+    def augment_spec(self) -> AugmentSpec:
+        """What the loader's workers build their augmenter from."""
         return AugmentSpec(
             self.augment, self.augment_fraction, self.augment_views, self.augment_wordnet, self.augment_model, self.augment_top_n
         )
@@ -414,9 +414,11 @@ def resolve_paths(config: RunConfig, expanded: dict[str, str] | None = None) -> 
         if location.hub_id is not None:
             expanded["model.revision"] = location.revision
             logger.info("model %s at revision %s: %s", location.hub_id, location.revision, location.directory)
-        if written.data.augment_model:  # CTxt's masked LM: loaded by every loader worker, resolved once here
+        if written.data.augment == "ctxt":  # its masked LM: loaded by every loader worker, found once here
             value = expand_path(written.data.augment_model, "data.augment_model")
             expanded["data.augment_model"] = str(locate_model(value, "data.augment_model").directory)
+        if written.data.augment == "wnet":
+            expanded["data.augment_wordnet"] = expand_path(written.data.augment_wordnet, "data.augment_wordnet")
     if expanded.get("model.revision") is not None:
         # Pin the commit loaded, so the saved config.yaml reloads exactly this model.
         pinned = written.model.model_copy(update={"revision": expanded["model.revision"]})
@@ -435,8 +437,9 @@ def path_values(config: RunConfig) -> dict[str, str]:
     values = {key: _value(config, key) for key in PATH_KEYS}
     if config.model.revision is not None:
         values["model.revision"] = config.model.revision
-    if config.data.augment_model:
-        values["data.augment_model"] = config.data.augment_model
+    for key, value in (("data.augment_model", config.data.augment_model), ("data.augment_wordnet", config.data.augment_wordnet)):
+        if config.data.augment in ("ctxt", "wnet") and value:
+            values[key] = value
     return values
 
 

@@ -1,4 +1,8 @@
-"""Streaming training data: ``data prepare`` writes WebDataset shards, the loader streams them.
+"""Data: ``data download`` obtains the datasets, ``data prepare`` writes WebDataset shards, the loader streams them.
+
+- :mod:`vascl_scale.data.registry` / :mod:`~vascl_scale.data.download` / :mod:`~vascl_scale.data.converters`:
+  the datasets' sources and checksums, fetching and verifying, original formats to the layout.
+- :mod:`vascl_scale.data.augment`: the explicit augmentations of section 4.4 (WDel, WNet, CTxt).
 
 - :mod:`vascl_scale.data.prepare`: inputs -> filtered, optionally shuffled shards + manifest.
 - :mod:`vascl_scale.data.loader`: :func:`build_train_stream`, the infinite per-rank batch stream.

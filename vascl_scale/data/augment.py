@@ -19,7 +19,8 @@ position in the stream is augmented the same way again on resume.
 
 from __future__ import annotations
 
-import logging
+import copy
+import importlib.util
 import math
 import os
 import random
@@ -28,8 +29,6 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
-
-logger = logging.getLogger(__name__)
 
 AUGMENTATIONS = ("none", "wdel", "wnet", "ctxt")
 DEFAULT_WORDNET = "/usr/share/wordnet"
@@ -91,8 +90,8 @@ def _with_case_of(original: str, substitute: str) -> str:
     return substitute[:1].upper() + substitute[1:] if original[:1].isupper() else substitute
 
 
-def wordnet_reader(directory: str | Path):
-    """nltk's WordNet reader on a local WordNet 3.0 database (``data.noun``, ``index.noun``, ...)."""
+def wordnet_files(directory: str | Path) -> Path:
+    """The WordNet database directory, after checking it and nltk are there."""
     directory = Path(directory)
     if not (directory / "data.noun").is_file() or not (directory / "index.noun").is_file():
         raise ValueError(
@@ -100,11 +99,17 @@ def wordnet_reader(directory: str | Path):
             "(apt-get install wordnet-base, which puts it in /usr/share/wordnet) or set data.augment_wordnet "
             "to a WordNet 3.0 dict directory"
         )
-    try:
-        import nltk
-        from nltk.corpus.reader.wordnet import WordNetCorpusReader
-    except ImportError:
-        raise ValueError("data.augment: wnet needs nltk: pip install 'vascl-scale[augment]'") from None
+    if importlib.util.find_spec("nltk") is None:
+        raise ValueError("data.augment: wnet needs nltk: pip install 'vascl-scale[augment]'")
+    return directory
+
+
+def wordnet_reader(directory: str | Path):
+    """nltk's WordNet reader on a local WordNet 3.0 database (``data.noun``, ``index.noun``, ...)."""
+    directory = wordnet_files(directory)
+    import nltk
+    from nltk.corpus.reader.wordnet import WordNetCorpusReader
+
     root = directory
     if not (directory / "lexnames").is_file():
         root = _with_lexnames(directory)
@@ -182,25 +187,35 @@ class ContextualSubstitution:
         import torch
         from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-        if spec.model is None:
-            raise ValueError("data.augment: ctxt needs data.augment_model, a masked language model (directory or hub id)")
+        check_masked_lm(spec)
         self.fraction, self.top_n, self.batch_size = spec.fraction, spec.top_n, spec.batch_size
-        self.tokenizer = AutoTokenizer.from_pretrained(spec.model)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(spec.model)
+            self.model = AutoModelForMaskedLM.from_pretrained(spec.model).eval()
+        except (OSError, ValueError) as err:
+            raise ValueError(f"data.augment_model {spec.model}: not a masked language model ({err})") from None
         if self.tokenizer.mask_token is None:
             raise ValueError(f"data.augment_model {spec.model} has no mask token: CTxt needs a masked language model")
-        self.model = AutoModelForMaskedLM.from_pretrained(spec.model).eval()
         self.torch = torch
         vocabulary = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
         special = set(self.tokenizer.all_special_ids)
-        # Whole-word candidates only: no special token, no WordPiece continuation ("##..."), and a
-        # non-empty word once decoded.
-        self.word_of = {
+        # Whole-word candidates only: no special token, no continuation piece (WordPiece marks
+        # those with "##"; byte-level BPE and SentencePiece mark word starts with "Ġ" / "▁"
+        # instead), and a non-empty word once decoded.
+        starts = next((mark for mark in ("\u0120", "\u2581") if any(t.startswith(mark) for t in vocabulary)), None)
+
+        def whole_word(token: str) -> bool:
+            return token.startswith(starts) if starts else not token.startswith("##")
+
+        words = {
             index: self.tokenizer.convert_tokens_to_string([token]).strip()
             for index, token in enumerate(vocabulary)
-            if index not in special and not token.startswith("##")
+            if index not in special and whole_word(token)
         }
-        self.word_of = {index: word for index, word in self.word_of.items() if word and not word.isspace()}
-        self.banned = torch.tensor([index not in self.word_of for index in range(len(vocabulary))])
+        self.word_of = {index: word for index, word in words.items() if word}
+        # Sized by the model's output (it may pad its vocabulary past the tokenizer's).
+        width = self.model.get_output_embeddings().weight.shape[0]
+        self.banned = torch.tensor([index not in self.word_of for index in range(width)])
 
     def __call__(self, texts: Sequence[str], rngs: Sequence[random.Random]) -> list[str]:
         out = []
@@ -232,11 +247,38 @@ class ContextualSubstitution:
             slots = (encoded["input_ids"][row] == self.tokenizer.mask_token_id).nonzero().flatten().tolist()
             for index, slot in zip(positions, slots):  # a mask cut off by truncation keeps its word
                 before, core, after = p[index]
-                best = logits[row, slot].topk(self.top_n + 1).indices.tolist()
-                choices = [self.word_of[i] for i in best if self.word_of[i].lower() != core.lower()][: self.top_n]
-                w[index] = before + rng.choice(choices) + after
+                # The top n distinct words other than the masked one; the word itself if none is left.
+                ranked = logits[row, slot].topk(min(4 * self.top_n + 1, len(self.word_of))).indices.tolist()
+                choices = [
+                    word for word in dict.fromkeys(self.word_of[i] for i in ranked if i in self.word_of) if word.lower() != core.lower()
+                ][: self.top_n]
+                w[index] = before + (rng.choice(choices) if choices else core) + after
             out.append(" ".join(w))
         return out
+
+
+def check_masked_lm(spec: AugmentSpec) -> None:
+    """CTxt's model setting, checked without loading the model."""
+    if spec.model is None:
+        raise ValueError("data.augment: ctxt needs data.augment_model, a masked language model (directory or hub id)")
+    if not (Path(spec.model) / "config.json").is_file():
+        raise ValueError(f"data.augment_model {spec.model} is not a model directory (no config.json)")
+
+
+def check_augmenter(spec: AugmentSpec) -> None:
+    """What the loader's workers will need, checked once and cheaply before they start: the
+    WordNet database and nltk for wnet, the masked LM directory for ctxt."""
+    if spec.kind == "wnet":
+        wordnet_files(spec.wordnet_dir)
+    elif spec.kind == "ctxt":
+        check_masked_lm(spec)
+
+
+def at_fraction(augmenter, fraction: float):
+    """The same augmenter (its database or model shared) changing another share of words."""
+    changed = copy.copy(augmenter)
+    changed.fraction = fraction
+    return changed
 
 
 def build_augmenter(spec: AugmentSpec):

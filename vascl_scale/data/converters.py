@@ -1,8 +1,9 @@
 """Converters from each dataset's original format to the data directory's layout.
 
 A converter is ``convert(originals, options, stage)``: ``originals`` are the local copies of a
-registry entry's sources, in registry order; ``options`` its ``options`` table; it writes the
-entry's outputs under ``stage`` (paths relative to the data directory). Every ``.tsv`` is
+registry entry's sources, in registry order; ``options`` its ``options`` table plus ``outputs``,
+the entry's converted files in registry order; it writes them under ``stage`` (paths relative to
+the data directory). Every ``.tsv`` is
 written by :func:`write_tsv` (UTF-8, header row, tab-separated, minimal quoting, ``\\n`` line
 ends): the layout :func:`vascl_scale.eval.tables.read_tsv` reads. Rows keep the original order;
 nothing is deduplicated (these are fixed benchmarks). Which originals each one was checked on is

@@ -20,13 +20,16 @@ summary lists what was fetched, converted, skipped as present, and failed, and w
 
 from __future__ import annotations
 
+import csv
 import http.client
 import logging
 import os
 import shutil
+import tarfile
 import tempfile
 import urllib.error
 import urllib.request
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -34,7 +37,6 @@ from urllib.parse import urlsplit
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-from vascl_scale.data.converters import CONVERTERS
 from vascl_scale.data.registry import Dataset, Source
 from vascl_scale.data.shards import file_sha256
 from vascl_scale.log import console
@@ -92,6 +94,7 @@ class Fetcher:
     def fetch(self, source: Source, force: bool) -> tuple[Path, bool]:
         """(the local original, whether it was transferred now)."""
         target = self.downloads / source.mirror_path
+        assert target.resolve().is_relative_to(self.downloads.resolve()), target  # Source refuses . and .. segments
         if target.is_file() and not force:
             if source.sha256 is None or file_sha256(target) == source.sha256:
                 return target, False
@@ -116,6 +119,7 @@ class Fetcher:
                 )
             except DownloadError:
                 part.unlink()
+                part.with_name(part.name + ".validator").unlink(missing_ok=True)
                 raise
         os.replace(part, target)
         return target, True
@@ -126,24 +130,40 @@ class Fetcher:
         shutil.copyfile(path, part)
 
     def _http(self, url: str, part: Path) -> None:
+        """Fetch ``url`` into ``part``, continuing a partial ``part`` with a Range request.
+
+        A continuation is taken only when it is one: the server answers 206 from the requested
+        byte, and (``If-Range``) only while the file is the one the ``.part`` began with (its
+        ETag or Last-Modified, kept in ``<part>.validator``); anything else starts over."""
+        validator_file = part.with_name(part.name + ".validator")
         start = part.stat().st_size if part.exists() else 0
         headers = {"User-Agent": "vascl-scale"}
-        if start:
-            headers["Range"] = f"bytes={start}-"
+        if start and validator_file.is_file():
+            headers.update({"Range": f"bytes={start}-", "If-Range": validator_file.read_text(encoding="utf-8")})
+        elif start:  # no validator to tie the bytes to one version of the file: start over
+            start = 0
         try:
             response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=READ_TIMEOUT_S)
         except urllib.error.HTTPError as err:
-            if err.code == 416 and start:  # the .part already holds every byte: verify it as it is
-                return
+            if err.code == 416 and start and _complete_length(err.headers) == start:
+                return  # the .part already holds every byte of this version
+            if err.code == 416:
+                part.unlink(missing_ok=True)
+                raise DownloadError("network", f"{url}: the partial download does not fit the file; it is deleted, rerun") from None
             raise DownloadError("network", f"{url}: HTTP {err.code} {err.reason}") from None
-        except (urllib.error.URLError, OSError) as err:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
             raise DownloadError("network", f"{url}: {getattr(err, 'reason', err)}") from None
         with response:
-            if start and response.status != 206:
-                logger.info("%s ignored the resume request: fetching it from the start", url)
+            if start and (response.status != 206 or _range_start(response.headers) != start):
+                logger.info("%s did not continue the partial download: fetching it from the start", url)
                 start = 0
-            length = response.headers.get("Content-Length")
-            total = start + int(length) if length is not None else None
+            validator = response.headers.get("ETag") or response.headers.get("Last-Modified")
+            if validator:
+                validator_file.write_text(validator, encoding="utf-8")
+            else:
+                validator_file.unlink(missing_ok=True)
+            length = response.headers.get("Content-Length", "")
+            total = start + int(length) if length.isdigit() else None  # unknown: complete at the end of the stream
             task = self.progress.add_task(Path(urlsplit(url).path).name, total=total, completed=start)
             received = start
             try:
@@ -162,8 +182,22 @@ class Fetcher:
                         self.progress.update(task, completed=received)
             finally:
                 self.progress.remove_task(task)
-        if total is not None and received < total:
+        if total is not None and received != total:
             raise DownloadError("network", f"{url}: connection closed after {received} of {total} bytes; rerun to resume")
+        validator_file.unlink(missing_ok=True)
+
+
+def _range_start(headers) -> int | None:
+    """The first byte of a 206 reply (``Content-Range: bytes START-END/TOTAL``)."""
+    value = (headers.get("Content-Range") or "").removeprefix("bytes ")
+    first = value.partition("-")[0]
+    return int(first) if first.isdigit() else None
+
+
+def _complete_length(headers) -> int | None:
+    """The file's length from a 416 reply (``Content-Range: bytes */TOTAL``)."""
+    value = (headers.get("Content-Range") or "").rpartition("/")[2] if headers is not None else ""
+    return int(value) if value.isdigit() else None
 
 
 def outputs_present(dataset: Dataset, to: Path) -> bool:
@@ -188,15 +222,21 @@ def obtain(dataset: Dataset, to: Path, fetcher: Fetcher, force: bool) -> Outcome
         path, transferred = fetcher.fetch(source, force)
         (outcome.fetched if transferred else outcome.reused).append(path)
         originals.append(path)
-    converter = CONVERTERS[dataset.converter]
     with tempfile.TemporaryDirectory(prefix=f".staging-{dataset.name}-", dir=to) as staging:
         stage = Path(staging)
         try:
-            converter(originals, dataset.options, stage)
-        except (ValueError, KeyError, OSError, UnicodeDecodeError) as err:
-            raise DownloadError("conversion", f"converting {', '.join(p.name for p in originals)}: {err}") from None
+            dataset.convert(originals, stage)
+        except (ValueError, KeyError, IndexError, OSError, UnicodeDecodeError, zipfile.BadZipFile, tarfile.TarError, csv.Error) as err:
+            raise DownloadError(
+                "conversion",
+                f"converting {', '.join(p.name for p in originals)}: {type(err).__name__}: {err}; if an original is "
+                "damaged (an error page, a cut archive), rerun with --force to fetch it again",
+            ) from None
         written = sorted(str(p.relative_to(stage)) for p in stage.rglob("*") if p.is_file())
-        assert written == sorted(dataset.outputs), (dataset.name, written, sorted(dataset.outputs))
+        if written != sorted(dataset.outputs):
+            raise DownloadError(
+                "conversion", f"the converter wrote {', '.join(written) or 'nothing'}; the registry lists {', '.join(dataset.outputs)}"
+            )
         for relative, digest in dataset.outputs.items():
             if digest:
                 _check_digest(
@@ -220,7 +260,10 @@ def download_datasets(
 ) -> list[Outcome]:
     """Obtain each dataset into the data directory ``to``; one :class:`Outcome` each, in order."""
     to = Path(to)
-    to.mkdir(parents=True, exist_ok=True)
+    try:
+        to.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--to {to}: cannot create the data directory ({err.strerror})") from None
     if mirror is not None and urlsplit(mirror).scheme not in ("http", "https") and not Path(mirror).is_dir():
         raise ValueError(f"--mirror {mirror}: neither an http(s) URL nor an existing directory")
     progress = Progress(

@@ -66,7 +66,7 @@ import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from vascl_scale.data.augment import AugmentSpec, build_augmenter
+from vascl_scale.data.augment import AugmentSpec, build_augmenter, check_augmenter
 from vascl_scale.data.layout import StreamLayout, seed_of
 from vascl_scale.data.shards import (
     ShardMismatchError,
@@ -567,7 +567,7 @@ def build_train_stream(
     layout = StreamLayout(shards, resolved_mode, seed, rank, world_size, workers, per_device_batch_size, shuffle_buffer)
     dataset = _PieceDataset(layout, tokenizer, max_length, on_corrupt, use_stored_ids, pipe_timeout, augment)
     if augment.kind != "none":
-        build_augmenter(augment)  # a missing WordNet or masked LM fails here, once, not in a worker
+        check_augmenter(augment)  # a missing WordNet or masked LM fails here, not in a worker
         logger.info("data: %s augmentation of %s of the words, %s view(s)", augment.kind, augment.fraction, augment.views)
     what = shards.text_file or f"{len(shards.urls)} shards ({shards.total_samples or 'unknown'} samples)"
     logger.info(

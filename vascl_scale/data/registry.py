@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.resources
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -19,7 +20,14 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 FAMILIES = ("corpus", "sts", "sts_senteval", "clustering", "intent")
-SHA256_HEX = 64
+Family = Literal["corpus", "sts", "sts_senteval", "clustering", "intent"]
+assert typing.get_args(Family) == FAMILIES
+
+
+def check_sha256(digest: str, what: str) -> str:
+    if len(digest) != 64 or digest.strip("0123456789abcdef"):
+        raise ValueError(f"{what} {digest!r} is not 64 lower-case hex digits")
+    return digest
 
 
 class _Strict(BaseModel):
@@ -38,14 +46,16 @@ class Source(_Strict):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc or not parts.path.strip("/"):
             raise ValueError(f"source url {url!r} must be an http(s) URL of a file")
+        # The URL's path becomes a path under .downloads and the mirror: no way out of them.
+        segments = parts.path.split("/")[1:]
+        if any(segment in ("", ".", "..") for segment in segments) or "\\" in parts.path or parts.netloc in (".", ".."):
+            raise ValueError(f"source url {url!r} must not hold empty, '.' or '..' path segments")
         return url
 
     @field_validator("sha256")
     @classmethod
     def _digest(cls, digest: str | None) -> str | None:
-        if digest is not None and (len(digest) != SHA256_HEX or digest.strip("0123456789abcdef")):
-            raise ValueError(f"sha256 {digest!r} is not 64 lower-case hex digits")
-        return digest
+        return check_sha256(digest, "sha256") if digest is not None else None
 
     @property
     def mirror_path(self) -> str:
@@ -59,7 +69,7 @@ class Dataset(_Strict):
     directory) to its sha256, or to "" where no digest can be pinned (see ``checked``)."""
 
     name: str
-    family: Literal["corpus", "sts", "sts_senteval", "clustering", "intent"]
+    family: Family
     description: str
     licence: str
     format: str
@@ -76,18 +86,43 @@ class Dataset(_Strict):
     @classmethod
     def _output_digests(cls, outputs: dict[str, str]) -> dict[str, str]:
         for path, digest in outputs.items():
-            if Path(path).is_absolute() or ".." in Path(path).parts:
+            if not path or Path(path).is_absolute() or ".." in Path(path).parts:
                 raise ValueError(f"output {path!r} must be a path inside the data directory")
-            if digest and (len(digest) != SHA256_HEX or digest.strip("0123456789abcdef")):
-                raise ValueError(f"output {path!r}: sha256 {digest!r} is not 64 lower-case hex digits")
+            if digest:
+                check_sha256(digest, f"output {path!r}: sha256")
         return outputs
+
+    @field_validator("converter")
+    @classmethod
+    def _known_converter(cls, name: str) -> str:
+        from vascl_scale.data.converters import CONVERTERS
+
+        if name not in CONVERTERS:
+            raise ValueError(f"converter {name!r} is not one of {', '.join(CONVERTERS)}")
+        return name
 
     @model_validator(mode="after")
     def _outputs_in_family(self) -> "Dataset":
         for path in self.outputs:
             if Path(path).parts[0] != self.family:
                 raise ValueError(f"dataset {self.name}: output {path!r} must lie under {self.family}/")
+        # Converters that map original files to outputs (files: name -> output) or outputs to
+        # JSON lists (splits: output -> key) must name exactly these outputs.
+        named = {
+            "files": list(self.options.get("files", {}).values()),
+            "splits": list(self.options.get("splits", {})),
+        }
+        for key, outputs in named.items():
+            if key in self.options and sorted(outputs) != sorted(self.outputs):
+                raise ValueError(f"dataset {self.name}: options.{key} must map onto exactly the outputs {', '.join(self.outputs)}")
         return self
+
+
+    def convert(self, originals: list[Path], stage: Path) -> None:
+        """Run this entry's converter on local copies of its sources, writing under ``stage``."""
+        from vascl_scale.data.converters import CONVERTERS
+
+        CONVERTERS[self.converter](originals, {**self.options, "outputs": list(self.outputs)}, stage)
 
 
 class Registry(_Strict):

@@ -16,7 +16,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from vascl_scale.data.augment import AugmentSpec, build_augmenter
 from vascl_scale.data.layout import seed_of
 from vascl_scale.eval.sts import cosine_similarity_rows
 
@@ -50,11 +49,10 @@ def sample_sentences(path: str | Path, count: int, seed: int = 0, min_words: int
     return [text for _, text in sorted(chosen)]
 
 
-def augmented_texts(texts: Sequence[str], spec: AugmentSpec, seed: int = 0) -> list[str]:
-    """Each text augmented as ``spec`` says, text i seeded by (seed, kind, fraction, i)."""
-    augmenter = build_augmenter(spec)
-    assert augmenter is not None, "augmentation 'none' leaves every text as it is"
-    rngs = [random.Random(seed_of(seed, "eval-augmentation", spec.kind, spec.fraction, i)) for i in range(len(texts))]
+def augmented_texts(texts: Sequence[str], augmenter, kind: str, fraction: float, seed: int = 0) -> list[str]:
+    """Each text through ``augmenter`` (:mod:`vascl_scale.data.augment`), text i seeded by
+    (seed, kind, fraction, i): every model is compared on the same augmented texts."""
+    rngs = [random.Random(seed_of(seed, "eval-augmentation", kind, fraction, i)) for i in range(len(texts))]
     return augmenter(list(texts), rngs)
 
 

@@ -10,6 +10,7 @@ from typing import List, Optional
 
 import typer
 
+from vascl_scale.data.augment import DEFAULT_WORDNET
 from vascl_scale.log import fail, print_table
 
 logger = logging.getLogger(__name__)
@@ -246,7 +247,7 @@ def augmentation(
     samples: int = typer.Option(20000, "--samples", help="Sentences drawn from the corpus (seeded)."),
     seed: int = typer.Option(0, "--seed", help="Seeds the sample and the augmentations."),
     augment_model: Optional[str] = typer.Option(None, "--augment-model", help="ctxt: the masked language model."),
-    wordnet: str = typer.Option("/usr/share/wordnet", "--wordnet", help="wnet: the WordNet 3.0 database directory."),
+    wordnet: str = typer.Option(DEFAULT_WORDNET, "--wordnet", help="wnet: the WordNet 3.0 database directory (Debian's wordnet-base)."),
     data_dir: Optional[Path] = DATA_DIR,
     plot: Path = typer.Option(Path("augmentation-cosines.png"), "--plot", help="PNG path."),
     output: Optional[Path] = typer.Option(None, "--output", help="Also write the numbers as JSON."),
@@ -260,17 +261,18 @@ def augmentation(
     """Figure 3b: mean cosine between each sentence and its explicit augmentation, per model."""
     from rich.table import Table
 
-    from vascl_scale.data.augment import AugmentSpec
+    from vascl_scale.data.augment import AUGMENTATIONS, AugmentSpec, at_fraction, build_augmenter
     from vascl_scale.eval.augmentation import augmentation_cosines, augmented_texts, plot_augmentation_cosines, sample_sentences
+    from vascl_scale.hub import locate_model
     from vascl_scale.eval.embed import Embedder, default_cache_dir, resolve_model
     from vascl_scale.eval.report import short_label
     from vascl_scale.eval.runner import resolve_data_dir
 
     try:
         kinds = list(dict.fromkeys(augment))
-        unknown = [kind for kind in kinds if kind not in ("wdel", "wnet", "ctxt")]
+        unknown = [kind for kind in kinds if kind not in AUGMENTATIONS[1:]]
         if unknown:
-            raise ValueError(f"--augment {unknown[0]!r}: choose wdel, wnet or ctxt")
+            raise ValueError(f"--augment {unknown[0]!r}: choose from {', '.join(AUGMENTATIONS[1:])}")
         try:
             shares = [float(part) for part in fraction.split(",") if part.strip()]
         except ValueError:
@@ -281,11 +283,12 @@ def augmentation(
             raise ValueError(f"--samples must be >= 2; got {samples}")
         source = corpus or resolve_data_dir(data_dir) / "corpus" / "wiki1m.txt.gz"
         originals = sample_sentences(source, samples, seed)
-        variants = {
-            (kind, share): augmented_texts(originals, AugmentSpec(kind, share, wordnet_dir=wordnet, model=augment_model), seed)
-            for kind in kinds
-            for share in shares
-        }
+        masked_lm = str(locate_model(augment_model, "--augment-model").directory) if augment_model else None
+        variants = {}
+        for kind in kinds:  # one augmenter (WordNet, masked LM) per kind, at each share
+            augmenter = build_augmenter(AugmentSpec(kind, shares[0], wordnet_dir=wordnet, model=masked_lm))
+            for share in shares:
+                variants[kind, share] = augmented_texts(originals, at_fraction(augmenter, share), kind, share, seed)
         cache = None if no_cache else (cache_dir or default_cache_dir())
         results: dict[str, dict[str, dict[str, dict]]] = {}
         for path in model:
