@@ -8,7 +8,6 @@ from typing import List, Optional
 
 import typer
 
-from vascl_scale.data.prepare import PrepareOptions, prepare_shards, summary_table
 from vascl_scale.log import fail, print_table
 
 app = typer.Typer(help="Data: download the datasets; prepare WebDataset shards for training.", no_args_is_help=True)
@@ -38,6 +37,8 @@ def prepare(
     ),
 ) -> None:
     """Write filtered text as WebDataset shards with a manifest of counts, hashes and drops."""
+    from vascl_scale.data.prepare import PrepareOptions, prepare_shards, summary_table
+
     try:
         options = PrepareOptions(
             shard_size=shard_size,

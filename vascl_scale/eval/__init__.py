@@ -5,6 +5,3 @@ scoring: ``eval all`` passes cached embeddings of every distinct text, the train
 ``model.encode``.
 """
 
-from vascl_scale.eval.sts import StsPair, default_stsb_dev_path, load_sts_tsv, spearman_score
-
-__all__ = ["StsPair", "default_stsb_dev_path", "load_sts_tsv", "spearman_score"]

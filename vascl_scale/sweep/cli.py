@@ -7,24 +7,18 @@ import logging
 import shlex
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.table import Table
 
 from vascl_scale.log import console, fail, print_table
-from vascl_scale.sweep.grid import (
-    SweepPlan,
-    drop_cells,
-    expand,
-    invalid_cells,
-    parse_grid_axis,
-    parse_variant,
-    set_training_length,
-)
-from vascl_scale.sweep.report import collect
-from vascl_scale.sweep.run import Interrupted, read_status, run_cell, run_sweep
-from vascl_scale.sweep.slurm import refuse_control_characters, write_array_script
+
+if TYPE_CHECKING:
+    from vascl_scale.sweep.run import Interrupted
+
+# The sweep's modules load the config tree (and with it torch) when a command runs, not at
+# import: `vascl-scale --help` stays instant.
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +46,8 @@ def _parse_seeds(text: str) -> list[int]:
 
 
 def _print_summary(result: dict, sweep_dir: Path) -> None:
+    from vascl_scale.sweep.grid import SweepPlan
+
     metrics, plan = result["headline"], SweepPlan.load(sweep_dir)
     table = Table(title=f"sweep {sweep_dir.name}: mean ± std over seeds (every metric in results.md)")
     for column in [*plan.columns, "seeds", *metrics]:
@@ -103,6 +99,11 @@ def sweep(
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
+    from vascl_scale.sweep.grid import SweepPlan, drop_cells, expand, invalid_cells, parse_grid_axis, parse_variant, set_training_length
+    from vascl_scale.sweep.report import collect
+    from vascl_scale.sweep.run import Interrupted, run_sweep
+    from vascl_scale.sweep.slurm import refuse_control_characters, write_array_script
+
     try:
         if config is None or output is None or not (grid or variant):
             raise ValueError("vascl-scale sweep needs --config, --output and at least one --grid or --variant")
@@ -196,6 +197,8 @@ def collect_command(
     ),
 ) -> None:
     """Gather every cell's results into results.{csv,json,md} and plots/ (e.g. after SLURM)."""
+    from vascl_scale.sweep.report import collect
+
     try:
         result = collect(sweep_dir, metric or None)
     except ValueError as err:
@@ -209,6 +212,9 @@ def run_cell_command(
     index: int = typer.Option(..., "--index", help="Cell index (the SLURM array task id)."),
 ) -> None:
     """Train and evaluate one cell of a planned sweep (what each SLURM array task runs)."""
+    from vascl_scale.sweep.grid import SweepPlan
+    from vascl_scale.sweep.run import Interrupted, read_status, run_cell
+
     try:
         plan = SweepPlan.load(sweep_dir)
         if not 0 <= index < len(plan.cells):

@@ -10,18 +10,6 @@ from typing import Optional
 
 import typer
 
-from vascl_scale.config import load_config, path_values, resolve_paths
-from vascl_scale.precision import train_precision
-from vascl_scale.train.launch import (
-    LaunchPlan,
-    become_single_rank,
-    check_writable,
-    exit_with_parent,
-    in_distributed_worker,
-    launch_workers,
-)
-from vascl_scale.train.run_lock import HELD_ENV, RunDirectoryLock
-
 logger = logging.getLogger(__name__)
 
 # The paths the launcher expanded (JSON, by dotted key), for its workers: they expand nothing.
@@ -56,7 +44,19 @@ def train_command(
         assignments.append(f"train.output_dir={json.dumps(str(output))}")
     if objective is not None:
         assignments.append(f"objective={json.dumps(objective)}")
+    # Imported here, not at the top: `vascl-scale --help` must not load torch (test_cli_import).
+    from vascl_scale.config import load_config, path_values, resolve_paths
+    from vascl_scale.precision import train_precision
     from vascl_scale.train.checkpoint import check_resume_compatible, prepare_run_dir, resolve_resume
+    from vascl_scale.train.launch import (
+        LaunchPlan,
+        become_single_rank,
+        check_writable,
+        exit_with_parent,
+        in_distributed_worker,
+        launch_workers,
+    )
+    from vascl_scale.train.run_lock import HELD_ENV, RunDirectoryLock
 
     run_lock: RunDirectoryLock | None = None
     try:
