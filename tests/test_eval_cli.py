@@ -312,3 +312,45 @@ def test_augmentation_cosines_table_plot_and_json(tiny_model, tmp_path):
     assert (tmp_path / "aug.png").stat().st_size > 0 and "10% words" in result.output
     bad = invoke("augmentation", *common, "--fraction", "0,2")
     assert bad.exit_code == 2 and "every share must be in (0, 1]" in bad.output
+
+
+def test_encoding_outside_a_terminal_logs_plain_progress_lines(tmp_path, tiny_model, monkeypatch):
+    import logging
+
+    from vascl_scale.eval import embed as embed_module
+
+    monkeypatch.setattr(embed_module, "PLAIN_PROGRESS_SECONDS", 0.0)
+    import io
+
+    from rich.console import Console
+
+    monkeypatch.setattr(embed_module, "console", Console(file=io.StringIO()))  # not a terminal: a log file, CI
+    records: list[logging.LogRecord] = []
+    collector = logging.Handler(logging.INFO)
+    collector.emit = records.append
+    logger = logging.getLogger("vascl_scale.eval.embed")
+    logger.addHandler(collector)
+    previous = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        texts = [f"{WORDS[i % len(WORDS)]} text {i}" for i in range(12)]
+        Embedder(resolve_model(tiny_model), batch_size=2, chunk_batches=2, cache_dir=None).embed(texts)
+    finally:
+        logger.removeHandler(collector)
+        logger.setLevel(previous)
+    lines = [record.getMessage() for record in records if record.getMessage().startswith("encoded ") and " of " in record.getMessage()]
+    assert lines[0].startswith("encoded 4 of 12 texts") and lines[1].startswith("encoded 8 of 12 texts"), lines
+    assert all("texts/s, about" in line for line in lines)
+
+
+def test_results_go_inside_the_evaluated_run_or_to_eval_results(tiny_model, data_dir, tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    shutil.copytree(tiny_model, run / "final")
+    common = ["--data-dir", str(data_dir), "--no-cache", "--task", "stsb"]
+    assert invoke("sts", "--model", str(run), *common).exit_code == 0
+    assert (run / "eval-sts.json").is_file() and (run / "eval-sts.md").is_file()
+    assert invoke("sts", "--model", str(tiny_model), *common).exit_code == 0
+    assert (tmp_path / "eval-results" / "sts.json").is_file()

@@ -54,6 +54,9 @@ class Rate:
     wall: float
     cpu: float
 
+    def __str__(self) -> str:
+        return f"{self.wall:,.0f} sentences/s ({self.cpu:,.0f} per CPU second)"
+
 
 @dataclass
 class DataBenchResult:
@@ -191,7 +194,8 @@ def run_data_bench(
         for count, batch_iter in streams.items():
             loader_windows[count].append(_timed_window(partial(_batch_rows, batch_iter), seconds))
     result = DataBenchResult(_median_rate(floor_windows), {c: _median_rate(w) for c, w in loader_windows.items()})
-    logger.info("bare tokenizer: %s; loader: %s", result.tokenizer, result.loader)
+    loaders = "; ".join(f"{count} workers: {rate}" for count, rate in result.loader.items())
+    logger.info("bare tokenizer: %s; loader with %s", result.tokenizer, loaders)
     return result
 
 

@@ -16,7 +16,7 @@ app = typer.Typer(help="Data: download the datasets; prepare WebDataset shards f
 @app.command("prepare")
 def prepare(
     inputs: List[Path] = typer.Argument(
-        ..., help="Text (.txt[.gz]), JSONL, CSV/TSV, Parquet files or datasets directories."
+        ..., metavar="INPUTS...", help="Text (.txt[.gz]), JSONL, CSV/TSV, Parquet files or datasets directories."
     ),
     output: Path = typer.Option(..., "--output", "-o", help="Directory for shard-NNNNNN.tar and manifest.json."),
     shard_size: int = typer.Option(50_000, "--shard-size", help="Samples per shard."),

@@ -19,7 +19,12 @@ app = typer.Typer(help="Evaluate checkpoints: STS, short text clustering, few-sh
 
 MODEL = typer.Option(..., "--model", help="Run dir (best/, else final/), HF or sentence-transformers dir; repeatable.")
 DATA_DIR = typer.Option(None, "--data-dir", help="Evaluation data directory (README, Data; `data download` fills one); default $VASCL_DATA.")
-OUTPUT = typer.Option(Path("eval-results.json"), "--output", help="JSON with every score, per task, subset and seed.")
+OUTPUT = typer.Option(
+    None,
+    "--output",
+    help="JSON with every score, per task, subset and seed; default: <run dir>/eval-<command>.json for one training "
+    "run directory, else eval-results/<command>.json.",
+)
 MARKDOWN = typer.Option(None, "--markdown", help="Markdown tables; default: the --output path with .md.")
 STS_SOURCE = typer.Option(
     "mteb",
@@ -62,11 +67,20 @@ def _tasks_by_family(tasks: list[str] | None, families: list[str]) -> dict[str, 
     return {family: names for family, names in routed.items() if names}
 
 
+def default_output(models: list[Path], command: str) -> Path:
+    """Where ``eval <command>`` writes without ``--output``: inside the one training run it
+    evaluated (beside its best/ and final/), else ``eval-results/<command>.json`` here."""
+    if len(models) == 1 and any((Path(models[0]) / name).is_dir() for name in ("best", "final")):
+        return Path(models[0]) / f"eval-{command}.json"
+    return Path("eval-results") / f"{command}.json"
+
+
 def _run(
+    command: str,
     families: list[str],
     models: list[Path],
     data_dir: Optional[Path],
-    output: Path,
+    output: Optional[Path],
     markdown_path: Optional[Path],
     tasks: Optional[list[str]],
     batch_size: int,
@@ -100,6 +114,7 @@ def _run(
         fail(err)
     for table in rich_tables(report):
         print_table(table)
+    output = output or default_output(models, command)
     report.save(output)
     markdown_path = markdown_path or output.with_suffix(".md")
     markdown_path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,13 +136,13 @@ def _run(
     logger.info("wrote %s and %s; wall time %.1f s", output, markdown_path, wall)
 
 
-def _family_command(families: list[str], missing_ok: bool, doc: str):
+def _family_command(name: str, families: list[str], missing_ok: bool, doc: str):
     """One ``eval`` sub-command over ``families``; all four share their options."""
 
     def command(
         model: List[Path] = MODEL,
         data_dir: Optional[Path] = DATA_DIR,
-        output: Path = OUTPUT,
+        output: Optional[Path] = OUTPUT,
         markdown_path: Optional[Path] = MARKDOWN,
         task: Optional[List[str]] = TASK,
         batch_size: int = BATCH,
@@ -141,6 +156,7 @@ def _family_command(families: list[str], missing_ok: bool, doc: str):
         sts_source: str = STS_SOURCE,
     ) -> None:
         _run(
+            name,
             families,
             model,
             data_dir,
@@ -174,7 +190,7 @@ for _name, _families, _missing_ok, _doc in (
         "All three families on one encoding pass; a missing dataset is skipped and marked missing.",
     ),
 ):
-    app.command(_name)(_family_command(_families, _missing_ok, _doc))
+    app.command(_name)(_family_command(_name, _families, _missing_ok, _doc))
 
 
 @app.command("neighbours")

@@ -33,6 +33,8 @@ from vascl_scale.sentence_transformers_format import read_sentence_transformers_
 from vascl_scale.tokenizer import VOCABULARY_FILES, require_tokenizer_vocabulary
 
 logger = logging.getLogger(__name__)
+# When the output is not a terminal (a log file, CI), encoding progress is a log line this often.
+PLAIN_PROGRESS_SECONDS = 30.0
 
 DEFAULT_MAX_LENGTH = 256
 # The fingerprint hashes every file that shapes tokenisation.
@@ -250,8 +252,11 @@ class Embedder:
         self.stats = EmbeddingStats(precision=resolve_precision(precision, self.device_type, "--precision", EVAL_BF16_CHECKED))
 
     def _load_encoder(self):
+        import transformers
+
         from vascl_scale.model import SentenceEncoder
 
+        transformers.utils.logging.disable_progress_bar()  # a bar per local weight file is noise in every log
         model = SentenceEncoder.from_pretrained(self.spec.directory, pooling=self.spec.pooling)
         return model.to(self.device)
 
@@ -285,9 +290,19 @@ class Embedder:
             started = time.perf_counter()
             model = self._load_encoder()
             columns = (TextColumn("encoding"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-            with Progress(*columns, console=console, transient=True) as progress:
+            # A terminal shows the bar; a log file or pipe gets a plain line every PLAIN_PROGRESS_SECONDS.
+            plain = not console.is_terminal
+            last_line = time.perf_counter()
+            with Progress(*columns, console=console, transient=True, disable=plain) as progress:
                 bar = progress.add_task("encode", total=len(todo))
                 for start in range(0, len(todo), self.chunk_size):
+                    now = time.perf_counter()
+                    if plain and start and now - last_line >= PLAIN_PROGRESS_SECONDS:
+                        rate = start / (now - started)
+                        logger.info(
+                            "encoded %d of %d texts, %.0f texts/s, about %.0f s left", start, len(todo), rate, (len(todo) - start) / rate
+                        )
+                        last_line = now
                     chunk = todo[start : start + self.chunk_size]
                     with autocast(self.device_type, self.stats.precision):
                         vectors = model.encode(

@@ -205,7 +205,8 @@ def compare_rows(baseline: ModelReport, candidate: ModelReport) -> list[list[str
                 delta = f"{b.primary - a.primary:+.2f}"
             rows.append([key, f"{a.primary:.2f}" if a_ok else "-", f"{b.primary:.2f}" if b_ok else "-", delta])
         if diffs:
-            rows.append([f"{family} mean difference ({len(diffs)} tasks)", "", "", f"{np.mean(diffs):+.2f}"])
+            tasks = f"{len(diffs)} task" + ("s" if len(diffs) != 1 else "")
+            rows.append([f"{family} mean difference ({tasks})", "", "", f"{np.mean(diffs):+.2f}"])
     return rows
 
 

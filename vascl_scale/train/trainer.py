@@ -365,7 +365,9 @@ class Trainer:
         if score is None:
             return
         if self.accelerator.is_main_process:
-            logger.info("step %d: STS-B dev Spearman %.2f (best %s)", step, score, self.state.best_score)
+            best = self.state.best_score
+            previous = f"best so far {best:.2f} at step {self.state.best_step}" if best is not None else "the first evaluation"
+            logger.info("step %d: STS-B dev Spearman %.2f (%s)", step, score, previous)
         improved = self.state.best_score is None or score > self.state.best_score
         if improved:
             self.state.best_score, self.state.best_step = score, step
