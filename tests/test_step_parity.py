@@ -97,11 +97,17 @@ def _tensors(state) -> list:
     return []
 
 
+# An attention key bias shifts every logit of a query's softmax by the same q . b_k: its exact
+# gradient is zero, so what an engine computes is rounding noise of its own summation order, and
+# Adam (g / (sqrt(v) + eps)) turns that noise into steps of its own. Not comparable; not compared.
+NO_GRADIENT = ("attention.self.key.bias",)
+
+
 def _assert_same(got: dict, expected: dict, atol: float, what: str) -> None:
     assert sorted(got) == sorted(expected)
     moved = False
     for name in expected:
-        if name == "optimizer_dtypes" or name.endswith(" losses"):
+        if name == "optimizer_dtypes" or name.endswith(" losses") or name.endswith(NO_GRADIENT):
             continue
         np.testing.assert_allclose(got[name], expected[name], atol=atol, rtol=0, err_msg=f"{what}: {name}")
     initial = tiny_encoder(seed=0, dtype=torch.float64, head_dim=8)
