@@ -41,6 +41,7 @@ from vascl_scale.config import RunConfig, config_from_dict
 from vascl_scale.flops import tflops_and_mfu
 from vascl_scale.model import SentenceEncoder
 from vascl_scale.train.step import rows_per_forward
+from vascl_scale.figures import save_figure
 
 logger = logging.getLogger(__name__)
 
@@ -355,6 +356,4 @@ def plot_grid(cells: list[dict[str, Any]], objective: str, path: Path) -> None:
     time_axis.set_yscale("log")
     figure.suptitle(f"{objective} training step, {first['world_size']} process(es), {first['device']}, max length {first['max_length']}")
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save_figure(figure, path)

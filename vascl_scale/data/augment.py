@@ -8,7 +8,7 @@ wnet  replaces up to n words of 3 letters or more by a WordNet synonym (words wi
       local database directory, by default ``/usr/share/wordnet`` (Debian's ``wordnet-base``).
       That package lacks the ``lexnames`` table nltk's reader opens first (the 45 fixed
       lexicographer file names of WordNet 3.0), so the reader is given a copy of the database's
-      files plus that table, kept in the cache (28 MB, made once).
+      files plus that table, kept in the cache (made once).
 ctxt  masks n words and fills each with one of the ``top_n`` most likely whole-word tokens of a
       masked language model (not the word itself), the sentences of a call in one batch.
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from vascl_scale.data.layout import seed_of
 from vascl_scale.eval.sts import cosine_similarity_rows
+from vascl_scale.figures import save_figure
 
 Encode = Callable[[list[str]], np.ndarray]
 
@@ -87,8 +88,4 @@ def plot_augmentation_cosines(results: dict[str, dict[str, dict[str, dict]]], pa
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
     figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from vascl_scale.eval.sts import StsPair
+from vascl_scale.figures import save_figure
 
 NEIGHBOUR_KS = (1, 5, 10, 20, 50, 100)
 # SimCSE (Gao et al., 2021, section 6) takes STS-B pairs with gold >= 4 as positives for alignment.
@@ -102,8 +103,4 @@ def plot_neighbours(statistics: Mapping[str, Mapping[int, Mapping[str, float]]],
     share_axis.legend()
     figure.suptitle(f"Neighbourhoods on {dataset} (L2-normalised embeddings)")
     figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
