@@ -158,6 +158,7 @@ def test_single_process_run_writes_a_complete_run_directory(workspace: Path, tmp
     run = tmp_path / "run"
     result = run_train(config, run, "--set", "checkpoint.keep_last=1", "--set", "train.peak_tflops=2")
     assert "global contrastive batch 16 sentences = 1 ranks x 16 per device" in result.stderr
+    assert "Setting accelerator to CPU" not in result.stderr + result.stdout  # DeepSpeed's, without --deepspeed
 
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["checkpoint"]["keep_last"] == 1 and saved["train"]["output_dir"] == str(run)
@@ -225,7 +226,8 @@ def test_two_ranks_train_from_prepared_shards(workspace: Path, tmp_path: Path) -
         workspace, tmp_path / "config.yaml", data={"train": str(shards), "num_workers": 1, "mode": "exact"}, eval={"every_steps": 0}
     )
     run = tmp_path / "run"
-    run_train(config, run, "--num-processes", "2")
+    result = run_train(config, run, "--num-processes", "2")
+    assert "Setting accelerator to CPU" not in result.stderr + result.stdout  # nor from DDP ranks
     records = [yaml.safe_load(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     windows = [r for r in records if "data/samples" in r]
     # Every loss call takes 16 sentences from the shards: 2 and 4 steps read 32 and 64 in total.
@@ -279,9 +281,12 @@ def _worker_pids(launcher_pid: int) -> dict[int, int]:
     return found
 
 
-def _start_endless_run(workspace: Path, tmp_path: Path) -> tuple[Path, Path, subprocess.Popen, dict[int, int]]:
+def _start_endless_run(
+    workspace: Path, tmp_path: Path, output: Path | None = None
+) -> tuple[Path, Path, subprocess.Popen, dict[int, int]]:
     """A 2-rank run that checkpoints every 2 steps and never ends by itself, in its own session
-    (as a terminal or scheduler starts it); returns once its first checkpoint is complete."""
+    (as a terminal or scheduler starts it), its stdout and stderr into ``output`` if given;
+    returns once its first checkpoint is complete."""
     config = write_config(
         workspace,
         tmp_path / "config.yaml",
@@ -294,8 +299,8 @@ def _start_endless_run(workspace: Path, tmp_path: Path) -> tuple[Path, Path, sub
         train_command(config, run, "--num-processes", "2"),
         cwd=REPO,
         env=cli_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL if output is None else output.open("w"),
+        stderr=subprocess.DEVNULL if output is None else subprocess.STDOUT,
         start_new_session=True,
     )
     deadline = time.monotonic() + 180
@@ -329,6 +334,28 @@ def test_sigkill_of_one_rank_ends_the_job_and_the_last_checkpoint_resumes(worksp
     run_train(config, run, "--num-processes", "2", "--resume", "--max-steps", str(step + 2))
     assert (run / "checkpoints" / f"step-{step + 2:08d}" / "trainer_state.json").is_file()
     assert (run / "final" / "model.safetensors").is_file()
+
+
+def test_ctrl_c_stops_every_rank_with_one_line_naming_the_checkpoint_kept(workspace: Path, tmp_path: Path) -> None:
+    output = tmp_path / "output.txt"
+    _, run, launcher, workers = _start_endless_run(workspace, tmp_path, output)
+    try:
+        before = len(output.read_text().splitlines())
+        os.killpg(launcher.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the launcher's process group
+        returncode = launcher.wait(timeout=120)
+    finally:
+        launcher.kill()
+    assert returncode == 128 + signal.SIGINT
+    for worker in workers.values():
+        assert not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]
+    after = output.read_text().splitlines()[before:]
+    # Steps may finish and checkpoints be saved until the signal arrives; then one error line.
+    from vascl_scale.train.checkpoint import complete_checkpoints
+
+    errors = [line for line in after if " ERROR " in line]
+    assert errors == [f"{errors[0].split(' ERROR ')[0]} ERROR training in {run} stopped by SIGINT; the last complete "
+                      f"checkpoint is {complete_checkpoints(run)[-1]} (continue with --resume)"], after  # fmt: skip
+    assert not any("Traceback" in line or "signal" in line.lower() and " ERROR " not in line for line in after), after
 
 
 def test_bad_input_fails_before_training_with_a_clear_message(workspace: Path, tmp_path: Path) -> None:

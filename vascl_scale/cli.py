@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import typer
 
 from vascl_scale import __version__
@@ -47,7 +49,13 @@ app.add_typer(sweep_app, name="sweep")
 
 
 def main() -> None:
-    app()
+    from vascl_scale.train.launch import StoppedBySignal  # standard library only: --help stays light
+
+    try:
+        app()
+    except StoppedBySignal as err:  # a launcher whose workers were stopped (train says what it kept)
+        logging.getLogger("vascl_scale").error("stopped by %s", err)
+        raise SystemExit(128 + err.signum) from None
 
 
 if __name__ == "__main__":

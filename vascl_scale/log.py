@@ -3,14 +3,17 @@
 Library code logs through ``logging.getLogger(__name__)``; only the CLI calls
 :func:`setup_logging`. Ranks other than 0 log warnings and errors only, so a
 many-rank run prints one progress stream, not one per process. Tables are printed with
-:func:`print_table`, which never cuts a cell to fit the console.
+:func:`print_table`, which never cuts a cell to fit the console; long loops report through
+:class:`LoopProgress`, a bar on a terminal and plain lines in a log file.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from copy import copy
+from datetime import timedelta
 from typing import NoReturn
 
 from rich.console import Console
@@ -20,6 +23,11 @@ from rich.table import Table
 
 # One console for tables and progress bars; stderr keeps stdout clean for piping results.
 console = Console(stderr=True)
+
+# Outside a terminal (a log file, a pipe, CI) a loop logs one plain progress line at most this often.
+PLAIN_PROGRESS_SECONDS = 30.0
+
+logger = logging.getLogger(__name__)
 
 
 def print_table(table: Table) -> None:
@@ -52,13 +60,90 @@ def setup_logging(level: str = "INFO", all_ranks: bool = False) -> None:
         raise ValueError(f"log level must be one of DEBUG, INFO, WARNING, ERROR; got {level!r}")
     if rank != 0 and not all_ranks:
         chosen = max(chosen, logging.WARNING)
-    handler = RichHandler(console=console, show_path=False, rich_tracebacks=False, markup=False)
     fmt = "%(message)s" if rank == 0 else f"[rank {rank}] %(message)s"
-    handler.setFormatter(logging.Formatter(fmt))
+    if console.is_terminal:
+        handler: logging.Handler = RichHandler(console=console, show_path=False, rich_tracebacks=False, markup=False)
+        handler.setFormatter(logging.Formatter(fmt))
+    else:
+        handler = _PlainLineHandler()
+        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s {fmt}", "%Y-%m-%d %H:%M:%S"))
     root = logging.getLogger("vascl_scale")
     root.handlers[:] = [handler]
     root.setLevel(chosen)
     root.propagate = False
+
+
+class _PlainLineHandler(logging.Handler):
+    """One line per record on the console, never wrapped: rich wraps log records at the 80 columns
+    it assumes for a file, which splits a line that grep or a reader of the log wants whole."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            console.print(self.format(record), markup=False, highlight=False, soft_wrap=True)
+        except Exception:  # logging's contract: a failing handler reports, never raises
+            self.handleError(record)
+
+
+class LoopProgress:
+    """The progress of a long loop of ``total`` units (steps, texts, cells).
+
+    On a terminal a rich bar (with ``note``, e.g. the latest losses, beside it). Elsewhere the bar,
+    redrawn in place, would reach a log file only when it stops, cut to 80 columns, so a plain
+    line is logged instead at most every PLAIN_PROGRESS_SECONDS: units done, rate, elapsed, time
+    left and the note. Use as a context manager (or ``start`` / ``stop``); ``update`` takes the
+    units done so far.
+    """
+
+    def __init__(self, label: str, total: int, unit: str, completed: int = 0, keep: bool = False) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.label, self.total, self.unit = label, total, unit
+        self.first = self.completed = completed  # a resumed loop's rate counts this invocation only
+        self.note = ""
+        self.plain = not console.is_terminal
+        self.started = self.last_line = time.perf_counter()
+        columns = (
+            TextColumn(f"[bold]{label}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+        )
+        # keep: the finished bar stays on the terminal (training's last losses); otherwise it goes.
+        self.bar = Progress(*columns, console=console, transient=not keep, disable=self.plain)
+        self.task = self.bar.add_task("", total=total, completed=completed)
+
+    def start(self) -> "LoopProgress":
+        self.bar.start()
+        self.started = self.last_line = time.perf_counter()
+        return self
+
+    def stop(self) -> None:
+        self.bar.stop()
+
+    def __enter__(self) -> "LoopProgress":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def update(self, completed: int, note: str | None = None) -> None:
+        self.completed = completed
+        if note is not None:
+            self.note = note
+        self.bar.update(self.task, completed=completed, description=self.note)
+        now = time.perf_counter()
+        if not self.plain or completed <= self.first or now - self.last_line < PLAIN_PROGRESS_SECONDS:
+            return
+        self.last_line = now
+        elapsed = now - self.started
+        rate = (completed - self.first) / elapsed
+        left = timedelta(seconds=round((self.total - completed) / rate))
+        line = f"{self.label}: {completed} of {self.total} {self.unit}, {rate:.3g} {self.unit}/s, "
+        line += f"{timedelta(seconds=round(elapsed))} elapsed, about {left} left"
+        logger.info(line + (f" | {self.note}" if self.note else ""))
 
 
 def fail(err: Exception) -> NoReturn:

@@ -28,13 +28,11 @@ import numpy as np
 
 from vascl_scale.data.shards import file_sha256
 from vascl_scale.hub import locate_model
-from vascl_scale.log import console
+from vascl_scale.log import LoopProgress
 from vascl_scale.sentence_transformers_format import read_sentence_transformers_layout
 from vascl_scale.tokenizer import VOCABULARY_FILES, require_tokenizer_vocabulary
 
 logger = logging.getLogger(__name__)
-# When the output is not a terminal (a log file, CI), encoding progress is a log line this often.
-PLAIN_PROGRESS_SECONDS = 30.0
 
 DEFAULT_MAX_LENGTH = 256
 # The fingerprint hashes every file that shapes tokenisation.
@@ -283,26 +281,12 @@ class Embedder:
         )
         encoded = {}
         if todo:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
             from vascl_scale.precision import autocast
 
             started = time.perf_counter()
             model = self._load_encoder()
-            columns = (TextColumn("encoding"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-            # A terminal shows the bar; a log file or pipe gets a plain line every PLAIN_PROGRESS_SECONDS.
-            plain = not console.is_terminal
-            last_line = time.perf_counter()
-            with Progress(*columns, console=console, transient=True, disable=plain) as progress:
-                bar = progress.add_task("encode", total=len(todo))
+            with LoopProgress("encoding", len(todo), "texts") as progress:
                 for start in range(0, len(todo), self.chunk_size):
-                    now = time.perf_counter()
-                    if plain and start and now - last_line >= PLAIN_PROGRESS_SECONDS:
-                        rate = start / (now - started)
-                        logger.info(
-                            "encoded %d of %d texts, %.0f texts/s, about %.0f s left", start, len(todo), rate, (len(todo) - start) / rate
-                        )
-                        last_line = now
                     chunk = todo[start : start + self.chunk_size]
                     with autocast(self.device_type, self.stats.precision):
                         vectors = model.encode(
@@ -311,7 +295,7 @@ class Embedder:
                     if cache is not None:
                         cache.add([text_key(text) for text in chunk], vectors)
                     encoded.update(zip(chunk, vectors))
-                    progress.advance(bar, len(chunk))
+                    progress.update(start + len(chunk))
             self.stats.encode_seconds = time.perf_counter() - started
             logger.info("encoded %d texts in %.1f s", len(todo), self.stats.encode_seconds)
         self.stats.distinct_texts = len(distinct)

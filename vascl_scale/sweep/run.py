@@ -249,24 +249,20 @@ def run_sweep(sweep_dir: Path, plan: SweepPlan) -> dict[str, int]:
     Raises :class:`Interrupted` on SIGINT/SIGTERM and ValueError for a cell another process
     holds, as :func:`run_cell` does.
     """
-    from vascl_scale.log import console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from vascl_scale.log import LoopProgress
 
     counts = {"skipped": 0, DONE: 0, FAILED: 0}
-    with _stop_signals(), Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-    ) as progress:
-        task = progress.add_task("sweep", total=len(plan.cells))
-        for cell in plan.cells:
+    with _stop_signals(), LoopProgress("sweep", len(plan.cells), "cells") as progress:
+        for done, cell in enumerate(plan.cells, start=1):
             _STOPPER.check()  # stopped between cells
             if read_status(sweep_dir, cell).get("state") == DONE:
                 counts["skipped"] += 1
-                progress.advance(task)
+                progress.update(done)
                 continue
-            progress.update(task, description=f"cell {cell.index + 1}: {cell.name}")
+            progress.update(done - 1, note=f"cell {cell.index + 1}: {cell.name}")
             status = run_cell(sweep_dir, plan, cell)
             counts[status["state"]] += 1
             if status["state"] == FAILED:
                 logger.warning("cell %s failed (recorded; the sweep goes on):\n%s", cell.name, status["error"])
-            progress.advance(task)
+            progress.update(done)
     return counts

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+from vascl_scale.log import process_rank
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +56,7 @@ def train_command(
         become_single_rank,
         check_writable,
         exit_with_parent,
+        StoppedBySignal,
         in_distributed_worker,
         launch_workers,
     )
@@ -98,6 +102,10 @@ def train_command(
         worker_env = {HELD_ENV: "1", RESOLVED_PATHS_ENV: json.dumps(path_values(run_config))}
         try:
             raise typer.Exit(launch_workers(plan, worker_env=worker_env))
+        except StoppedBySignal as err:
+            raise _stopped(run_dir, err.signum) from None
+        except KeyboardInterrupt:  # Ctrl-C before the agent took over the signals
+            raise _stopped(run_dir, signal.SIGINT) from None
         finally:
             if run_lock is not None:
                 run_lock.release()
@@ -110,6 +118,7 @@ def _train(run_config, deepspeed_path: str | None, resume: str | None) -> None:
     """Train in this process; configuration and data errors exit with 2, a non-finite loss with 3."""
     from vascl_scale.data.loader import CorruptShardError
     from vascl_scale.train.step import NonFiniteLossError
+    from vascl_scale.train.run_lock import HELD_ENV
     from vascl_scale.train.trainer import build_trainer, deepspeed_path_from_environment
 
     try:
@@ -125,3 +134,17 @@ def _train(run_config, deepspeed_path: str | None, resume: str | None) -> None:
     except NonFiniteLossError as err:
         logger.error("%s", err)
         raise typer.Exit(3) from err
+    except KeyboardInterrupt:  # Ctrl-C here, or this launcher's workers stopped by theirs
+        if os.environ.get(HELD_ENV) == "1" or process_rank() != 0:  # the launcher / rank 0 reports it
+            raise typer.Exit(128 + signal.SIGINT) from None
+        raise _stopped(Path(run_config.train.output_dir), signal.SIGINT) from None
+
+
+def _stopped(run_dir: Path, signum: int) -> typer.Exit:
+    """One line on what stopped the run and what it kept; the exit status a shell gives the signal."""
+    from vascl_scale.train.checkpoint import complete_checkpoints
+
+    saved = complete_checkpoints(run_dir)
+    kept = f"the last complete checkpoint is {saved[-1]} (continue with --resume)" if saved else "no checkpoint had been saved yet"
+    logger.error("training in %s stopped by %s; %s", run_dir, signal.Signals(signum).name, kept)
+    return typer.Exit(128 + signum)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -141,6 +142,14 @@ def exit_with_parent(poll_seconds: float = 0.5) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
+class StoppedBySignal(Exception):
+    """The launcher got SIGINT or SIGTERM (Ctrl-C, a scheduler's stop); its workers are stopped."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
 def launch_workers(
     plan: LaunchPlan, worker_argv: list[str] | None = None, worker_env: dict[str, str] | None = None
 ) -> int:
@@ -151,6 +160,7 @@ def launch_workers(
     workers' environment only (this process's is restored afterwards).
     """
     from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     argv = list(sys.argv[1:] if worker_argv is None else worker_argv)
@@ -166,8 +176,18 @@ def launch_workers(
     # One thread per rank unless the user chose otherwise: ranks share the machine's cores.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.update(worker_env or {})  # the elastic agent copies this environment to the workers
+    # The agent's warnings on a stop (the signal, each worker's closing signal) say what the
+    # caller's one line on StoppedBySignal says; its errors (a failed rank) still show. Its
+    # modules' loggers set their own levels when they load, so they are loaded first.
+    import torch.distributed.run  # noqa: F401
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     try:
         launch_command(launch_command_parser().parse_args(arguments))
+    except SignalException as err:  # the agent has already sent the signal on to the workers
+        raise StoppedBySignal(err.sigval) from None
     except ChildFailedError as err:
         failures = "; ".join(f"rank {rank}: exit code {failure.exitcode}" for rank, failure in err.failures.items())
         logger.error("the run failed (%s); the last complete checkpoint can be resumed with --resume", failures)

@@ -1,4 +1,5 @@
-"""Where training metrics go: a JSONL file, TensorBoard (when installed) and a rich progress bar.
+"""Where training metrics go: a JSONL file, TensorBoard (when installed) and the progress
+(a bar on a terminal, plain lines in a log file).
 
 Rank 0 writes through a :class:`MetricsSink` (the numbers it receives are already averaged
 over ranks by the trainer); the other ranks get a :class:`NullMetricsSink`.
@@ -10,9 +11,7 @@ import json
 import logging
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-from vascl_scale.log import console
+from vascl_scale.log import LoopProgress
 
 logger = logging.getLogger(__name__)
 
@@ -32,22 +31,10 @@ class MetricsSink:
     def __init__(self, run_dir: Path, start_step: int, max_steps: int) -> None:
         self.jsonl = (Path(run_dir) / "metrics.jsonl").open("a", encoding="utf-8")
         self.tensorboard = _tensorboard_writer(Path(run_dir) / "tensorboard")
-        self.progress = Progress(
-            TextColumn("[bold]train"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.description}"),
-            TimeElapsedColumn(),
-            TextColumn("eta"),
-            TimeRemainingColumn(),
-            console=console,
-            transient=False,
-        )
-        self.task = self.progress.add_task("", total=max_steps, completed=start_step)
-        self.progress.start()
+        self.progress = LoopProgress("train", max_steps, "steps", completed=start_step, keep=True).start()
 
     def advance(self, step: int) -> None:
-        self.progress.update(self.task, completed=step)
+        self.progress.update(step)
 
     def log(self, step: int, values: dict[str, float], summary: str | None = None) -> None:
         record = {"step": step, **values}
@@ -57,7 +44,7 @@ class MetricsSink:
             for name, value in values.items():
                 self.tensorboard.add_scalar(name, value, step)
         if summary is not None:
-            self.progress.update(self.task, description=summary)
+            self.progress.update(step, note=summary)
 
     def close(self) -> None:
         self.progress.stop()

@@ -96,6 +96,12 @@ def build_accelerator(config: RunConfig, deepspeed_config: str | None):
         )
     else:
         kwargs["cpu"] = not cuda
+        if not cuda:
+            # DeepSpeed is imported even here (transformers' save_pretrained and accelerate's
+            # unwrap_model look for its engine), and its accelerator detection then warns "Setting
+            # accelerator to CPU ... unable to detect it" on every machine without a GPU: naming the
+            # accelerator, which nothing in a run without DeepSpeed uses, skips the detection.
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
     return Accelerator(**kwargs)
 
 
@@ -412,10 +418,10 @@ class Trainer:
                 step_seconds.append(time.perf_counter() - step_started)
                 window.add(result.terms, step_seconds[-1], result.model_flops)
                 self.state.step = done
-                metrics.advance(done)
                 if logs:
                     self._log_window(done, window, result.stats, step_seconds[-1], sentences_per_step, metrics)
                     window = _Window()
+                metrics.advance(done)  # after the window's losses, so a plain progress line carries them
                 if cfg.eval.every_steps and done % cfg.eval.every_steps == 0:
                     self._select(done, metrics)
                 if cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0 and done != cfg.train.max_steps:
