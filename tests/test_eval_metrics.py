@@ -130,3 +130,19 @@ def test_stratified_subsample_keeps_every_class_and_its_share():
     assert np.array_equal(stratified_subsample(labels[:50], 100), np.arange(50))  # small sets stay whole
     with pytest.raises(ValueError, match="max_texts must be >= 1"):
         stratified_subsample(labels, 0)
+
+
+def test_the_average_column_is_starred_unless_every_paper_task_was_scored() -> None:
+    """--task stsb --task sickr-full averages stsb alone (sickr-full is an extra): not Table 1's Avg."""
+    from vascl_scale.eval.report import _average
+    from vascl_scale.eval.results import TaskResult
+    from vascl_scale.eval.sts import PAPER_STS_TASKS
+
+    def scored(tasks, missing=()):
+        return {t: TaskResult("sts", t, "spearman", None if t in missing else 70.0 + i, status="missing" if t in missing else "ok")
+                for i, t in enumerate(tasks)}  # fmt: skip
+
+    assert _average(scored(PAPER_STS_TASKS), "sts") == f"{70 + (len(PAPER_STS_TASKS) - 1) / 2:.2f}"
+    assert _average(scored(["stsb", "sickr-full"]), "sts") == "70.00*"
+    assert _average(scored(PAPER_STS_TASKS, missing=("sts12",)), "sts").endswith("*")
+    assert _average(scored(["sickr-full"]), "sts") == ""

@@ -49,7 +49,7 @@ def _integers(text: str, option: str) -> list[int]:
 
 @app.command("step")
 def step(
-    model: str = typer.Option(..., "--model", help="Model directory, or a Hugging Face config.json (random init)."),
+    model: str = typer.Option(..., "--model", help="Model: a directory, package:MODULE/SUBDIR, a hub id, or a Hugging Face config.json (random init)."),
     global_batch: str = typer.Option("64", "--global-batch", help="Sentences per loss call over all ranks; several, comma separated, make a grid."),
     chunk_size: str = typer.Option("0", "--chunk-size", help="train.chunk_size: 0 uncached, else sentences per encoder forward; several make a grid."),
     objective: str = typer.Option("vascl,simcse", "--objective", help="vascl, simcse or both (the ratio needs both)."),
@@ -138,7 +138,7 @@ def step(
 
 @app.command("comm")
 def comm(
-    model: str = typer.Option(..., "--model", help="Model directory, or a Hugging Face config.json (random init)."),
+    model: str = typer.Option(..., "--model", help="Model: a directory, package:MODULE/SUBDIR, a hub id, or a Hugging Face config.json (random init)."),
     global_batch: int = typer.Option(1024, "--global-batch", help="Sentences per loss call over all ranks."),
     world_size: int = typer.Option(8, "--world-size", help="Ranks of the deployment to compute traffic for."),
     measure_processes: int = typer.Option(2, "--measure-processes", help="gloo ranks of the measured step (0: skip it)."),

@@ -39,6 +39,7 @@ import torch
 
 from vascl_scale.config import RunConfig, config_from_dict
 from vascl_scale.flops import tflops_and_mfu
+from vascl_scale.hub import locate_model
 from vascl_scale.model import SentenceEncoder
 from vascl_scale.train.step import rows_per_forward
 from vascl_scale.figures import save_figure
@@ -46,16 +47,18 @@ from vascl_scale.figures import save_figure
 logger = logging.getLogger(__name__)
 
 def build_bench_model(model: str, head_dim: int) -> SentenceEncoder:
-    """A model directory (pretrained weights) or a Hugging Face ``config.json`` (random init)."""
+    """A Hugging Face ``config.json`` (random init), or pretrained weights named as ``model.path``
+    names them (a directory, ``package:MODULE/SUBDIR``, a hub id)."""
     path = Path(model)
-    if path.is_dir():
-        return SentenceEncoder.from_pretrained(path, head_dim=head_dim)
     if path.is_file() and path.suffix == ".json":
         from transformers import AutoConfig, AutoModel
 
         encoder = AutoModel.from_config(AutoConfig.from_pretrained(str(path)))
         return SentenceEncoder(encoder, tokenizer=None, head_dim=head_dim)
-    raise ValueError(f"--model {model}: expected a model directory or a Hugging Face config.json")
+    location = locate_model(model, "--model")
+    if not location.directory.is_dir():
+        raise ValueError(f"--model {model}: expected a model directory, package:MODULE/SUBDIR, a hub id or a Hugging Face config.json")
+    return SentenceEncoder.from_pretrained(location.directory, head_dim=head_dim)
 
 
 def bench_config(

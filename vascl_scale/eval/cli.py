@@ -199,7 +199,9 @@ def neighbours(
     dataset: str = typer.Option("stackoverflow", "--dataset", help="A clustering dataset (text, label)."),
     k: Optional[List[int]] = typer.Option(None, "--k", help="Neighbourhood sizes; default 1 5 10 20 50 100."),
     data_dir: Optional[Path] = DATA_DIR,
-    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG path; default neighbours-<dataset>.png."),
+    plot: Optional[Path] = typer.Option(
+        None, "--plot", help="PNG path; default: beside --output's default, eval-neighbours-<dataset>.png in the run dir, else eval-results/."
+    ),
     output: Optional[Path] = typer.Option(None, "--output", help="Also write the numbers as JSON."),
     batch_size: int = BATCH,
     max_length: Optional[int] = MAX_LENGTH,
@@ -246,7 +248,7 @@ def neighbours(
         cells = [f"{by_k[size]['same_class']:.1f} / {by_k[size]['distance']:.3f}" for size in ks]
         table.add_row(name, *cells, f"{geometry[name]['alignment']:.3f}", f"{geometry[name]['uniformity']:.3f}")
     print_table(table)
-    plot_path = plot_neighbours(statistics, plot or Path(f"neighbours-{dataset}.png"), dataset)
+    plot_path = plot_neighbours(statistics, plot or default_output(model, f"neighbours-{dataset}").with_suffix(".png"), dataset)
     logger.info("wrote %s", plot_path)
     if output is not None:
         record = {"dataset": dataset, "neighbours": statistics, "stsb_dev": geometry}
@@ -265,7 +267,9 @@ def augmentation(
     augment_model: Optional[str] = typer.Option(None, "--augment-model", help="ctxt: the masked language model."),
     wordnet: str = typer.Option(DEFAULT_WORDNET, "--wordnet", help="wnet: the WordNet 3.0 database directory (Debian's wordnet-base)."),
     data_dir: Optional[Path] = DATA_DIR,
-    plot: Path = typer.Option(Path("augmentation-cosines.png"), "--plot", help="PNG path."),
+    plot: Optional[Path] = typer.Option(
+        None, "--plot", help="PNG path; default: eval-augmentation.png in the run dir (one run evaluated), else eval-results/augmentation.png."
+    ),
     output: Optional[Path] = typer.Option(None, "--output", help="Also write the numbers as JSON."),
     batch_size: int = BATCH,
     max_length: Optional[int] = MAX_LENGTH,
@@ -329,7 +333,7 @@ def augmentation(
         for kind in kinds:
             table.add_row(name, kind, *[f"{by_kind[kind][str(share)]['mean']:.4f}" for share in shares])
     print_table(table)
-    logger.info("wrote %s", plot_augmentation_cosines(results, plot))
+    logger.info("wrote %s", plot_augmentation_cosines(results, plot or default_output(model, "augmentation").with_suffix(".png")))
     if output is not None:
         record = {"corpus": str(source), "samples": len(originals), "seed": seed, "cosines": results}
         output.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")

@@ -114,12 +114,12 @@ def _cell(result: TaskResult | None, with_std: bool) -> str:
 
 
 def _average(results: dict[str, TaskResult], family: str) -> str:
-    """Mean of the primary metric over the family's averaged tasks; "*" if some are missing."""
-    wanted = [task for task in AVERAGED[family] if task in results]
-    scores = [results[task].primary for task in wanted if results[task].status == "ok"]
-    if not scores:
+    """Mean of the primary metric over the family's averaged tasks; "*" if some are missing
+    (not run, as with --task, or without data): then it is not the paper's average."""
+    present = [task for task in AVERAGED[family] if task in results and results[task].status == "ok"]
+    if not present:
         return ""
-    return f"{np.mean(scores):.2f}" + ("*" if len(scores) < len(wanted) else "")
+    return f"{np.mean([results[task].primary for task in present]):.2f}" + ("*" if len(present) < len(AVERAGED[family]) else "")
 
 
 def family_rows(report: EvalReport, family: str) -> tuple[list[str], list[list[str]]]:
@@ -188,7 +188,8 @@ def _paper_order(key: str) -> tuple:
 
 
 def compare_rows(baseline: ModelReport, candidate: ModelReport) -> list[list[str]]:
-    """Per task (in paper order): baseline, candidate, candidate - baseline; then family averages."""
+    """Per task (in paper order): baseline, candidate, candidate - baseline; then family averages.
+    A task scored on different data (``--sts-source``) gets no difference and stays out of the mean."""
     first = {r.key: r for r in baseline.results}
     second = {r.key: r for r in candidate.results}
     rows = []
@@ -200,7 +201,10 @@ def compare_rows(baseline: ModelReport, candidate: ModelReport) -> list[list[str
             a_ok = a is not None and a.status == "ok"
             b_ok = b is not None and b.status == "ok"
             delta = ""
-            if a_ok and b_ok:
+            if a_ok and b_ok and a.details.get("source") != b.details.get("source"):
+                # STS-B on SentEval's tokenised copy and on the release are different test sets
+                delta = f"not comparable: {a.details.get('source')} vs {b.details.get('source')}"
+            elif a_ok and b_ok:
                 diffs.append(b.primary - a.primary)
                 delta = f"{b.primary - a.primary:+.2f}"
             rows.append([key, f"{a.primary:.2f}" if a_ok else "-", f"{b.primary:.2f}" if b_ok else "-", delta])

@@ -252,17 +252,19 @@ def run_sweep(sweep_dir: Path, plan: SweepPlan) -> dict[str, int]:
     from vascl_scale.log import LoopProgress
 
     counts = {"skipped": 0, DONE: 0, FAILED: 0}
-    with _stop_signals(), LoopProgress("sweep", len(plan.cells), "cells") as progress:
-        for done, cell in enumerate(plan.cells, start=1):
+    # Cells done by an earlier invocation count as done from the start, not in this one's rate.
+    finished = sum(read_status(sweep_dir, cell).get("state") == DONE for cell in plan.cells)
+    with _stop_signals(), LoopProgress("sweep", len(plan.cells), "cells", completed=finished) as progress:
+        for cell in plan.cells:
             _STOPPER.check()  # stopped between cells
             if read_status(sweep_dir, cell).get("state") == DONE:
                 counts["skipped"] += 1
-                progress.update(done)
                 continue
-            progress.update(done - 1, note=f"cell {cell.index + 1}: {cell.name}")
+            progress.update(finished, note=f"cell {cell.index + 1}: {cell.name}")
             status = run_cell(sweep_dir, plan, cell)
             counts[status["state"]] += 1
             if status["state"] == FAILED:
                 logger.warning("cell %s failed (recorded; the sweep goes on):\n%s", cell.name, status["error"])
-            progress.update(done)
+            finished += 1
+            progress.update(finished)
     return counts

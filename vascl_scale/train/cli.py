@@ -53,10 +53,10 @@ def train_command(
     from vascl_scale.train.checkpoint import check_resume_compatible, prepare_run_dir, resolve_resume
     from vascl_scale.train.launch import (
         LaunchPlan,
+        StoppedBySignal,
         become_single_rank,
         check_writable,
         exit_with_parent,
-        StoppedBySignal,
         in_distributed_worker,
         launch_workers,
     )
@@ -117,8 +117,8 @@ def train_command(
 def _train(run_config, deepspeed_path: str | None, resume: str | None) -> None:
     """Train in this process; configuration and data errors exit with 2, a non-finite loss with 3."""
     from vascl_scale.data.loader import CorruptShardError
-    from vascl_scale.train.step import NonFiniteLossError
     from vascl_scale.train.run_lock import HELD_ENV
+    from vascl_scale.train.step import NonFiniteLossError
     from vascl_scale.train.trainer import build_trainer, deepspeed_path_from_environment
 
     try:
