@@ -98,7 +98,7 @@ class LoopProgress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
         self.label, self.total, self.unit = label, total, unit
-        self.first = self.completed = completed  # a resumed loop's rate counts this invocation only
+        self.first = completed  # a resumed loop's rate counts this invocation only
         self.note = ""
         self.plain = not console.is_terminal
         self.started = self.last_line = time.perf_counter()
@@ -130,7 +130,6 @@ class LoopProgress:
         self.stop()
 
     def update(self, completed: int, note: str | None = None) -> None:
-        self.completed = completed
         if note is not None:
             self.note = note
         self.bar.update(self.task, completed=completed, description=self.note)

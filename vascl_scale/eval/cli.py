@@ -200,7 +200,7 @@ def neighbours(
     k: Optional[List[int]] = typer.Option(None, "--k", help="Neighbourhood sizes; default 1 5 10 20 50 100."),
     data_dir: Optional[Path] = DATA_DIR,
     plot: Optional[Path] = typer.Option(
-        None, "--plot", help="PNG path; default: beside --output's default, eval-neighbours-<dataset>.png in the run dir, else eval-results/."
+        None, "--plot", help="PNG path; default <run dir>/eval-neighbours-<dataset>.png for one training run, else eval-results/neighbours-<dataset>.png."
     ),
     output: Optional[Path] = typer.Option(None, "--output", help="Also write the numbers as JSON."),
     batch_size: int = BATCH,
@@ -268,7 +268,7 @@ def augmentation(
     wordnet: str = typer.Option(DEFAULT_WORDNET, "--wordnet", help="wnet: the WordNet 3.0 database directory (Debian's wordnet-base)."),
     data_dir: Optional[Path] = DATA_DIR,
     plot: Optional[Path] = typer.Option(
-        None, "--plot", help="PNG path; default: eval-augmentation.png in the run dir (one run evaluated), else eval-results/augmentation.png."
+        None, "--plot", help="PNG path; default <run dir>/eval-augmentation.png for one training run, else eval-results/augmentation.png."
     ),
     output: Optional[Path] = typer.Option(None, "--output", help="Also write the numbers as JSON."),
     batch_size: int = BATCH,

@@ -201,9 +201,11 @@ def compare_rows(baseline: ModelReport, candidate: ModelReport) -> list[list[str
             a_ok = a is not None and a.status == "ok"
             b_ok = b is not None and b.status == "ok"
             delta = ""
-            if a_ok and b_ok and a.details.get("source") != b.details.get("source"):
-                # STS-B on SentEval's tokenised copy and on the release are different test sets
-                delta = f"not comparable: {a.details.get('source')} vs {b.details.get('source')}"
+            # STS-B on SentEval's tokenised copy and on the release are different test sets; files
+            # written before --sts-source (and the other families) scored the releases.
+            a_source, b_source = (r.details.get("source", "mteb") if r is not None else None for r in (a, b))
+            if a_ok and b_ok and a_source != b_source:
+                delta = f"not comparable: {a_source} vs {b_source}"
             elif a_ok and b_ok:
                 diffs.append(b.primary - a.primary)
                 delta = f"{b.primary - a.primary:+.2f}"
