@@ -4,16 +4,27 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from itertools import islice
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from typer.testing import CliRunner
 
 from tests.data_helpers import make_shards, minilm_tokenizer, sentences
 from tests.tiny import tiny_bert_config
+from vascl_scale.cli import app
 from vascl_scale.config import DataConfig
-from vascl_scale.data.augment import AugmentSpec, ContextualSubstitution, WordDeletion, build_augmenter, words_to_change
+from vascl_scale.data.augment import (
+    AugmentSpec,
+    ContextualSubstitution,
+    WordDeletion,
+    build_augmenter,
+    check_augmenter,
+    words_to_change,
+)
 from vascl_scale.data.loader import build_train_stream
 
 WORDNET = Path("/usr/share/wordnet")
@@ -132,3 +143,96 @@ def test_the_loader_augments_the_second_view_seeded_per_sample_and_resumes_exact
     both = _batches(_stream(shards, tokenizer, augment="wdel", augment_fraction=0.3, augment_views="both"), 1)[0]
     assert _decoded(tokenizer, both) != _decoded(tokenizer, plain[0])
     assert _decoded(tokenizer, both) != _decoded(tokenizer, both, "view2_")
+
+
+@pytest.fixture(scope="module")
+def tiny_plain_encoder(tmp_path_factory, tokenizer) -> Path:
+    """A random 1-layer BERT encoder without a masked-LM head (what sentence encoders ship)."""
+    from transformers import BertModel
+
+    torch.manual_seed(0)
+    directory = tmp_path_factory.mktemp("encoder") / "tiny-encoder"
+    BertModel(tiny_bert_config(vocab_size=len(tokenizer), max_position_embeddings=64)).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _train_cli(tmp_path: Path, model: Path, **data) -> tuple[int, str]:
+    """``vascl-scale train`` in this process for one step of a tiny run; the exit status and the
+    output on one line."""
+    (tmp_path / "text.txt").write_text("\n".join(sentences(32)) + "\n")
+    config = {
+        "model": {"path": str(model), "head_dim": 8},
+        "data": {"train": str(tmp_path / "text.txt"), "num_workers": 0, "max_length": 16, **data},
+        "loss": {"k": 2},
+        "train": {"global_batch_size": 8, "max_steps": 1},
+        "eval": {"every_steps": 0},
+        "checkpoint": {"every_steps": 0},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    result = CliRunner().invoke(app, ["train", "--config", str(tmp_path / "config.yaml"), "--output", str(tmp_path / "run")])
+    return result.exit_code, " ".join(result.output.split())
+
+
+def test_ctxt_refuses_an_encoder_without_a_masked_lm_head_before_training(tmp_path: Path, tiny_plain_encoder: Path) -> None:
+    code, output = _train_cli(tmp_path, tiny_plain_encoder, augment="ctxt", augment_model=str(tiny_plain_encoder))
+    assert code == 2 and f"data.augment_model {tiny_plain_encoder} has no masked-LM head (no cls weights)" in output, output
+    assert not (tmp_path / "run" / "final").exists()
+
+
+@needs_wordnet
+def test_a_partial_wordnet_database_is_refused_naming_every_missing_file(
+    tmp_path: Path, tiny_plain_encoder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VASCL_CACHE", str(tmp_path / "cache"))
+    partial = tmp_path / "wordnet"
+    partial.mkdir()
+    for name in ("data.noun", "index.noun", "noun.exc", "data.adv", "index.adv", "adv.exc"):
+        shutil.copyfile(WORDNET / name, partial / name)
+    code, output = _train_cli(tmp_path, tiny_plain_encoder, augment="wnet", augment_wordnet=str(partial))
+    missing = "adj.exc, data.adj, data.verb, index.adj, index.verb, verb.exc"
+    assert code == 2 and f"{partial} is not a complete WordNet 3.0 database: missing {missing}" in output, output
+    assert "apt-get install wordnet-base" in output and not (tmp_path / "run" / "final").exists()
+
+
+def test_ctxt_truncates_a_sentence_longer_than_the_masked_lm_positions(tmp_path: Path, tiny_masked_lm: Path) -> None:
+    # 200 words: more tokens than the model's 64 positions.
+    corpus = tmp_path / "long.txt"
+    corpus.write_text("\n".join(" ".join(["word", "river", f"number {i}"] * 50) for i in range(3)) + "\n")
+    result = CliRunner().invoke(app, [
+        "eval", "augmentation", "--model", str(tiny_masked_lm), "--augment", "ctxt", "--augment-model", str(tiny_masked_lm),
+        "--corpus", str(corpus), "--samples", "2", "--fraction", "0.2", "--max-length", "32", "--no-cache",
+        "--plot", str(tmp_path / "plot.png"),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    # Masks past the model's limit keep their words; the rest are filled.
+    augmenter = build_augmenter(AugmentSpec("ctxt", 0.2, model=str(tiny_masked_lm)))
+    text = corpus.read_text().splitlines()[0]
+    (out,) = augmenter([text], rngs(1))
+    changed = [i for i, (a, b) in enumerate(zip(text.split(), out.split())) if a != b]
+    assert len(out.split()) == len(text.split()) and changed and max(changed) < 64
+
+
+@pytest.mark.parametrize("weights", ["model.safetensors", "pytorch_model.bin"])
+def test_the_masked_lm_head_is_looked_up_in_either_weights_format(
+    tmp_path: Path, tiny_plain_encoder: Path, tiny_masked_lm: Path, weights: str
+) -> None:
+    from safetensors.torch import load_file
+
+    def checked(source: Path, state: dict | None = None) -> None:
+        directory = tmp_path / source.name
+        directory.mkdir(exist_ok=True)
+        shutil.copyfile(source / "config.json", directory / "config.json")
+        state = load_file(source / "model.safetensors") if state is None else state
+        if weights.endswith(".bin"):
+            torch.save(state, directory / weights)
+        else:
+            shutil.copyfile(source / weights, directory / weights)
+        check_augmenter(AugmentSpec("ctxt", model=str(directory)))
+
+    checked(tiny_masked_lm)
+    with pytest.raises(ValueError, match=r"has no masked-LM head \(no cls weights\)"):
+        checked(tiny_plain_encoder)
+    if weights.endswith(".bin"):  # a pickle that builds more than tensors is refused, not run
+        with pytest.raises(ValueError, match="pytorch_model.bin: not a weights file"):
+            checked(tiny_masked_lm, {"cls.bias": random.Random(0)})

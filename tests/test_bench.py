@@ -157,3 +157,52 @@ def test_bench_models_are_named_as_model_path_names_them(tmp_path: Path) -> None
     (tmp_path / "notes.txt").write_text("not a model")
     with pytest.raises(ValueError, match="expected a model directory, package:MODULE/SUBDIR"):
         build_bench_model(str(tmp_path / "notes.txt"), head_dim=8)
+
+
+def _error_lines(result) -> list[str]:
+    return [line for line in result.output.splitlines() if line.strip()]
+
+
+def test_bench_output_paths_are_checked_before_any_work(tiny_config: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    target = str(blocker / "r.json")
+    texts = tmp_path / "texts.txt"
+    texts.write_text("".join(f"sentence number {i}\n" for i in range(80)))
+    model = ["--model", str(tiny_config)]
+    commands = {
+        "--output": [
+            ["bench", "comm", *model, "--global-batch", "16", "--world-size", "4", "--k", "3", "--output", target],
+            ["bench", "step", *model, "--global-batch", "8", "--k", "3", "--steps", "1", "--output", target],
+            ["bench", "step", *model, "--global-batch", "8,16", "--k", "3", "--steps", "1", "--output", target],
+            ["bench", "data", str(texts), "--workers", "1", "--seconds", "0.1", "--repeats", "1", "--output", target],
+        ],
+        "--plot": [["bench", "step", *model, "--global-batch", "8,16", "--k", "3", "--steps", "1", "--plot", target]],
+    }
+    for option, runs in commands.items():
+        for arguments in runs:
+            result = CliRunner().invoke(app, arguments)
+            expected = f"error: {option} {target}: {blocker} is a file, not a folder; choose another path"
+            assert (result.exit_code, _error_lines(result)) == (2, [expected]), (arguments, result.output)
+
+
+def test_bench_refuses_sizes_that_would_measure_nothing_naming_the_option(tiny_config: Path, tmp_path: Path) -> None:
+    texts = tmp_path / "texts.txt"
+    texts.write_text("".join(f"sentence number {i}\n" for i in range(80)))
+    comm = ["bench", "comm", "--model", str(tiny_config), "--world-size", "4"]
+    data = ["bench", "data", str(texts), "--repeats", "1"]
+    cases = [
+        ([*comm, "--global-batch", "0"], "--global-batch must be >= 1; got 0"),
+        ([*comm, "--global-batch", "16", "--k", "0"], "--k must be >= 1; got 0"),
+        ([*comm, "--global-batch", "16", "--head-dim", "0"], "--head-dim must be >= 1; got 0"),
+        ([*comm, "--global-batch", "16", "--k", "15"], "--k must be < --global-batch - 1 = 15; got 15"),
+        ([*data, "--workers", "1", "--seconds", "nan"], "--seconds must be a finite number > 0; got nan"),
+        ([*data, "--workers", "1", "--seconds", "inf"], "--seconds must be a finite number > 0; got inf"),
+        ([*data, "--workers", "1", "--batch-size", "0"], "--batch-size must be >= 1; got 0"),
+        ([*data, "--workers", "1", "--max-length", "1"], "--max-length must be >= 2; got 1"),
+        ([*data, "--workers", "a,b"], "--workers takes integers, comma separated; got 'a,b'"),
+    ]
+    for arguments, message in cases:
+        result = CliRunner().invoke(app, arguments)
+        lines = _error_lines(result)
+        assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {message}"), (arguments, result.output)

@@ -6,12 +6,15 @@ import importlib.resources
 import json
 import logging
 import re
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 from pydantic import ValidationError
+from typer.testing import CliRunner
 
+from vascl_scale.cli import app
 from vascl_scale.config import (
     DataConfig,
     LossConfig,
@@ -300,3 +303,68 @@ def test_launcher_scripts_are_valid_bash(path: Path) -> None:
     import subprocess
 
     subprocess.run(["bash", "-n", str(path)], check=True, timeout=30)
+
+
+def train_cli(tmp_path: Path, text: str = "", *assignments: str) -> tuple[int, str]:
+    """``vascl-scale train`` in this process on a config file holding a model and data section,
+    then ``text``; the exit status and the output on one line. Nothing here gets to train: the
+    model directory does not exist."""
+    path = tmp_path / "config.yaml"
+    path.write_text(f"model: {{path: {tmp_path / 'no-model'}}}\ndata: {{train: {tmp_path / 'text.txt'}}}\n{text}")
+    options = [arg for assignment in assignments for arg in ("--set", assignment)]
+    result = CliRunner().invoke(app, ["train", "--config", str(path), "--output", str(tmp_path / "run"), *options])
+    return result.exit_code, " ".join(result.output.split())
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once_with_a_short_message(tmp_path: Path) -> None:
+    # "Billion laughs": nine levels of ten aliases, 10**9 numbers in optim.betas once expanded.
+    level = "&a0 [" + ", ".join(["0.5"] * 10) + "]"
+    for depth in range(1, 9):
+        level = f"&a{depth} [{level}, " + ", ".join([f"*a{depth - 1}"] * 9) + "]"
+    start = time.perf_counter()
+    code, output = train_cli(tmp_path, f"optim:\n  betas: {level}\n")
+    assert time.perf_counter() - start < 5  # was 21 s and 4.5 GB
+    assert code == 2 and len(output) < 400, output[:1000]
+    assert f"{tmp_path / 'config.yaml'}:4:" in output and "aliases expand to more than 100000 values" in output
+    # Reused values stay fine, and an alias to a value holding itself is refused too.
+    assert load_config(None, ["optim.betas=[&b 0.5, *b]", "model.path=m", "data.train=t"]).optim.betas == [0.5, 0.5]
+    with pytest.raises(ValueError, match="an alias refers to a value that holds it"):
+        apply_override(minimal(), "optim.betas=&c [*c]")
+    with pytest.raises(ValueError, match="invalid YAML: values nested too deeply"):
+        apply_override(minimal(), "optim.betas=" + "[" * 5000)
+
+
+def test_values_in_error_messages_are_cut(tmp_path: Path) -> None:
+    code, output = train_cli(tmp_path, "", "model.pooling=" + "x" * 5000)
+    assert code == 2 and "model.pooling must be one of 'mean', 'cls'; got 'xxx" in output and len(output) < 400, output[:1000]
+    with pytest.raises(ValueError, match=r"^optim.betas must be two numbers in \[0, 1\); got \[0.5, 0.5, .{,200}$"):
+        config_from_dict(minimal(optim={"betas": [0.5] * 100000}))
+
+
+@pytest.mark.parametrize(
+    "assignment, message",
+    [
+        ("train.global_batch_size=100000000000000000000", "train.global_batch_size must be <= 1048576; got 100000000000000000000"),
+        ("train.seed=100000000000000000000", "train.seed must be <= 4294967295; got 100000000000000000000"),
+        ("train.seed=-1", "train.seed must be >= 0; got -1"),
+    ],
+)
+def test_a_batch_or_seed_out_of_range_is_refused_before_training(tmp_path: Path, assignment: str, message: str) -> None:
+    code, output = train_cli(tmp_path, "", assignment)
+    assert code == 2 and message in output, output
+
+
+def test_a_duplicate_yaml_key_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    code, output = train_cli(tmp_path, "optim:\n  lr: 1.0e-5\n  head_lr: 1.0e-3\n  lr: 2.0e-5\n")
+    assert code == 2 and f"{tmp_path / 'config.yaml'}:6:3: invalid YAML: duplicate key 'lr' (also on line 4)" in output, output
+    code, output = train_cli(tmp_path, "train: {seed: 1}\nloss: {k: 2}\ntrain: {seed: 2}\n")
+    assert code == 2 and "config.yaml:5:1: invalid YAML: duplicate key 'train' (also on line 3)" in output, output
+    # A merge key (<<) is no duplicate: the keys after it override the merged ones.
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("model: {path: m}\ndata: {train: t}\noptim: {<<: {lr: 1.0e-5, head_lr: 1.0e-3}, lr: 2.0e-5}\n")
+    assert (load_config(merged).optim.lr, load_config(merged).optim.head_lr) == (2e-5, 1e-3)
+
+
+def test_a_set_value_with_a_line_break_is_refused(tmp_path: Path) -> None:
+    code, output = train_cli(tmp_path, "", "eval.stsb_dev=dev\nset.tsv")
+    assert code == 2 and "--set 'eval.stsb_dev=dev\\nset.tsv': the value holds a line break" in output, output

@@ -9,7 +9,10 @@ import io
 import json
 import shutil
 import tarfile
+import os
+import random
 import threading
+import time
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -168,13 +171,22 @@ class Mirror:
     support (an ETag per file) unless ``ranges`` is off (a server that ignores Range).
 
     ``cut_after[path] = n`` ends the first response for ``path`` after n bytes of its body (a
-    dropped connection); every request's path and Range header is recorded.
+    dropped connection); every request's path and Range header is recorded. Misbehaving servers:
+    ``lengths[path]`` is the Content-Length announced (None: no header) whatever the body,
+    ``range_from`` the first byte a 206 reply starts at whatever was asked, ``drip`` sends the
+    body one byte every that many seconds, and a request waits for ``hold`` (an Event) to be set
+    (``waiting`` is set once one does).
     """
 
     def __init__(self, files: dict[str, bytes], ranges: bool = True) -> None:
         self.files = {f"/{HOST}/{name}": data for name, data in files.items()}
         self.cut_after: dict[str, int] = {}
         self.requests: list[tuple[str, str | None]] = []
+        self.lengths: dict[str, int | None] = {}
+        self.range_from: int | None = None
+        self.drip: float | None = None
+        self.hold: threading.Event | None = None
+        self.waiting = threading.Event()
         mirror = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -183,6 +195,9 @@ class Mirror:
 
             def do_GET(self) -> None:
                 mirror.requests.append((self.path, self.headers.get("Range")))
+                if mirror.hold is not None:
+                    mirror.waiting.set()
+                    mirror.hold.wait(timeout=10)
                 data = mirror.files.get(self.path)
                 if data is None:
                     self.send_error(404)
@@ -198,16 +213,25 @@ class Mirror:
                         self.send_header("Content-Length", "0")
                         self.end_headers()
                         return
+                    start = start if mirror.range_from is None else mirror.range_from
                     self.send_response(206)
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
                 else:
                     self.send_response(200)
                 body = data[start:]
                 self.send_header("ETag", etag)
-                self.send_header("Content-Length", str(len(body)))
+                length = mirror.lengths.get(self.path, len(body))
+                if length is not None:
+                    self.send_header("Content-Length", str(length))
                 self.end_headers()
                 cut = mirror.cut_after.pop(self.path, None)
-                self.wfile.write(body if cut is None else body[:cut])
+                body = body if cut is None else body[:cut]
+                if mirror.drip is None:
+                    self.wfile.write(body)
+                else:
+                    for index in range(len(body)):  # stops with BrokenPipeError once the client gives up
+                        self.wfile.write(body[index : index + 1])
+                        time.sleep(mirror.drip)
                 if cut is not None:
                     self.close_connection = True
 
@@ -426,7 +450,7 @@ def test_direct_urls_a_directory_mirror_and_broken_originals(tmp_path: Path) -> 
     (mirror_dir / "sts").mkdir()
     (mirror_dir / "sts" / "STS2012-en-test.zip").write_bytes(b"<html>Service unavailable</html>")
     broken = download_datasets(registry.select(["s12"]), tmp_path / "data", mirror=str(tmp_path / "mirror"), show_progress=False)[0]
-    assert broken.status == "failed" and broken.reason.startswith("conversion:") and "--force" in broken.reason
+    assert broken.status == "failed" and broken.reason.startswith("conversion:") and "deleted" in broken.reason
 
 
 @pytest.mark.parametrize(
@@ -442,3 +466,221 @@ def test_a_bad_registry_is_one_clear_error(tmp_path: Path, change, message: str)
     (tmp_path / "registry.toml").write_text(change(registry_text(EXPECTED)))
     with pytest.raises(ValueError, match=message):
         load_registry(tmp_path / "registry.toml")
+
+
+# Damaged originals, hostile servers and mirrors (issue 25).
+
+STSB_TRAIN = tarfile.open(fileobj=io.BytesIO(ORIGINALS["sts/Stsbenchmark.tar.gz"])).extractfile("stsbenchmark/sts-train.csv").read()
+SICK_TRAIN = zipfile.ZipFile(io.BytesIO(ORIGINALS["sts/sick_train.zip"])).read("SICK_train.txt")
+
+
+def padded_stsb(padding: int = 150_000) -> bytes:
+    """The STS Benchmark fixture with an incompressible member before the one it needs: a cut of the
+    archive falls before ``sts-train.csv``."""
+    noise = random.Random(0).randbytes(padding)
+    return tar_gz_bytes({"stsbenchmark/readme.txt": noise, "stsbenchmark/sts-train.csv": STSB_TRAIN})
+
+
+def damaged_zip(files: dict[str, bytes], damage: str) -> bytes:
+    """A deflated zip whose first member has a corrupt deflate stream, method 9 (deflate64) or the
+    encrypted flag."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    raw = bytearray(buffer.getvalue())
+    first = next(iter(files))
+    central = raw.index(b"PK\x01\x02")  # the first member's central directory entry
+    if damage == "deflate stream":
+        raw[30 + len(first)] = 0xFF  # the first block of type 3, which deflate reserves
+    elif damage == "deflate64":
+        raw[8] = raw[central + 10] = 9
+    else:
+        assert damage == "encrypted"
+        raw[6] |= 1
+        raw[central + 8] |= 1
+    return bytes(raw)
+
+
+def write_mirror(root: Path, files: dict[str, bytes]) -> Path:
+    for name, data in files.items():
+        (root / HOST / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / HOST / name).write_bytes(data)
+    return root
+
+
+def flat(output: str) -> str:
+    return " ".join(output.split())
+
+
+@pytest.mark.parametrize("damage", ["cut tar.gz", "pinned cut tar.gz", "deflate stream", "deflate64", "encrypted"])
+def test_a_damaged_archive_fails_its_dataset_only_and_is_never_reused(tmp_path: Path, damage: str) -> None:
+    files = {name: ORIGINALS[name] for name in ("sts/Stsbenchmark.tar.gz", "sts/sick_train.zip", "clustering/T")}
+    if "tar.gz" in damage:
+        broken = "sts/Stsbenchmark.tar.gz"
+        files[broken] = padded_stsb()[:100_000]
+    else:
+        broken = "sts/sick_train.zip"
+        files[broken] = damaged_zip({"SICK_train.txt": SICK_TRAIN}, damage)
+    pins = {broken: sha256(files[broken])} if damage.startswith("pinned") else None
+    (tmp_path / "registry.toml").write_text(registry_text(EXPECTED, pins))
+    mirror = write_mirror(tmp_path / "mirror", files)
+    for summary in ("2 converted, 0 present, 1 failed", "0 converted, 2 present, 1 failed"):  # a rerun: the same row
+        result = run_download(tmp_path / "registry.toml", tmp_path / "data", str(mirror), "b", "k", "t")
+        text = flat(result.output)
+        assert result.exit_code == 1, result.output
+        assert "Aborted" not in text and "Traceback" not in text and not isinstance(result.exception, Exception)
+        assert summary in text, result.output
+        assert "conversion: converting" in text and Path(broken).name in text and "deleted" in text, result.output
+        assert not list((tmp_path / "data" / ".downloads").rglob(Path(broken).name + "*"))
+
+
+def test_only_the_archive_members_a_converter_needs_are_read_each_within_a_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vascl_scale.data import converters
+
+    sts12 = zipfile.ZipFile(io.BytesIO(ORIGINALS["sts/STS2012-en-test.zip"]))
+    members = {info.filename: sts12.read(info) for info in sts12.infolist()}
+    # An unneeded member of the year's folder that cannot be decompressed: never touched.
+    files = {
+        "sts/STS2012-en-test.zip": damaged_zip({"test-gold/00-readme.txt": b"x" * 1000, **members}, "deflate stream"),
+        "sts/Stsbenchmark.tar.gz": padded_stsb(padding=5000),
+    }
+    (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
+    mirror = write_mirror(tmp_path / "mirror", files)
+    result = run_download(tmp_path / "registry.toml", tmp_path / "data", str(mirror), "s12")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "data" / "sts" / "s12" / "test.tsv").read_bytes() == EXPECTED["sts/s12/test.tsv"]
+    # A needed member larger than the limit on one file, and an archive whose uncompressed stream
+    # runs past the limit before the member it needs (a bomb): each a clear failure.
+    monkeypatch.setattr(converters, "MEMBER_LIMIT_BYTES", len(STSB_TRAIN) - 1)
+    result = run_download(tmp_path / "registry.toml", tmp_path / "data", str(mirror), "b")
+    text = flat(result.output)
+    assert result.exit_code == 1 and f"sts-train.csv in Stsbenchmark.tar.gz holds more than {len(STSB_TRAIN) - 1} bytes" in text, result.output
+    monkeypatch.setattr(converters, "MEMBER_LIMIT_BYTES", 1 << 20)
+    monkeypatch.setattr(converters, "ARCHIVE_LIMIT_BYTES", 4000)
+    result = run_download(tmp_path / "registry.toml", tmp_path / "data", str(mirror), "b")
+    text = flat(result.output)
+    assert result.exit_code == 1 and "more than 4000 bytes uncompressed" in text and "Stsbenchmark.tar.gz" in text, result.output
+
+
+def test_a_range_reply_from_another_byte_is_discarded_and_the_file_fetched_whole(tmp_path: Path) -> None:
+    corpus = b"".join(b"Sentence number %d of the corpus.\n" % number for number in range(40))
+    path = f"/{HOST}/corpus/wiki.txt"
+    (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
+    with Mirror({"corpus/wiki.txt": corpus}) as mirror:
+        mirror.cut_after[path] = 300
+        mirror.range_from = 100  # a 206 from byte 100 whatever the Range asked
+        first = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url, "wiki")
+        assert first.exit_code == 1 and "rerun to resume" in flat(first.output), first.output
+        second = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url, "wiki")
+        assert second.exit_code == 0, second.output
+        assert mirror.requests[-2:] == [(path, "bytes=300-"), (path, None)]
+    assert gzip.decompress((tmp_path / "data" / "corpus" / "wiki.txt.gz").read_bytes()) == corpus
+
+
+def test_a_416_reply_leaves_no_validator_behind(tmp_path: Path) -> None:
+    (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
+    downloads = tmp_path / "data" / ".downloads" / HOST
+    parts = {"intent/data_full.json": ORIGINALS["intent/data_full.json"], "clustering/T": ORIGINALS["clustering/T"] + b"more"}
+    for name, data in parts.items():  # one complete .part, one longer than the file
+        (downloads / name).parent.mkdir(parents=True, exist_ok=True)
+        (downloads / f"{name}.part").write_bytes(data)
+        (downloads / f"{name}.part.validator").write_text(f'"{sha256(ORIGINALS[name])[:16]}"')
+    with Mirror(ORIGINALS) as mirror:
+        result = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url, "c", "t")
+    assert result.exit_code == 1 and "does not fit" in flat(result.output) and "1 converted" in result.output, result.output
+    assert not list(downloads.rglob("*.validator")) and not list(downloads.rglob("*.part"))
+
+
+@pytest.mark.parametrize("length", ["shorter than the body", "absent, connection closed early"])
+def test_a_body_that_is_not_the_whole_file_is_a_failure_row_and_not_kept(tmp_path: Path, length: str) -> None:
+    archive, path = padded_stsb(), f"/{HOST}/sts/Stsbenchmark.tar.gz"
+    (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
+    with Mirror({"sts/Stsbenchmark.tar.gz": archive}) as mirror:
+        if length == "shorter than the body":
+            mirror.lengths[path] = len(archive) // 2  # and the whole body follows
+        else:
+            mirror.lengths[path] = None
+            mirror.cut_after[path] = len(archive) // 2
+        result = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url, "b")
+        text = flat(result.output)
+        assert result.exit_code == 1 and "Aborted" not in text and not isinstance(result.exception, Exception)
+        assert "conversion: converting Stsbenchmark.tar.gz" in text and "deleted" in text, result.output
+        assert not list((tmp_path / "data" / ".downloads").rglob("Stsbenchmark*"))
+        mirror.lengths.clear()
+        again = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url, "b")
+        assert again.exit_code == 0 and "1 converted" in again.output, again.output
+    assert (tmp_path / "data" / "sts" / "b" / "train.tsv").read_bytes() == EXPECTED["sts/b/train.tsv"]
+
+
+def test_an_original_that_fails_conversion_is_fetched_again_on_the_next_run(tmp_path: Path) -> None:
+    (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
+    with Mirror({"clustering/T": b"<html>Service unavailable</html>\n"}) as mirror:
+        first = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url, "t")
+        assert first.exit_code == 1 and "conversion" in first.output, first.output
+        assert not (tmp_path / "data" / ".downloads" / HOST / "clustering" / "T").exists()
+        mirror.files[f"/{HOST}/clustering/T"] = ORIGINALS["clustering/T"]  # the source is repaired
+        second = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url, "t")
+        assert second.exit_code == 0 and len(mirror.requests) == 2, second.output
+    assert (tmp_path / "data" / "clustering" / "t.tsv").read_bytes() == EXPECTED["clustering/t.tsv"]
+
+
+def test_a_server_that_drips_bytes_fails_at_the_timeout(tmp_path: Path) -> None:
+    (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
+    args = ["data", "download", "t", "--to", str(tmp_path / "data"), "--registry", str(tmp_path / "registry.toml")]
+    with Mirror(ORIGINALS) as mirror:
+        mirror.drip = 0.3  # 27 bytes: 8 s for the whole file
+        started = time.monotonic()
+        result = CliRunner().invoke(app, [*args, "--mirror", mirror.url, "--timeout", "1"])
+        elapsed = time.monotonic() - started
+    text = flat(result.output)
+    assert result.exit_code == 1 and "network:" in text and "not complete after 1 s" in text and "--timeout" in text, result.output
+    assert elapsed < 5  # the whole file would take 8 s
+    refused = CliRunner().invoke(app, [*args, "--timeout", "0"])
+    assert refused.exit_code == 2 and "--timeout 0" in refused.output and len(refused.output.strip().splitlines()) == 1
+
+
+def test_an_empty_mirror_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
+    result = run_download(tmp_path / "registry.toml", tmp_path / "data", "", "t")
+    assert result.exit_code == 2 and "--mirror ''" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "data").exists()
+
+
+def test_a_mirror_symlink_that_leads_outside_the_mirror_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
+    mirror = write_mirror(tmp_path / "mirror", {"store/train.csv": ORIGINALS["intent/train.csv"]})
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "T").write_bytes(ORIGINALS["clustering/T"])
+    for name, target in (("clustering/T", tmp_path / "outside" / "T"), ("intent/train.csv", mirror / HOST / "store" / "train.csv")):
+        (mirror / HOST / name).parent.mkdir(parents=True, exist_ok=True)
+        (mirror / HOST / name).symlink_to(target)
+    result = run_download(tmp_path / "registry.toml", tmp_path / "data", str(mirror), "t", "bk")
+    text = flat(result.output)
+    assert result.exit_code == 1 and "1 converted" in text, result.output  # a link inside the mirror is fine
+    assert f"source: {mirror / HOST / 'clustering' / 'T'} leads to {tmp_path / 'outside' / 'T'}, outside the mirror" in text
+    assert not (tmp_path / "data" / "clustering" / "t.tsv").exists()
+
+
+def test_a_second_download_into_the_same_directory_is_refused_naming_the_first(tmp_path: Path) -> None:
+    (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
+    datasets = load_registry(tmp_path / "registry.toml").select(["t"])
+    outcomes: list = []
+    with Mirror(ORIGINALS) as mirror:
+        mirror.hold = threading.Event()
+        first = threading.Thread(
+            target=lambda: outcomes.extend(download_datasets(datasets, tmp_path / "data", mirror=mirror.url, show_progress=False))
+        )
+        first.start()
+        try:
+            assert mirror.waiting.wait(timeout=10)  # the first download is under way
+            second = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url, "bk")
+        finally:
+            mirror.hold.set()
+            first.join(timeout=20)
+        assert [path for path, _ in mirror.requests] == [f"/{HOST}/clustering/T"]  # the second fetched nothing
+    assert second.exit_code == 2 and len(second.output.strip().splitlines()) == 1, second.output
+    assert f"--to {tmp_path / 'data'}" in second.output and f"pid {os.getpid()}" in second.output
+    assert [outcome.status for outcome in outcomes] == ["converted"]

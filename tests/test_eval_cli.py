@@ -375,3 +375,22 @@ def test_results_go_inside_the_evaluated_run_or_to_eval_results(tiny_model, data
     assert (run / "eval-sts.json").is_file() and (run / "eval-sts.md").is_file()
     assert invoke("sts", "--model", str(tiny_model), *common).exit_code == 0
     assert (tmp_path / "eval-results" / "sts.json").is_file()
+
+
+def test_intent_shots_option_sets_the_few_shot_sizes(tiny_model, tmp_path):
+    """Classes of 8 pool texts are too few for the default 10 and 20 shots; --shots lowers them."""
+    for split, count in (("train", 24), ("test", 6)):
+        write_tsv(tmp_path / "data" / "intent" / "snips" / f"{split}.tsv", "text\tlabel",
+                  [f"{split} {WORDS[i % 12]} {i}\tintent_{i % 3}" for i in range(count)])
+    common = ["--model", str(tiny_model), "--data-dir", str(tmp_path / "data"), "--task", "snips", "--no-cache"]
+    refused = invoke("intent", *common, "--output", str(tmp_path / "d.json"))
+    assert refused.exit_code == 2, refused.output
+    assert "too few for 10-shot sampling (needs more than 10); pass smaller --shots" in " ".join(refused.output.split())
+    result = invoke("intent", *common, "--shots", "3", "--shots", "2", "--output", str(tmp_path / "i.json"))
+    assert result.exit_code == 0, result.output
+    results = json.loads((tmp_path / "i.json").read_text())["models"][0]["results"]
+    assert [(r["variant"], r["details"]["train_per_split"]) for r in results] == [("2-shot", 6), ("3-shot", 9)]
+    wrong = invoke("sts", "--model", str(tiny_model), "--data-dir", str(tmp_path / "data"), "--shots", "2")
+    assert wrong.exit_code == 2 and "--shots only applies to intent tasks" in wrong.output
+    zero = invoke("intent", *common, "--shots", "0")
+    assert zero.exit_code == 2 and "--shots" in zero.output

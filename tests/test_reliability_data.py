@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import builtins
 import errno
+import fcntl
 import json
 import os
 import time
@@ -162,6 +163,30 @@ def test_overwrite_replaces_the_old_set_only_when_the_new_one_is_complete(tmp_pa
     prepare_shards([tmp_path / "new.txt"], output, options, overwrite=True, show_progress=False)
     assert sorted(_contents(output)) == ["manifest.json", "shard-000000.tar", "shard-000001.tar"]
     assert sorted(shard_texts(output)) == sentences(3, start=70)
+
+
+def test_staging_left_by_a_killed_prepare_is_removed_and_a_live_one_kept(tmp_path):
+    output, before = _five_shard_set(tmp_path)
+    killed = output / ".prepare-killed01"  # a prepare SIGKILLed mid-write: nobody holds its lock
+    killed.mkdir()
+    (killed / "shard-000000.tar").write_bytes(bytes(1 << 16))
+    (output / ".prepare-killed01.lock").touch()
+    unlocked = output / ".prepare-oldstyle"  # written before staging directories had locks
+    unlocked.mkdir()
+    (unlocked / "shard-000000.tar").write_bytes(bytes(512))
+    live = output / ".prepare-running1"  # a concurrent prepare's, still at work
+    live.mkdir()
+    (live / "shard-000000.tar").write_bytes(bytes(512))
+    with open(output / ".prepare-running1.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another open file: the prepare below sees it held
+        arguments = ["data", "prepare", str(tmp_path / "good.txt"), "-o", str(output), "--shard-size", "2", "--overwrite"]
+        result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 0, result.output
+    assert not killed.exists() and not (output / ".prepare-killed01.lock").exists() and not unlocked.exists()
+    assert live.is_dir() and (output / ".prepare-running1.lock").is_file()
+    text = " ".join(result.output.split())
+    assert f"removed 2 staging directories left by interrupted `data prepare` runs: {killed}, {unlocked}" in text
+    assert {name: data for name, data in _contents(output).items() if "running1" not in name} == before
 
 
 def _failing_open(monkeypatch, code: int, after_bytes: int) -> None:

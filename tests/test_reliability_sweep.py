@@ -213,3 +213,19 @@ def test_a_file_system_without_flock_runs_the_cell_unlocked(
     assert [json.loads(p.read_text())["state"] for p in sorted((tmp_path / "sweep").glob("cells/*/status.json"))] == [
         "done", "done"
     ]
+
+
+@pytest.mark.parametrize("launcher", ["local", "slurm"])
+def test_an_output_that_is_a_file_is_refused_before_anything_is_planned(
+    tmp_path: Path, sweep_args: list[str], monkeypatch: pytest.MonkeyPatch, launcher: str
+) -> None:
+    _quick_train(monkeypatch)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    arguments = [*sweep_args, "--launcher", launcher]
+    for target, what in ((blocker, f"{blocker}: is a file"), (blocker / "sweep", f"{blocker / 'sweep'}: {blocker} is a file")):
+        arguments[arguments.index("--output") + 1] = str(target)
+        result = CliRunner().invoke(app, ["sweep", *arguments])
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        assert result.exit_code == 2 and lines == [f"error: --output {what}, not a folder; choose another path"], result.output
+    assert blocker.read_text() == ""

@@ -379,6 +379,32 @@ def test_bad_input_fails_before_training_with_a_clear_message(workspace: Path, t
         (no_vocabulary / name).unlink(missing_ok=True)
     failure = run_train(config, tmp_path / "e", "--set", f"model.path={no_vocabulary}", expect=2)
     assert "has no tokenizer vocabulary" in failure.stderr and not (tmp_path / "e" / "final").exists()
+    # A dev file whose gold scores are all equal: Spearman is undefined, so no model can be selected.
+    constant = tmp_path / "constant-dev.tsv"
+    constant.write_text("sentence1\tsentence2\tscore\na b\tc d\t3.0\ne f\tg h\t3.0\n", encoding="utf-8")
+    failure = run_train(config, tmp_path / "f", "--set", f"eval.stsb_dev={constant}", expect=2)
+    assert f"eval.stsb_dev {constant}: every gold score is 3" in failure.stderr
+
+
+def test_an_undefined_dev_score_never_selects_a_model(workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A collapsed encoder (every similarity equal) gives Spearman NaN; taken as a score, NaN would
+    # become the best and no later step could beat it.
+    from accelerate.state import AcceleratorState
+
+    from vascl_scale.config import load_config
+    from vascl_scale.eval import sts
+    from vascl_scale.train import trainer as trainer_module
+
+    monkeypatch.setattr(sts, "spearman_score", lambda encode, pairs: float("nan"))
+    run = tmp_path / "run"
+    config = load_config(write_config(workspace, tmp_path / "config.yaml"), [f"train.output_dir={run}"])
+    try:
+        trainer_module.build_trainer(config).fit()
+    finally:
+        AcceleratorState._reset_state(True)
+    assert (run / "last").is_dir() and not (run / "best").exists()
+    records = [json.loads(line, parse_constant=pytest.fail) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert records and not any("stsb_dev_spearman" in record for record in records)
 
 
 def test_an_unset_variable_in_a_path_fails_once_in_the_launcher(workspace: Path, tmp_path: Path) -> None:
@@ -747,6 +773,76 @@ def test_a_pipe_source_that_never_gives_data_stops_the_run_naming_the_command(wo
     )  # fmt: skip
     assert time.monotonic() - started < 90
     assert "stalled" in failure.stderr and "sleep 3600" in failure.stderr and "Traceback" not in failure.stderr
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_sigterm_stops_a_run_reading_a_pipe_and_kills_the_command(workspace: Path, tmp_path: Path, workers: int) -> None:
+    """SIGTERM (a scheduler's stop) ends the run as Ctrl-C does: one line naming what was kept,
+    exit 143, and the pipe: command, which runs in a session of its own, killed with its group,
+    whether the trainer or a loader worker runs it."""
+    config = write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0}, data={"num_workers": workers})
+    run, pid_file, log = tmp_path / "run", tmp_path / "command.pid", tmp_path / "output.txt"
+    # Output to a file, not a pipe: a surviving command would hold a pipe open after the trainer is gone.
+    trainer = subprocess.Popen(
+        train_command(config, run, "--set", f"data.train=pipe:echo $$ > {pid_file}; sleep 1000", "--set", "data.allow_pipe=true"),
+        cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=log.open("w"),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (pid_file.is_file() and pid_file.read_text().strip()):
+            assert time.monotonic() < deadline and trainer.poll() is None, "the pipe command never started"
+            time.sleep(0.1)
+        group = int(pid_file.read_text())
+        reader = int(Path(f"/proc/{group}/stat").read_text().rsplit(")", 1)[1].split()[1])  # trainer or loader worker
+        trainer.send_signal(signal.SIGTERM)
+        trainer.wait(timeout=60)
+    finally:
+        trainer.kill()
+    stderr = log.read_text()
+    from tests.test_reliability_data import _group_alive
+
+    deadline = time.monotonic() + 10
+    while (_group_alive(group) or _alive(reader)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    command_alive, reader_alive = _group_alive(group), _alive(reader)
+    if command_alive:
+        os.killpg(group, signal.SIGKILL)
+    if reader_alive:
+        os.kill(reader, signal.SIGKILL)
+    assert not command_alive, "the pipe command outlived the stopped run"
+    assert not reader_alive, f"the process reading the pipe (pid {reader}) outlived the stopped run"
+    assert trainer.returncode == 128 + signal.SIGTERM, stderr
+    errors = [line.split(" ERROR ", 1)[1] for line in stderr.splitlines() if " ERROR " in line]
+    assert errors == [f"training in {run} stopped by SIGTERM; no checkpoint had been saved yet"], stderr
+    assert "Traceback" not in stderr
+
+
+def test_a_pipe_that_writes_text_instead_of_tar_stops_the_run_naming_the_command(workspace: Path, tmp_path: Path) -> None:
+    config = write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0})
+    command = f"cat {workspace / 'train.txt'}"
+    failure = run_train(
+        config, tmp_path / "run", "--set", f"data.train=pipe:{command}", "--set", "data.allow_pipe=true", timeout=120, expect=2
+    )
+    errors = [line.split(" ERROR ", 1)[1] for line in failure.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and f"pipe:{command}" in errors[0] and "tar" in errors[0], failure.stderr
+    assert "Traceback" not in failure.stderr
+
+
+def test_a_resumed_run_logs_each_step_once_in_its_metrics(workspace: Path, tmp_path: Path) -> None:
+    """A run killed after logging steps past its last checkpoint (per-step saves) left their records in
+    metrics.jsonl, the last one cut mid-line: the resumed run drops them and logs those steps anew."""
+    config = write_config(
+        workspace, tmp_path / "config.yaml", eval={"every_steps": 0}, train={"log_every": 1}, checkpoint={"every_steps": 1}
+    )
+    run = tmp_path / "run"
+    run_train(config, run, "--max-steps", "2")
+    with (run / "metrics.jsonl").open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"step": 3, "loss/loss": 1.0}) + "\n" + '{"step": 4, "loss/lo')
+    result = run_train(config, run, "--resume", "--max-steps", "4")
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert records[2]["loss/loss"] != 1.0  # step 3 of the resumed run, not the killed one's
+    assert "dropped 2 records of metrics.jsonl past step 2" in " ".join(result.stderr.split())
 
 
 @pytest.fixture(scope="session")

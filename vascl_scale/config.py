@@ -2,10 +2,12 @@
 
 A run is described by :class:`RunConfig` (sections ``model``, ``data``, ``loss``, ``optim``,
 ``train``, ``eval``, ``checkpoint`` and the top-level ``objective``). Files in ``configs/``
-are read with ``yaml.safe_load``; ``--set section.key=value`` overrides any leaf (the value
-is parsed as YAML, so ``--set loss.detach=false`` gives a bool). Each section is a pydantic
-model (unknown keys refused, strict types, frozen), validated once at load; a failure is a
-``ValueError`` naming the key, the bad value and, where there is a fixed set, the allowed values.
+are read with yaml's safe loader, which here also refuses a key written twice in one mapping
+and aliases that expand past :data:`MAX_YAML_VALUES` values; ``--set section.key=value``
+overrides any leaf (the value is parsed as YAML, so ``--set loss.detach=false`` gives a bool).
+Each section is a pydantic model (unknown keys refused, strict types, frozen), validated once
+at load; a failure is a ``ValueError`` naming the key, the bad value (cut to about 200
+characters) and, where there is a fixed set, the allowed values.
 
 Paths (:data:`PATH_KEYS`) are kept as written: :func:`resolve_paths` expands them once, in the
 launcher, before any worker starts; the run directory's ``config.yaml`` keeps them as written.
@@ -37,8 +39,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from vascl_scale.data.augment import AUGMENTATIONS, DEFAULT_WORDNET, AugmentSpec
+from vascl_scale.data.augment import AUGMENTATIONS, DEFAULT_WORDNET, AugmentSpec, check_augmenter
 from vascl_scale.hub import PACKAGE_PREFIX, locate_model, package_directory
+from vascl_scale.log import shown
 from vascl_scale.losses.objective import check_objective_name
 from vascl_scale.losses.rules import check_neighbour_count, check_temperature, check_vascl_settings
 
@@ -47,6 +50,13 @@ logger = logging.getLogger(__name__)
 # Every key that names a file or directory and is always used: expanded by resolve_paths,
 # nowhere else (which also expands data.augment_model / augment_wordnet when an augmentation uses them).
 PATH_KEYS = ("model.path", "data.train", "train.output_dir", "eval.stsb_dev")
+# Values a config document may hold once its YAML aliases are expanded. A real config holds a
+# few hundred; a "billion laughs" document (aliases of lists of aliases) turns a few lines into
+# 10**9 values, which would fill memory and every message quoting them.
+MAX_YAML_VALUES = 100_000
+# A train.global_batch_size above this is a typo rather than a run (each anchor's row of logits
+# alone would hold 2B = 2**21 scores), refused before a loader tries to fill the batch.
+MAX_GLOBAL_BATCH = 2**20
 
 
 def _number(value: Any) -> Any:
@@ -178,7 +188,7 @@ class OptimConfig(_Strict):
     @classmethod
     def _two_betas(cls, betas: list[float]) -> list[float]:
         if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
-            raise ValueError(f"must be two numbers in [0, 1); got {betas}")
+            raise ValueError(f"must be two numbers in [0, 1); got {shown(betas)}")
         return betas
 
 
@@ -189,12 +199,12 @@ def _no_is_no(value: Any) -> Any:
 class TrainConfig(_Strict):
     """Batch, length of the run, precision and where the run directory goes."""
 
-    global_batch_size: int = Field(1024, ge=2)  # sentences per loss call over all ranks (B)
+    global_batch_size: int = Field(1024, ge=2, le=MAX_GLOBAL_BATCH)  # sentences per loss call over all ranks (B)
     grad_accum_steps: int = Field(1, ge=1)  # loss calls per optimiser step; adds no negatives
     # Sentences per encoder forward on a device (the cached step); 0: one forward of both views.
     chunk_size: int = Field(0, ge=0)
     max_steps: int = Field(4883, ge=1)  # optimiser steps; 4883 x 1024 is about 5 epochs of 1M sentences
-    seed: int = 42
+    seed: int = Field(42, ge=0, le=2**32 - 1)  # the range numpy's generators take (torch's is wider)
     # "auto": bf16 on a GPU that supports it, else float32. The losses always compute their
     # logits in float32.
     precision: Annotated[Literal["auto", "no", "bf16", "fp16"], BeforeValidator(_no_is_no)] = "auto"
@@ -304,19 +314,20 @@ def _first_error(err: ValidationError, model: type[BaseModel]) -> str:
         where = key.rpartition(".")[0] or "the config"
         return f"unknown key {key}; allowed keys in {where}: {', '.join(sorted(owner.model_fields))}"
     if kind == "model_type":
-        return f"{key or 'the config'} must be a mapping of keys to values; got {value!r}"
+        return f"{key or 'the config'} must be a mapping of keys to values; got {shown(value)}"
     if kind == "literal_error":
         allowed = ", ".join(repr(v) for v in typing.get_args(field.annotation))
-        return f"{key} must be one of {allowed}; got {value!r}"
+        return f"{key} must be one of {allowed}; got {shown(value)}"
     if kind == "value_error":  # a rule: a model's rules name their keys themselves
         message = str(error["ctx"]["error"])
         return message if field is None else f"{key} {message}"
     if kind in _TYPES:
-        return f"{key} {_TYPES[kind]}; got {value!r}"
+        return f"{key} {_TYPES[kind]}; got {shown(value)}"
     bound = next((b for b in _BOUNDS if b in error.get("ctx", {})), None)
     if bound is not None:
-        return f"{key} must be {_BOUNDS[bound]} {error['ctx'][bound]:g}; got {value!r}"
-    return f"{key or 'the config'}: {error['msg']}; got {value!r}"
+        limit = error["ctx"][bound]
+        return f"{key} must be {_BOUNDS[bound]} {f'{limit:g}' if isinstance(limit, float) else limit}; got {shown(value)}"
+    return f"{key or 'the config'}: {error['msg']}; got {shown(value)}"
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
@@ -330,7 +341,9 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
 def apply_override(data: dict[str, Any], assignment: str) -> None:
     """Apply one ``section.key=value`` to a nested mapping in place; the value is parsed as YAML."""
     if "=" not in assignment:
-        raise ValueError(f"--set expects key=value (e.g. loss.k=32); got {assignment!r}")
+        raise ValueError(f"--set expects key=value (e.g. loss.k=32); got {shown(assignment)}")
+    if "\n" in assignment or "\r" in assignment:  # YAML would fold it into a space
+        raise ValueError(f"--set {shown(assignment)}: the value holds a line break; write it on one line")
     dotted, raw = assignment.split("=", 1)
     parts = dotted.strip().split(".")
     if not all(parts):
@@ -352,13 +365,67 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         elif not last:
             raise ValueError(f"{'.'.join(parts[: i + 1])} is a value, not a section")
         else:
-            node[part] = _parse_yaml(raw, f"--set {assignment!r}", in_file=False) if raw.strip() else ""
+            node[part] = _parse_yaml(raw, f"--set {shown(assignment)}", in_file=False) if raw.strip() else ""
+
+
+class _RefusedYAML(yaml.MarkedYAMLError):
+    """A document :class:`_ConfigLoader` refuses; its mark says where."""
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """yaml's safe loader, refusing a key written twice in one mapping (yaml keeps the last one
+    silently) and aliases that expand past :data:`MAX_YAML_VALUES` values. Both are checked on
+    the composed node graph, before any value is built."""
+
+    def compose_mapping_node(self, anchor: str | None) -> yaml.MappingNode:
+        node = super().compose_mapping_node(anchor)
+        lines: dict[tuple[str, str], int] = {}  # each key's (tag, text): the line it is first on
+        for key, _ in node.value:
+            # "<<" merges a mapping whose keys the ones after it override: no duplicate.
+            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                continue
+            name = (key.tag, key.value)
+            if name in lines:
+                problem = f"duplicate key {shown(key.value)} (also on line {lines[name]})"
+                raise _RefusedYAML(problem=problem, problem_mark=key.start_mark)
+            lines[name] = key.start_mark.line + 1
+        return node
+
+    def compose_document(self) -> yaml.Node:
+        node = super().compose_document()
+        _expanded_size(node, {})
+        return node
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int | None]) -> int:
+    """The number of values in ``node`` with its aliases expanded. An alias is the node it names,
+    so counting each node once (``sizes``, by id) sizes a bomb without expanding it."""
+    if id(node) in sizes:
+        size = sizes[id(node)]
+        if size is None:  # still being counted: the alias is inside the value it names
+            raise _RefusedYAML(problem="an alias refers to a value that holds it", problem_mark=node.start_mark)
+        return size
+    sizes[id(node)] = None
+    if isinstance(node, yaml.MappingNode):
+        children = [part for pair in node.value for part in pair]
+    else:
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+    size = 1 + sum(_expanded_size(child, sizes) for child in children)
+    if size > MAX_YAML_VALUES:
+        raise _RefusedYAML(
+            problem=f"aliases expand to more than {MAX_YAML_VALUES} values here; write the config with fewer aliases",
+            problem_mark=node.start_mark,
+        )
+    sizes[id(node)] = size
+    return size
 
 
 def _parse_yaml(text: str, where: str, in_file: bool = True) -> Any:
-    """``yaml.safe_load`` with errors that name the file, line and column (or the option)."""
+    """YAML read with :class:`_ConfigLoader`, with errors that name the file, line and column (or the option)."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_ConfigLoader)
+    except RecursionError:
+        raise ValueError(f"{where}: invalid YAML: values nested too deeply") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         position = f":{mark.line + 1}:{mark.column + 1}" if in_file and mark is not None else ""
@@ -397,14 +464,16 @@ def resolve_paths(config: RunConfig, expanded: dict[str, str] | None = None) -> 
     """A copy of ``config`` with every key of :data:`PATH_KEYS` expanded by :func:`expand_path`.
 
     Called once, by the launcher, before any worker starts: an unset variable in a required
-    path is one error there. ``eval.stsb_dev`` is optional: when evaluation is on and the file
-    (or a variable it names) is absent, model selection is turned off with one warning, and the
-    copy holds "" (no dev set). ``expanded`` is what a launcher already resolved
+    path is one error there, as is a WordNet database or masked LM that the augmentation cannot
+    use (:func:`vascl_scale.data.augment.check_augmenter`). ``eval.stsb_dev`` is optional: when
+    evaluation is on and the file (or a variable it names) is absent, model selection is turned
+    off with one warning, and the copy holds "" (no dev set). ``expanded`` is what a launcher already resolved
     (:func:`path_values`): its workers take it as it is, expanding nothing again. A hub id in
     ``model.path`` becomes its snapshot directory in the Hugging Face cache, and the written
     config's ``model.revision`` the commit of that snapshot. The copy remembers the config as written (:meth:`RunConfig.as_written`), which :func:`save_config` saves.
     """
     written = config.as_written()
+    launcher = expanded is None
     if expanded is None:
         expanded = {key: expand_path(_value(written, key), key) for key in PATH_KEYS if key != "eval.stsb_dev"}
         expanded["eval.stsb_dev"] = _dev_set(written)
@@ -429,6 +498,8 @@ def resolve_paths(config: RunConfig, expanded: dict[str, str] | None = None) -> 
         changes.setdefault(section, {})[name] = value
     resolved = written.model_copy(update={s: getattr(written, s).model_copy(update=v) for s, v in changes.items()})
     resolved._written = written
+    if launcher:  # what the loader's workers will need: refused here, once, before any starts
+        check_augmenter(resolved.data.augment_spec())
     return resolved
 
 

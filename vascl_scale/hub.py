@@ -11,11 +11,15 @@ hub repositories also hold. Everything downstream then reads a plain directory.
 from __future__ import annotations
 
 import importlib.resources
+import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from vascl_scale.log import shown
+
 PACKAGE_PREFIX = "package:"
+PACKAGE_FORM = "a package: name is package:MODULE/SUBDIR, MODULE an installed package's dotted name, SUBDIR a folder inside it"
 # A hub repository id: "name" or "owner/name" (letters, digits, "-", "_", ".").
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 _CONFIG_AND_TOKENIZER = ["*.json", "*.txt", "*.model", "*.tiktoken"]
@@ -32,13 +36,30 @@ class ModelLocation:
 
 
 def package_directory(value: str, key: str) -> Path:
-    """``package:MODULE/SUBDIR``: a directory shipped inside an installed Python package."""
+    """``package:MODULE/SUBDIR``: a directory shipped inside an installed Python package.
+
+    The path is resolved (``..``, symbolic links) and must stay inside the package's directory.
+    """
     module, _, subdir = value[len(PACKAGE_PREFIX) :].partition("/")
+
+    def refused(problem: str) -> ValueError:
+        return ValueError(f"{key} = {shown(value)}: {problem}; {PACKAGE_FORM}")
+
+    if not all(part.isidentifier() for part in module.split(".")):
+        raise refused(f"{shown(module)} is not a package's dotted name")
     try:
-        root = importlib.resources.files(module)
-    except ModuleNotFoundError as err:
-        raise ValueError(f"{key} = {value!r}: Python package {module!r} is not installed") from err
-    return Path(str(root)) / subdir
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # a parent of a dotted name is missing; a module without a spec
+        spec = None
+    if spec is None:
+        raise refused(f"Python package {module!r} is not installed")
+    if spec.submodule_search_locations is None:  # Python 3.12's files() would take its folder
+        raise refused(f"{module!r} is a module, not a package")
+    root = Path(str(importlib.resources.files(module)))
+    real_root, target = root.resolve(), (root / subdir).resolve()
+    if not target.is_relative_to(real_root):
+        raise refused(f"{shown(subdir)} leaves the package's directory {root}")
+    return root / target.relative_to(real_root)
 
 
 def looks_like_hub_id(value: str) -> bool:

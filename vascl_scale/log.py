@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import logging
 import os
+import reprlib
 import time
 from copy import copy
 from datetime import timedelta
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.logging import RichHandler
@@ -143,6 +144,19 @@ class LoopProgress:
         line = f"{self.label}: {completed} of {self.total} {self.unit}, {rate:.3g} {self.unit}/s, "
         line += f"{timedelta(seconds=round(elapsed))} elapsed, about {left} left"
         logger.info(line + (f" | {self.note}" if self.note else ""))
+
+
+# Messages quote a user's value through reprlib: a huge value (a long string, a nested list) is
+# cut while it is written, never written out whole first.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 200
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 8
+_SHOWN.maxlevel = 3
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` as an error message quotes it: at most about 200 characters."""
+    return _SHOWN.repr(value)
 
 
 def fail(err: Exception) -> NoReturn:

@@ -9,6 +9,7 @@ Evaluation uses :meth:`SentenceEncoder.encode`, which never touches the head.
 from __future__ import annotations
 
 import logging
+import pickle
 from pathlib import Path
 from typing import Sequence
 
@@ -113,7 +114,16 @@ class SentenceEncoder(nn.Module):
         if attn_implementation is not None:
             kwargs["attn_implementation"] = attn_implementation
         tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
-        encoder = AutoModel.from_pretrained(str(path), **kwargs)
+        try:
+            encoder = AutoModel.from_pretrained(str(path), **kwargs)
+        except pickle.UnpicklingError:
+            # torch.load(weights_only=True) refused a pickle that builds more than tensors and ran
+            # none of it; its own message suggests weights_only=False, which would run it.
+            names = ", ".join(str(p) for p in sorted(path.glob("*.bin"))) or str(path)
+            raise ValueError(
+                f"{names} is not a weights file; only safetensors or weights-only pickles load (this one holds "
+                "objects other than tensors, which were not run); use a copy saved with safetensors"
+            ) from None
         head_file = path / "head.safetensors"
         head_state = None
         if head_file.is_file():

@@ -28,7 +28,8 @@ def data(
     from vascl_scale.log import fail, print_table
 
     try:
-        counts = [int(part) for part in workers.split(",") if part.strip()]
+        counts = _integers(workers, "--workers")
+        _check_outputs(output=output)
         result = run_data_bench(shards, counts, tokenizer, max_length, batch_size, seconds, repeats)
     except ValueError as err:
         fail(err)
@@ -43,8 +44,18 @@ def _integers(text: str, option: str) -> list[int]:
     except ValueError:
         values = []
     if not values:
-        raise ValueError(f"{option} takes integers, comma separated; got {text!r}")
+        raise ValueError(f"{option} takes integers, comma separated; got {text[:200]!r}")
     return values
+
+
+def _check_outputs(**paths: Optional[Path]) -> None:
+    """Refuse, before any measurement, an output file that could not be written (``--output``,
+    ``--plot``: keyword = option name)."""
+    from vascl_scale.paths import check_output_file
+
+    for name, path in paths.items():
+        if path is not None:
+            check_output_file(path, f"--{name}")
 
 
 @app.command("step")
@@ -80,6 +91,7 @@ def step(
 
     try:
         batches, chunks = _integers(global_batch, "--global-batch"), _integers(chunk_size, "--chunk-size")
+        _check_outputs(output=output, plot=plot)
     except ValueError as err:
         fail(err)
     objectives = [o.strip() for o in objective.split(",") if o.strip()]
@@ -163,14 +175,13 @@ def comm(
         if measured["rank"] == 0 and worker_output is not None:
             worker_output.write_text(json.dumps(measured), encoding="utf-8")
         return
-    if world_size < 1 or global_batch % world_size:
-        fail(ValueError(f"--global-batch {global_batch} must be a multiple of --world-size {world_size}"))
-    if not 0 <= chunk_size <= global_batch // world_size:
-        fail(ValueError(f"--chunk-size {chunk_size} must be between 0 and the per-device batch {global_batch // world_size}"))
+    try:
+        _check_comm_options(global_batch, world_size, measure_processes, k, head_dim, chunk_size)
+        _check_outputs(output=output)
+    except ValueError as err:
+        fail(err)
     measured = None
     if measure_processes > 0:
-        if measure_processes < 2 or global_batch % measure_processes:
-            fail(ValueError("--measure-processes must be >= 2 and divide --global-batch (or 0 to skip)"))
         with tempfile.TemporaryDirectory() as tmp:
             result_file = Path(tmp) / "measured.json"
             argv = ["bench", "comm", "--model", model, "--global-batch", str(global_batch), "--world-size", str(world_size)]
@@ -192,3 +203,21 @@ def comm(
             )
     if output is not None:
         save_result(report, output)
+
+
+def _check_comm_options(global_batch: int, world_size: int, measure_processes: int, k: int, head_dim: int, chunk_size: int) -> None:
+    """``bench comm``'s sizes, before anything is measured: a zero would report zero traffic."""
+    from vascl_scale.losses.rules import check_neighbour_count
+
+    for option, value in (("--global-batch", global_batch), ("--world-size", world_size), ("--k", k), ("--head-dim", head_dim)):
+        if value < 1:
+            raise ValueError(f"{option} must be >= 1; got {value}")
+    if global_batch % world_size:
+        raise ValueError(f"--global-batch {global_batch} must be a multiple of --world-size {world_size}")
+    if not 0 <= chunk_size <= global_batch // world_size:
+        raise ValueError(f"--chunk-size {chunk_size} must be between 0 and the per-device batch {global_batch // world_size}")
+    if measure_processes == 0:
+        return
+    if measure_processes < 2 or global_batch % measure_processes:
+        raise ValueError(f"--measure-processes must be >= 2 and divide --global-batch (or 0 to skip); got {measure_processes}")
+    check_neighbour_count(k, global_batch, "--", "--global-batch")  # the measured VaSCL step's rule

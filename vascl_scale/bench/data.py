@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.resources
 import logging
+import math
 import os
 import statistics
 import time
@@ -149,8 +150,11 @@ def run_data_bench(
 ) -> DataBenchResult:
     if not workers or any(count < 1 for count in workers):
         raise ValueError(f"--workers must list positive worker counts, e.g. 1,2; got {workers}")
-    if seconds <= 0 or repeats < 1:
-        raise ValueError(f"--seconds must be > 0 and --repeats >= 1; got {seconds}, {repeats}")
+    if not (math.isfinite(seconds) and seconds > 0):  # nan <= 0 is false too: test finiteness
+        raise ValueError(f"--seconds must be a finite number > 0; got {seconds}")
+    for option, value, least in (("--repeats", repeats, 1), ("--batch-size", batch_size, 1), ("--max-length", max_length, 2)):
+        if value < least:
+            raise ValueError(f"{option} must be >= {least}; got {value}")
     from vascl_scale.tokenizer import load_tokenizer
 
     # The floor is one core; the loader's workers also run the tokenizer single-threaded.

@@ -23,6 +23,7 @@ import copy
 import importlib.util
 import math
 import os
+import pickle
 import random
 import re
 import shutil
@@ -46,6 +47,13 @@ WORDNET_LEXNAMES = (
     "verb.emotion verb.motion verb.perception verb.possession verb.social verb.stative verb.weather adj.ppl"
 ).split()
 _LEXNAME_POS = {"adj": 3, "adv": 4, "noun": 1, "verb": 2}
+# What nltk's reader opens to find synonyms: each part of speech's index, data and exceptions
+# (``lexnames`` is supplied when missing, see _with_lexnames).
+WORDNET_FILES = (
+    *("index.adj", "index.adv", "index.noun", "index.verb"),
+    *("data.adj", "data.adv", "data.noun", "data.verb"),
+    *("adj.exc", "adv.exc", "noun.exc", "verb.exc"),
+)
 
 
 def words_to_change(count: int, fraction: float) -> int:
@@ -91,13 +99,15 @@ def _with_case_of(original: str, substitute: str) -> str:
 
 
 def wordnet_files(directory: str | Path) -> Path:
-    """The WordNet database directory, after checking it and nltk are there."""
+    """The WordNet database directory, after checking that every file the reader opens, and
+    nltk, are there."""
     directory = Path(directory)
-    if not (directory / "data.noun").is_file() or not (directory / "index.noun").is_file():
+    missing = sorted(name for name in WORDNET_FILES if not (directory / name).is_file())
+    if missing:
         raise ValueError(
-            f"no WordNet database at {directory} (data.noun, index.noun, ...): install Debian's wordnet-base "
-            "(apt-get install wordnet-base, which puts it in /usr/share/wordnet) or set data.augment_wordnet "
-            "to a WordNet 3.0 dict directory"
+            f"{directory} is not a complete WordNet 3.0 database: missing {', '.join(missing)}; install Debian's "
+            "wordnet-base (apt-get install wordnet-base, which puts it in /usr/share/wordnet) or set "
+            "data.augment_wordnet to a WordNet 3.0 dict directory"
         )
     if importlib.util.find_spec("nltk") is None:
         raise ValueError("data.augment: wnet needs nltk: pip install 'vascl-scale[augment]'")
@@ -196,6 +206,10 @@ class ContextualSubstitution:
             raise ValueError(f"data.augment_model {spec.model}: not a masked language model ({err})") from None
         if self.tokenizer.mask_token is None:
             raise ValueError(f"data.augment_model {spec.model} has no mask token: CTxt needs a masked language model")
+        # Tokens a forward may hold: a tokenizer saved without its limit allows any length, the
+        # model's position embeddings do not.
+        positions = getattr(self.model.config, "max_position_embeddings", None) or self.tokenizer.model_max_length
+        self.max_length = min(self.tokenizer.model_max_length, positions)
         self.torch = torch
         vocabulary = self.tokenizer.convert_ids_to_tokens(list(range(len(self.tokenizer))))
         special = set(self.tokenizer.all_special_ids)
@@ -238,7 +252,7 @@ class ContextualSubstitution:
             )
             for w, p, positions in zip(words, parts, masked_positions)
         ]
-        encoded = self.tokenizer(masked, padding=True, truncation=True, return_tensors="pt")
+        encoded = self.tokenizer(masked, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
         with torch.no_grad():
             logits = self.model(**encoded).logits.float()  # (n, L, V)
         logits[..., self.banned] = float("-inf")
@@ -258,16 +272,45 @@ class ContextualSubstitution:
 
 
 def check_masked_lm(spec: AugmentSpec) -> None:
-    """CTxt's model setting, checked without loading the model."""
+    """CTxt's model setting, checked without loading the weights: a model directory whose
+    checkpoint holds a masked-LM head. An encoder saved without one (a sentence encoder, a
+    ``*Model`` checkpoint) would load with a random head, and CTxt fill masks with noise."""
     if spec.model is None:
         raise ValueError("data.augment: ctxt needs data.augment_model, a masked language model (directory or hub id)")
-    if not (Path(spec.model) / "config.json").is_file():
+    directory = Path(spec.model)
+    if not (directory / "config.json").is_file():
         raise ValueError(f"data.augment_model {spec.model} is not a model directory (no config.json)")
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForMaskedLM
+
+    try:
+        with torch.device("meta"):  # the architecture's parameter names, no memory
+            model = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(directory))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"data.augment_model {spec.model}: not a masked language model ({str(err).splitlines()[0]})") from None
+    # The head's modules: every top-level module outside the encoder (BERT's "cls", RoBERTa's "lm_head").
+    head = {name.split(".")[0] for name, _ in model.named_parameters() if not name.startswith(f"{model.base_model_prefix}.")}
+    stored: set[str] = set()
+    for path in directory.glob("*.safetensors"):
+        with safe_open(path, "pt") as weights:  # reads the header only
+            stored.update(key.split(".")[0] for key in weights.keys())
+    for path in directory.glob("*.bin"):
+        try:  # weights_only: a pickle that builds more than tensors is refused, never run
+            stored.update(key.split(".")[0] for key in torch.load(path, map_location="meta", weights_only=True))
+        except (pickle.UnpicklingError, RuntimeError) as err:
+            raise ValueError(f"data.augment_model {path}: not a weights file ({str(err).splitlines()[0][:200]})") from None
+    if not stored & head:
+        raise ValueError(
+            f"data.augment_model {spec.model} has no masked-LM head (no {', '.join(sorted(head))} weights): it would "
+            "start random; give a masked language model (a *ForMaskedLM checkpoint such as bert-base-uncased or "
+            "roberta-base), not a sentence encoder"
+        )
 
 
 def check_augmenter(spec: AugmentSpec) -> None:
     """What the loader's workers will need, checked once and cheaply before they start: the
-    WordNet database and nltk for wnet, the masked LM directory for ctxt."""
+    WordNet database and nltk for wnet, the masked LM directory and its head for ctxt."""
     if spec.kind == "wnet":
         wordnet_files(spec.wordnet_dir)
     elif spec.kind == "ctxt":

@@ -68,12 +68,16 @@ def download(
         None, "--mirror", help="A directory or http(s) URL holding the original files at <mirror>/<host>/<path> of their URLs."
     ),
     force: bool = typer.Option(False, "--force", help="Fetch and convert again even what is already present."),
+    timeout: Optional[float] = typer.Option(
+        None, "--timeout", metavar="SECONDS", help="The most one file's transfer may take (default one hour); its .part "
+        "is kept for the next run to resume."
+    ),
     registry: Optional[Path] = typer.Option(None, "--registry", help="A registry file instead of the one shipped."),
     list_only: bool = typer.Option(False, "--list", help="Show the registry (source, licence, files) and exit."),
     markdown: bool = typer.Option(False, "--markdown", help="With --list: a Markdown table with every file's sha256."),
 ) -> None:
     """Fetch datasets from their public sources, convert them to the data layout, verify checksums."""
-    from vascl_scale.data.download import download_datasets, registry_markdown, registry_table, summary_table
+    from vascl_scale.data.download import FILE_TIMEOUT_S, download_datasets, registry_markdown, registry_table, summary_table
     from vascl_scale.data.registry import load_registry
 
     try:
@@ -87,7 +91,9 @@ def download(
         target = to or (Path(os.environ["VASCL_DATA"]) if os.environ.get("VASCL_DATA") else None)
         if target is None:
             raise ValueError("no data directory: pass --to DIR or set VASCL_DATA")
-        outcomes = download_datasets(chosen, target, mirror=mirror, force=force)
+        outcomes = download_datasets(
+            chosen, target, mirror=mirror, force=force, timeout=FILE_TIMEOUT_S if timeout is None else timeout
+        )
     except ValueError as err:
         fail(err)
     print_table(summary_table(outcomes))

@@ -19,7 +19,7 @@ import shutil
 import tarfile
 import zipfile
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import IO, Callable, Iterable, Sequence
 
 Converter = Callable[[list[Path], dict, Path], None]
 
@@ -51,33 +51,89 @@ def _text_lines(path: Path) -> list[str]:
     return _split_lines(path.read_bytes())
 
 
-def _original_files(originals: list[Path], folder: str = "") -> dict[str, bytes]:
-    """File name -> bytes of every original: a ``.zip`` or ``.tar[.gz]`` gives the files directly
-    inside its ``folder`` (e.g. ``test-gold/``), any other file itself."""
+MEMBER_LIMIT_BYTES = 1 << 26  # 64 MiB: the largest file a converter reads (SICK, an STS year) is a few MB
+ARCHIVE_LIMIT_BYTES = 1 << 28  # 256 MiB of one archive's uncompressed stream, read or passed over
+
+
+class OriginalError(ValueError):
+    """An original a converter cannot read: a damaged, cut or unsupported archive, or one over a
+    size limit (an archive bomb)."""
+
+
+def _too_large(what: str, limit: int) -> OriginalError:
+    return OriginalError(f"{what} holds more than {limit} bytes uncompressed; refused as an archive bomb or a wrong file")
+
+
+def _read_capped(stream: IO[bytes], limit: int, what: str) -> bytes:
+    data = stream.read(limit + 1)  # never more than the limit in memory, whatever the header says
+    if len(data) > limit:
+        raise _too_large(what, limit)
+    return data
+
+
+def _original_files(originals: list[Path], names: Iterable[str], folder: str = "") -> dict[str, bytes]:
+    """The bytes of the files ``names`` among the originals: members directly inside ``folder``
+    (e.g. ``test-gold/``) of a ``.zip`` or ``.tar[.gz]``, or a loose original of that name.
+
+    Only those members are decompressed, each to at most ``MEMBER_LIMIT_BYTES``, and no more
+    than ``ARCHIVE_LIMIT_BYTES`` of an archive are decompressed in all, so a bomb or a damaged
+    archive is an :class:`OriginalError` naming it, never gigabytes of memory or a traceback."""
+    names = set(names)
     files: dict[str, bytes] = {}
-
-    def wanted(member: str) -> bool:
-        return member.startswith(folder) and "/" not in member[len(folder) :]
-
     for path in originals:
-        if path.name.endswith(".zip"):
-            with zipfile.ZipFile(path) as archive:
-                for info in archive.infolist():
-                    if not info.is_dir() and wanted(info.filename):
-                        files[Path(info.filename).name] = archive.read(info)
-        elif path.name.endswith((".tar", ".tar.gz", ".tgz")):
-            with tarfile.open(path) as archive:
-                for member in archive.getmembers():
-                    if member.isfile() and wanted(member.name):
-                        files[Path(member.name).name] = archive.extractfile(member).read()  # type: ignore[union-attr]
-        else:
-            files[path.name] = path.read_bytes()
+        try:
+            if path.name.endswith(".zip"):
+                files.update(_zip_members(path, {folder + name for name in names}))
+            elif path.name.endswith((".tar", ".tar.gz", ".tgz")):
+                files.update(_tar_members(path, {folder + name for name in names}))
+            elif path.name in names:
+                with path.open("rb") as handle:
+                    files[path.name] = _read_capped(handle, MEMBER_LIMIT_BYTES, path.name)
+        except OriginalError:
+            raise
+        except Exception as err:  # zlib.error, EOFError, NotImplementedError (deflate64), RuntimeError (encrypted), ...
+            raise OriginalError(
+                f"{path.name} cannot be read: a damaged, cut or unsupported archive ({type(err).__name__}: {err})"
+            ) from None
     return files
+
+
+def _zip_members(path: Path, wanted: set[str]) -> dict[str, bytes]:
+    files: dict[str, bytes] = {}
+    left = ARCHIVE_LIMIT_BYTES
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if info.filename in wanted and not info.is_dir():
+                limit = min(MEMBER_LIMIT_BYTES, left)
+                what = f"{info.filename} in {path.name}"
+                if info.file_size > limit:  # refused before decompressing anything
+                    raise _too_large(what, limit)
+                with archive.open(info) as member:
+                    files[Path(info.filename).name] = data = _read_capped(member, limit, what)
+                left -= len(data)
+    return files
+
+
+def _tar_members(path: Path, wanted: set[str]) -> dict[str, bytes]:
+    """Read as a stream (``r|*``): members are passed over in order, and reading stops once every
+    wanted one is found."""
+    files: dict[str, bytes] = {}
+    with tarfile.open(path, mode="r|*") as archive:
+        for member in archive:
+            if wanted <= files.keys():
+                break
+            if member.offset_data + member.size > ARCHIVE_LIMIT_BYTES:  # reading or passing it goes past the limit
+                raise _too_large(path.name, ARCHIVE_LIMIT_BYTES)
+            if member.isfile() and member.name in wanted:
+                stream = archive.extractfile(member)
+                assert stream is not None  # a regular file
+                files[member.name] = _read_capped(stream, MEMBER_LIMIT_BYTES, f"{member.name} in {path.name}")
+    return {Path(name).name: data for name, data in files.items()}
 
 
 def _member(files: dict[str, bytes], name: str, where: str) -> bytes:
     if name not in files:
-        raise ValueError(f"{name} not found in {where} (found: {', '.join(sorted(files)) or 'nothing'})")
+        raise ValueError(f"{name} not found in {where}; the registry entry names a file this original does not hold")
     return files[name]
 
 
@@ -165,8 +221,9 @@ def senteval_sts(originals: list[Path], options: dict, stage: Path) -> None:
     gold score a line). Subsets in ``options.subsets`` order (SentEval's); a leading ``surprise.``
     is dropped from the subset name; a pair with an empty gold line has no gold and is dropped,
     as SentEval does. Read from the year's release zip (``options.folder``) or loose files."""
-    files = _original_files(originals, options.get("folder", ""))
     prefix, where = options.get("prefix", "STS"), ", ".join(p.name for p in originals)
+    names = [f"{prefix}.{kind}.{subset}.txt" for subset in options["subsets"] for kind in ("input", "gs")]
+    files = _original_files(originals, names, options.get("folder", ""))
     rows = []
     for subset in options["subsets"]:
         input_name, gold_name = f"{prefix}.input.{subset}.txt", f"{prefix}.gs.{subset}.txt"
@@ -189,7 +246,7 @@ def senteval_sts(originals: list[Path], options: dict, stage: Path) -> None:
 def stsb_csv(originals: list[Path], options: dict, stage: Path) -> None:
     """The STS Benchmark's ``sts-<split>.csv``: tab-separated, unquoted, no header; fields genre,
     file, year, id, score, sentence1, sentence2 (and sometimes two source columns)."""
-    files = _original_files(originals, options.get("folder", ""))
+    files = _original_files(originals, options["files"], options.get("folder", ""))
     for name, output in options["files"].items():
         rows = []
         for number, line in enumerate(_split_lines(_member(files, name, originals[0].name)), start=1):
@@ -204,7 +261,7 @@ def sick_semeval(originals: list[Path], options: dict, stage: Path) -> None:
     """SICK as SemEval-2014 Task 1 released it, one file per split (``SICK_train.txt``,
     ``SICK_trial.txt``, ``SICK_test_annotated.txt``, each in its zip): a header row, columns
     pair_ID, sentence_A, sentence_B, relatedness_score, entailment_judgment."""
-    files = _original_files(originals)
+    files = _original_files(originals, options["files"])
     for name, output in options["files"].items():
         lines = _split_lines(_member(files, name, ", ".join(p.name for p in originals)))
         header = lines[0].split("\t") if lines else []

@@ -8,28 +8,29 @@ Per dataset (:mod:`vascl_scale.data.registry`):
    its URL or from ``--mirror``, a directory or URL holding the originals in that same layout.
    Bytes go to ``<file>.part`` first and are renamed only once complete and, where the registry
    pins the original's sha256, verified: a partial download never looks complete. An HTTP
-   transfer that stops part-way keeps its ``.part``; the next run asks for the rest with a
-   ``Range`` request (and starts over when the server ignores it).
+   transfer that stops part-way (or runs past ``--timeout``) keeps its ``.part``; the next run
+   asks for the rest with a ``Range`` request, and fetches the whole file afresh when the server
+   ignores it or answers from another byte. A directory mirror's symlink must stay inside it.
 3. **Convert** into a staging directory inside ``<to>``, check every converted file against its
    digest, then move the files into place. A mismatch keeps the old files and names the file,
-   both digests and what to do.
+   both digests and what to do. Originals a converter fails on (a cut or damaged archive, an
+   error page, a body shorter than the file) are deleted, so the next run fetches them again.
 
-A failure of one dataset (network, checksum, conversion) is reported and the others go on; the
-summary lists what was fetched, converted, skipped as present, and failed, and why.
+A failure of one dataset (network, checksum, source, conversion, filesystem) is reported and the
+others go on; the summary lists what was fetched, converted, skipped as present, and failed, and
+why. One download at a time writes into a ``<to>``: it holds an ``flock`` on ``<to>/.download.lock``.
 """
 
 from __future__ import annotations
 
-import csv
 import http.client
 import logging
 import os
 import shutil
-import tarfile
 import tempfile
+import time
 import urllib.error
 import urllib.request
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -39,12 +40,16 @@ from rich.table import Table
 
 from vascl_scale.data.registry import Dataset, Source
 from vascl_scale.data.shards import file_sha256
+from vascl_scale.locks import FolderLock
 from vascl_scale.log import console
+from vascl_scale.paths import check_output_dir
 
 logger = logging.getLogger(__name__)
 
 DOWNLOADS = ".downloads"
+LOCK_FILE = ".download.lock"
 READ_TIMEOUT_S = 60.0  # per socket operation: a stalled server fails instead of hanging
+FILE_TIMEOUT_S = 3600.0  # per file (--timeout): a server dripping bytes fails instead of going on for ever
 CHUNK_BYTES = 1 << 20
 
 
@@ -76,12 +81,14 @@ def _check_digest(path: Path, expected: str, what: str, fix: str) -> None:
 
 
 class Fetcher:
-    """Brings original files into ``<to>/.downloads``, from their URLs or a mirror."""
+    """Brings original files into ``<to>/.downloads``, from their URLs or a mirror; an HTTP
+    transfer that takes more than ``timeout`` seconds fails."""
 
-    def __init__(self, downloads: Path, mirror: str | None, progress: Progress) -> None:
+    def __init__(self, downloads: Path, mirror: str | None, progress: Progress, timeout: float) -> None:
         self.downloads = downloads
         self.mirror = mirror
         self.progress = progress
+        self.timeout = timeout
 
     def location(self, source: Source) -> str:
         """The URL or local path this source is read from."""
@@ -127,6 +134,11 @@ class Fetcher:
     def _copy(self, path: Path, part: Path) -> None:
         if not path.is_file():
             raise DownloadError("source", f"{path} does not exist; the mirror must hold each original at <mirror>/<host>/<path> of its URL")
+        assert self.mirror is not None  # only a directory mirror is copied from
+        if not path.resolve().is_relative_to(Path(self.mirror).resolve()):
+            raise DownloadError(
+                "source", f"{path} leads to {path.resolve()}, outside the mirror {self.mirror}; refused: put the file itself in the mirror"
+            )
         shutil.copyfile(path, part)
 
     def _http(self, url: str, part: Path) -> None:
@@ -134,29 +146,26 @@ class Fetcher:
 
         A continuation is taken only when it is one: the server answers 206 from the requested
         byte, and (``If-Range``) only while the file is the one the ``.part`` began with (its
-        ETag or Last-Modified, kept in ``<part>.validator``); anything else starts over."""
+        ETag or Last-Modified, kept in ``<part>.validator``). A 200 reply is the whole file; a 206
+        from another byte is discarded and the whole file asked for without Range."""
         validator_file = part.with_name(part.name + ".validator")
-        start = part.stat().st_size if part.exists() else 0
-        headers = {"User-Agent": "vascl-scale"}
-        if start and validator_file.is_file():
-            headers.update({"Range": f"bytes={start}-", "If-Range": validator_file.read_text(encoding="utf-8")})
-        elif start:  # no validator to tie the bytes to one version of the file: start over
+        deadline = time.monotonic() + self.timeout
+        start = part.stat().st_size if part.exists() and validator_file.is_file() else 0  # no validator: start over
+        response = self._request(url, part, start)
+        if response is None:
+            return  # the .part already holds every byte of this version
+        if start and response.status == 206 and _range_start(response.headers) != start:
+            response.close()
+            logger.info("%s answered the range request from another byte: fetching the whole file", url)
             start = 0
-        try:
-            response = urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=READ_TIMEOUT_S)
-        except urllib.error.HTTPError as err:
-            if err.code == 416 and start and _complete_length(err.headers) == start:
-                return  # the .part already holds every byte of this version
-            if err.code == 416:
-                part.unlink(missing_ok=True)
-                raise DownloadError("network", f"{url}: the partial download does not fit the file; it is deleted, rerun") from None
-            raise DownloadError("network", f"{url}: HTTP {err.code} {err.reason}") from None
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
-            raise DownloadError("network", f"{url}: {getattr(err, 'reason', err)}") from None
+            response = self._request(url, part, 0)
+            assert response is not None  # only a range request is answered "already complete"
+        if start and response.status != 206:
+            logger.info("%s did not continue the partial download: fetching it from the start", url)
+            start = 0
         with response:
-            if start and (response.status != 206 or _range_start(response.headers) != start):
-                logger.info("%s did not continue the partial download: fetching it from the start", url)
-                start = 0
+            if not start and response.status != 200:
+                raise DownloadError("network", f"{url}: HTTP {response.status} to a request for the whole file; report it to the source")
             validator = response.headers.get("ETag") or response.headers.get("Last-Modified")
             if validator:
                 validator_file.write_text(validator, encoding="utf-8")
@@ -169,8 +178,14 @@ class Fetcher:
             try:
                 with part.open("ab" if start else "wb") as out:
                     while True:
+                        if time.monotonic() > deadline:
+                            raise DownloadError(
+                                "network",
+                                f"{url}: not complete after {self.timeout:g} s ({received} bytes received); rerun to "
+                                "resume, or pass a longer --timeout",
+                            )
                         try:
-                            chunk = response.read(CHUNK_BYTES)
+                            chunk = response.read1(CHUNK_BYTES)  # what has arrived: the deadline is checked often
                         except (OSError, http.client.HTTPException) as err:
                             raise DownloadError(
                                 "network", f"{url}: transfer stopped after {received} bytes ({err!r}); rerun to resume"
@@ -185,6 +200,28 @@ class Fetcher:
         if total is not None and received != total:
             raise DownloadError("network", f"{url}: connection closed after {received} of {total} bytes; rerun to resume")
         validator_file.unlink(missing_ok=True)
+
+    def _request(self, url: str, part: Path, start: int) -> http.client.HTTPResponse | None:
+        """The reply to a GET of ``url`` (from byte ``start`` when not 0), or None when a 416 says
+        the ``.part`` already holds the whole file."""
+        validator_file = part.with_name(part.name + ".validator")
+        headers = {"User-Agent": "vascl-scale"}
+        if start:
+            headers.update({"Range": f"bytes={start}-", "If-Range": validator_file.read_text(encoding="utf-8")})
+        try:
+            return urllib.request.urlopen(
+                urllib.request.Request(url, headers=headers), timeout=min(READ_TIMEOUT_S, self.timeout)
+            )
+        except urllib.error.HTTPError as err:
+            if err.code == 416:
+                validator_file.unlink(missing_ok=True)  # either way this .part is finished with
+                if start and _complete_length(err.headers) == start:
+                    return None
+                part.unlink(missing_ok=True)
+                raise DownloadError("network", f"{url}: the partial download does not fit the file; it is deleted, rerun") from None
+            raise DownloadError("network", f"{url}: HTTP {err.code} {err.reason}") from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
+            raise DownloadError("network", f"{url}: {getattr(err, 'reason', err)}") from None
 
 
 def _range_start(headers) -> int | None:
@@ -226,11 +263,17 @@ def obtain(dataset: Dataset, to: Path, fetcher: Fetcher, force: bool) -> Outcome
         stage = Path(staging)
         try:
             dataset.convert(originals, stage)
-        except (ValueError, KeyError, IndexError, OSError, UnicodeDecodeError, zipfile.BadZipFile, tarfile.TarError, csv.Error) as err:
+        except OSError:
+            raise  # writing the staging files under --to (a damaged archive is an OriginalError)
+        except Exception as err:  # whatever these bytes make a converter raise fails this dataset only
+            for path in originals:
+                path.unlink(missing_ok=True)  # never converted from again: the next run fetches it afresh
+            detail = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+            deleted = "the originals are deleted: rerun to fetch them" if len(originals) > 1 else "the original is deleted: rerun to fetch it"
             raise DownloadError(
                 "conversion",
-                f"converting {', '.join(p.name for p in originals)}: {type(err).__name__}: {err}; if an original is "
-                "damaged (an error page, a cut archive), rerun with --force to fetch it again",
+                f"converting {', '.join(p.name for p in originals)}: {detail}; {deleted} again, and if it persists, "
+                "the source serves a damaged file: put a good copy in a --mirror directory or report it",
             ) from None
         written = sorted(str(p.relative_to(stage)) for p in stage.rglob("*") if p.is_file())
         if written != sorted(dataset.outputs):
@@ -256,16 +299,38 @@ def obtain(dataset: Dataset, to: Path, fetcher: Fetcher, force: bool) -> Outcome
 
 
 def download_datasets(
-    datasets: list[Dataset], to: str | Path, mirror: str | None = None, force: bool = False, show_progress: bool = True
+    datasets: list[Dataset],
+    to: str | Path,
+    mirror: str | None = None,
+    force: bool = False,
+    show_progress: bool = True,
+    timeout: float = FILE_TIMEOUT_S,
 ) -> list[Outcome]:
-    """Obtain each dataset into the data directory ``to``; one :class:`Outcome` each, in order."""
-    to = Path(to)
+    """Obtain each dataset into the data directory ``to``; one :class:`Outcome` each, in order.
+    ``timeout``: the seconds one file's HTTP transfer may take."""
+    to = check_output_dir(to, "--to")
+    if mirror is not None and not mirror.strip():  # Path("") would be the working directory
+        raise ValueError("--mirror '': empty; name a directory or an http(s) URL holding the originals, or leave it out")
+    if mirror is not None and urlsplit(mirror).scheme not in ("http", "https") and not Path(mirror).is_dir():
+        raise ValueError(f"--mirror {mirror[:200]}: neither an http(s) URL nor an existing directory")
+    if not timeout > 0:
+        raise ValueError(f"--timeout {timeout:g}: must be a positive number of seconds")
     try:
         to.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ValueError(f"--to {to}: cannot create the data directory ({err.strerror})") from None
-    if mirror is not None and urlsplit(mirror).scheme not in ("http", "https") and not Path(mirror).is_dir():
-        raise ValueError(f"--mirror {mirror}: neither an http(s) URL nor an existing directory")
+    lock = FolderLock(
+        to / LOCK_FILE,
+        lambda owner: f"--to {to}: another data download is writing there ({owner}); wait for it to end or stop it, "
+        "or pass another --to (the lock is released when that process exits)",
+    )
+    with lock:
+        return _download_all(datasets, to, mirror, force, show_progress, timeout)
+
+
+def _download_all(
+    datasets: list[Dataset], to: Path, mirror: str | None, force: bool, show_progress: bool, timeout: float
+) -> list[Outcome]:
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -278,7 +343,7 @@ def download_datasets(
     )
     outcomes = []
     with progress:
-        fetcher = Fetcher(to / DOWNLOADS, mirror, progress)
+        fetcher = Fetcher(to / DOWNLOADS, mirror, progress, timeout)
         overall = progress.add_task("datasets", total=len(datasets))
         for dataset in datasets:
             try:

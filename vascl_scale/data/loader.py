@@ -32,7 +32,7 @@ Corrupt, mismatched and missing shards
     each time it is drawn; when files are missing at start the stream is built only with
     ``on_corrupt="skip"``. With ``on_corrupt="fail"`` every one of these raises
     :class:`CorruptShardError` instead. A rank that reads no sample in ``MAX_EMPTY_PASSES``
-    consecutive passes raises instead of looping forever.
+    consecutive passes raises :class:`CorruptShardError` instead of looping forever.
 
 Resume (``state_dict`` / ``load_state_dict``)
     The stream is a deterministic function of the layout. Same layout: the resumed stream
@@ -58,6 +58,7 @@ import logging
 import multiprocessing
 import os
 import random
+import signal
 from collections import deque
 from typing import TYPE_CHECKING, Iterator
 
@@ -69,6 +70,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from vascl_scale.data.augment import AugmentSpec, build_augmenter, check_augmenter
 from vascl_scale.data.layout import StreamLayout, seed_of
 from vascl_scale.data.shards import (
+    PIPE_PREFIX,
     ShardMismatchError,
     ShardSource,
     ShardStream,
@@ -93,7 +95,8 @@ MAX_EMPTY_PASSES = 10
 
 class CorruptShardError(RuntimeError):
     """A shard could not be read, differs from its manifest entry or is missing, with
-    ``on_corrupt="fail"``; or a ``pipe:`` command stalled (whatever the policy)."""
+    ``on_corrupt="fail"``; or, whatever the policy, a ``pipe:`` command stalled or a rank read no
+    sample in ``MAX_EMPTY_PASSES`` passes."""
 
 
 # Kinds of bad shard (keys of a piece's event lists): what the warning and error call each.
@@ -112,6 +115,11 @@ def _worker_init(worker_id: int) -> None:
     # One worker = one core: the Rust tokenizer's own thread pool would oversubscribe them.
     del worker_id
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    # A stopped trainer terminates its workers (SIGTERM). torch's handler would end a worker where
+    # it stands, and a pipe: command it runs, in a session of its own, would live on; raised as
+    # KeyboardInterrupt, which torch's worker loop takes as a quiet exit, the stop unwinds and the
+    # shard stream kills the command's process group.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 class _PieceDataset(IterableDataset):
@@ -405,16 +413,26 @@ class TrainStream:
                     yield batch
             empty_passes = empty_passes + 1 if epoch_rows == 0 else 0
             if empty_passes == MAX_EMPTY_PASSES:
-                raise RuntimeError(
-                    f"rank {self.rank} read no sample in {MAX_EMPTY_PASSES} data epochs up to {epoch}: every "
-                    "shard it drew is corrupt, missing or empty; check the shards (sha256 in manifest.json)"
-                )
+                raise self._ran_dry(epoch)
             if skip_rows:
                 logger.warning(
                     "resume position is past the end of epoch %d (shards changed?); continuing with the next", epoch
                 )
                 skip_rows = 0
             epoch += 1
+
+    def _ran_dry(self, epoch: int) -> CorruptShardError:
+        """The error of a rank that read no sample in ``MAX_EMPTY_PASSES`` passes, naming the
+        corrupt shards (a ``pipe:`` shard names its command)."""
+        corrupt = ", ".join(sorted(self.corrupt_shards))
+        named = f" (corrupt: {corrupt if len(corrupt) <= 200 else corrupt[:200] + '...'})" if corrupt else ""
+        hint = "check the shards (sha256 in manifest.json)"
+        if any(url.startswith(PIPE_PREFIX) for url in self.corrupt_shards):
+            hint += "; a pipe: command must write a tar shard (webdataset format) to its output, not text"
+        return CorruptShardError(
+            f"rank {self.rank} read no sample in {MAX_EMPTY_PASSES} data epochs up to {epoch}: every shard it "
+            f"drew is corrupt, missing or empty{named}; {hint}"
+        )
 
     def _take(self, segments: deque) -> dict[str, torch.Tensor]:
         """Cut the next ``batch_size`` rows off the pending segments; record the position."""

@@ -21,11 +21,13 @@ sha256 values in the manifest are reproducible.
 The new set is written to a hidden staging directory inside ``--output`` and swapped in only
 once complete: a failing input, a full or read-only disk or an interrupt leaves the old set
 (``--overwrite``) as it was and nothing of the new one. ``--overwrite`` therefore needs room
-for both sets until the swap.
+for both sets until the swap. A prepare killed outright (SIGKILL) cannot clean up: the next one
+into the same ``--output`` removes what it left (:func:`_staging_directory`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -37,6 +39,7 @@ import tempfile
 import time
 import zlib
 from collections import Counter
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -61,6 +64,7 @@ logger = logging.getLogger(__name__)
 
 DROP_REASONS = ("empty", "invalid_utf8", "malformed", "too_short", "too_long", "duplicate")
 SHUFFLE_BUCKETS = 256
+STAGING_PREFIX = ".prepare-"  # the staging directories (and their locks) of runs writing into --output
 _LENGTH = struct.Struct("<I")  # bucket file records: little-endian uint32 byte length + UTF-8 text
 
 
@@ -256,6 +260,59 @@ def _swap_in(stage: Path, output: Path) -> None:
     os.replace(stage / MANIFEST_NAME, output / MANIFEST_NAME)
 
 
+def _lock_of(staging: Path) -> Path:
+    return staging.with_name(staging.name + ".lock")
+
+
+def _held(lock: Path) -> bool:
+    """Whether a live process holds the flock on ``lock`` (False when there is no such file)."""
+    try:
+        descriptor = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held; or a file system without flock, where nothing can be judged stale: keep it
+        return True
+    finally:
+        os.close(descriptor)
+    return False
+
+
+@contextmanager
+def _staging_directory(output: Path) -> Iterator[Path]:
+    """A new, empty ``.prepare-XXXX`` directory in ``output`` for this run; removed afterwards.
+
+    Beside it, ``.prepare-XXXX.lock`` is flocked by this process from before the directory
+    exists until after its lock file is gone, so a staging directory whose lock no process
+    holds (or that has none, as written before locks) was left by a prepare killed where no
+    cleanup could run (SIGKILL, a lost node), often with a whole shard set in it. Those are
+    removed here, each named; a concurrent prepare's live one never is.
+    """
+    descriptor, lock_name = tempfile.mkstemp(prefix=STAGING_PREFIX, suffix=".lock", dir=output)
+    lock = Path(lock_name)
+    staging = lock.with_name(lock.name.removesuffix(".lock"))
+    try:
+        with suppress(OSError):  # no flock on this file system: then no staging is judged stale
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        stale = [path for path in sorted(output.glob(STAGING_PREFIX + "*")) if path.is_dir() and not _held(_lock_of(path))]
+        for path in stale:
+            shutil.rmtree(path, ignore_errors=True)
+            _lock_of(path).unlink(missing_ok=True)
+        if stale:
+            logger.info(
+                "removed %d staging directories left by interrupted `data prepare` runs: %s",
+                len(stale),
+                ", ".join(str(path) for path in stale),
+            )
+        staging.mkdir()
+        yield staging
+    finally:
+        lock.unlink(missing_ok=True)  # first: a staging directory without its lock is stale
+        shutil.rmtree(staging, ignore_errors=True)
+        os.close(descriptor)
+
+
 def prepare_shards(
     inputs: list[Path],
     output: Path,
@@ -276,9 +333,9 @@ def prepare_shards(
     created = not output.exists()
     try:
         output.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".prepare-", dir=output, ignore_cleanup_errors=True) as staging:
-            result = _write_set(readers, Path(staging), options, tokenizer, show_progress)
-            _swap_in(Path(staging), output)
+        with _staging_directory(output) as staging:
+            result = _write_set(readers, staging, options, tokenizer, show_progress)
+            _swap_in(staging, output)
     except BaseException as err:
         if created:  # made by this call: nothing of the user's is in it
             shutil.rmtree(output, ignore_errors=True)

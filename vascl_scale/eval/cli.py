@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ PRECISION = typer.Option(
     "auto", "--precision", help="auto (bf16 where native, else float32), no (float32) or bf16; see README, Speed."
 )
 NO_CACHE = typer.Option(False, "--no-cache", help="Encode everything afresh and store nothing.")
+SHOTS = typer.Option(None, "--shots", min=1, help="Few-shot sizes K of the intent tasks (repeatable); default 5 10 20.")
 CLUSTERING_MAX_TEXTS = typer.Option(
     None,
     "--clustering-max-texts",
@@ -65,6 +65,14 @@ def _tasks_by_family(tasks: list[str] | None, families: list[str]) -> dict[str, 
         choices = ", ".join(t for f in families for t in known[f])
         raise ValueError(f"unknown task(s) {unknown} for eval {'/'.join(families)}; choose from {choices}")
     return {family: names for family, names in routed.items() if names}
+
+
+def _embedding_cache(cache_dir: Optional[Path], no_cache: bool) -> Optional[Path]:
+    """The embedding cache folder (checked writable), or None with ``--no-cache``."""
+    from vascl_scale.eval.embed import default_cache_dir
+    from vascl_scale.paths import check_output_dir
+
+    return None if no_cache else check_output_dir(cache_dir or default_cache_dir(), "--cache-dir")
 
 
 def default_output(models: list[Path], command: str) -> Path:
@@ -93,30 +101,43 @@ def _run(
     clustering_max_texts: Optional[int],
     precision: str,
     sts_source: str,
+    shots: Optional[list[int]],
 ) -> None:
-    from vascl_scale.eval.embed import default_cache_dir, resolve_model
+    from vascl_scale.eval.embed import resolve_device, resolve_model
+    from vascl_scale.eval.intent import FewShotProtocol
     from vascl_scale.eval.report import markdown, rich_tables
     from vascl_scale.eval.runner import build_evaluators, resolve_data_dir, run_evaluation
+    from vascl_scale.paths import check_output_file
 
     started = time.perf_counter()
     try:
+        device = resolve_device(device)
+        output = check_output_file(output or default_output(models, command), "--output")
+        markdown_path = check_output_file(markdown_path or output.with_suffix(".md"), "--markdown")
+        cache = _embedding_cache(cache_dir, no_cache)
         data = resolve_data_dir(data_dir)
         routed = _tasks_by_family(tasks, families)
         if routed is not None:
             families = [family for family in families if family in routed]
+        if shots and "intent" not in families:
+            raise ValueError("--shots only applies to intent tasks (eval intent or eval all)")
+        protocol = FewShotProtocol(shots=tuple(sorted(set(shots)))) if shots else FewShotProtocol()
         specs = [resolve_model(path, pooling, max_length) for path in models]
         evaluators = build_evaluators(
-            data, families, routed, missing_ok=missing_ok, clustering_max_texts=clustering_max_texts, sts_source=sts_source
+            data,
+            families,
+            routed,
+            missing_ok=missing_ok,
+            protocol=protocol,
+            clustering_max_texts=clustering_max_texts,
+            sts_source=sts_source,
         )
-        cache = None if no_cache else (cache_dir or default_cache_dir())
         report = run_evaluation(specs, evaluators, data, batch_size, cache, device, precision)
     except ValueError as err:
         fail(err)
     for table in rich_tables(report):
         print_table(table)
-    output = output or default_output(models, command)
     report.save(output)
-    markdown_path = markdown_path or output.with_suffix(".md")
     markdown_path.parent.mkdir(parents=True, exist_ok=True)
     markdown_path.write_text(markdown(report), encoding="utf-8")
     wall = time.perf_counter() - started
@@ -154,6 +175,7 @@ def _family_command(name: str, families: list[str], missing_ok: bool, doc: str):
         clustering_max_texts: Optional[int] = CLUSTERING_MAX_TEXTS,
         precision: str = PRECISION,
         sts_source: str = STS_SOURCE,
+        shots: Optional[List[int]] = SHOTS,
     ) -> None:
         _run(
             name,
@@ -173,6 +195,7 @@ def _family_command(name: str, families: list[str], missing_ok: bool, doc: str):
             clustering_max_texts,
             precision,
             sts_source,
+            shots,
         )
 
     command.__doc__ = doc
@@ -215,20 +238,25 @@ def neighbours(
     from rich.table import Table
 
     from vascl_scale.eval.clustering import CLUSTERING_TASKS, load_labelled_texts
-    from vascl_scale.eval.embed import Embedder, default_cache_dir, resolve_model
+    from vascl_scale.eval.embed import Embedder, resolve_device, resolve_model
     from vascl_scale.eval.neighbours import NEIGHBOUR_KS, alignment_uniformity, neighbour_statistics, plot_neighbours
-    from vascl_scale.eval.report import short_label
+    from vascl_scale.eval.report import short_label, write_json
     from vascl_scale.eval.runner import resolve_data_dir
     from vascl_scale.eval.sts import default_stsb_dev_path, load_sts_tsv
+    from vascl_scale.paths import check_output_file
 
     try:
         if dataset not in CLUSTERING_TASKS:
             raise ValueError(f"unknown dataset {dataset!r}; choose from {', '.join(CLUSTERING_TASKS)}")
+        device = resolve_device(device)
+        plot = check_output_file(plot or default_output(model, f"neighbours-{dataset}").with_suffix(".png"), "--plot")
+        if output is not None:
+            check_output_file(output, "--output")
+        cache = _embedding_cache(cache_dir, no_cache)
         data = resolve_data_dir(data_dir)
         texts, labels = load_labelled_texts(data / "clustering" / f"{dataset}.tsv")
         pairs = load_sts_tsv(default_stsb_dev_path(data))
         ks = tuple(k or NEIGHBOUR_KS)
-        cache = None if no_cache else (cache_dir or default_cache_dir())
         statistics, geometry = {}, {}
         for path in model:
             spec = resolve_model(path, pooling, max_length)
@@ -248,12 +276,10 @@ def neighbours(
         cells = [f"{by_k[size]['same_class']:.1f} / {by_k[size]['distance']:.3f}" for size in ks]
         table.add_row(name, *cells, f"{geometry[name]['alignment']:.3f}", f"{geometry[name]['uniformity']:.3f}")
     print_table(table)
-    plot_path = plot_neighbours(statistics, plot or default_output(model, f"neighbours-{dataset}").with_suffix(".png"), dataset)
-    logger.info("wrote %s", plot_path)
+    logger.info("wrote %s", plot_neighbours(statistics, plot, dataset))
     if output is not None:
         record = {"dataset": dataset, "neighbours": statistics, "stsb_dev": geometry}
-        output.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        logger.info("wrote %s", output)
+        logger.info("wrote %s", write_json(output, record))
 
 
 @app.command("augmentation")
@@ -284,11 +310,17 @@ def augmentation(
     from vascl_scale.data.augment import AUGMENTATIONS, AugmentSpec, at_fraction, build_augmenter
     from vascl_scale.eval.augmentation import augmentation_cosines, augmented_texts, plot_augmentation_cosines, sample_sentences
     from vascl_scale.hub import locate_model
-    from vascl_scale.eval.embed import Embedder, default_cache_dir, resolve_model
-    from vascl_scale.eval.report import short_label
+    from vascl_scale.eval.embed import Embedder, resolve_device, resolve_model
+    from vascl_scale.eval.report import short_label, write_json
     from vascl_scale.eval.runner import resolve_data_dir
+    from vascl_scale.paths import check_output_file
 
     try:
+        device = resolve_device(device)
+        plot = check_output_file(plot or default_output(model, "augmentation").with_suffix(".png"), "--plot")
+        if output is not None:
+            check_output_file(output, "--output")
+        cache = _embedding_cache(cache_dir, no_cache)
         kinds = list(dict.fromkeys(augment))
         unknown = [kind for kind in kinds if kind not in AUGMENTATIONS[1:]]
         if unknown:
@@ -309,7 +341,6 @@ def augmentation(
             augmenter = build_augmenter(AugmentSpec(kind, shares[0], wordnet_dir=wordnet, model=masked_lm))
             for share in shares:
                 variants[kind, share] = augmented_texts(originals, at_fraction(augmenter, share), kind, share, seed)
-        cache = None if no_cache else (cache_dir or default_cache_dir())
         results: dict[str, dict[str, dict[str, dict]]] = {}
         for path in model:
             spec = resolve_model(path, pooling, max_length)
@@ -333,11 +364,10 @@ def augmentation(
         for kind in kinds:
             table.add_row(name, kind, *[f"{by_kind[kind][str(share)]['mean']:.4f}" for share in shares])
     print_table(table)
-    logger.info("wrote %s", plot_augmentation_cosines(results, plot or default_output(model, "augmentation").with_suffix(".png")))
+    logger.info("wrote %s", plot_augmentation_cosines(results, plot))
     if output is not None:
         record = {"corpus": str(source), "samples": len(originals), "seed": seed, "cosines": results}
-        output.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        logger.info("wrote %s", output)
+        logger.info("wrote %s", write_json(output, record))
 
 
 @app.command("compare")

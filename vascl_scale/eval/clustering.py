@@ -46,6 +46,22 @@ def load_labelled_texts(path: str | Path) -> tuple[list[str], list[str]]:
     return [row["text"] for _, row in rows], [row["label"] for _, row in rows]
 
 
+def check_clusterable(labels: Sequence[str], where: str) -> None:
+    """Refuse a dataset that any clustering scores 100 on: one class (one cluster holds all), or
+    a class of its own for every text (k = N clusters, one text each)."""
+    classes = set(labels)
+    if len(classes) == 1:
+        raise ValueError(
+            f"{where} has the single label {next(iter(classes))!r} over its {len(labels)} text(s); clustering needs "
+            "two classes or more (one cluster would score 100)"
+        )
+    if len(classes) == len(labels):
+        raise ValueError(
+            f"{where}: each of its {len(labels)} labels has one text; clustering needs classes of several texts "
+            "(one text per cluster would score 100)"
+        )
+
+
 def contingency(labels: Sequence, clusters: Sequence) -> np.ndarray:
     """Counts (n_clusters, n_classes) of items per (cluster, class); any hashable ids."""
     _, label_ids = np.unique(np.asarray(labels), return_inverse=True)
@@ -133,18 +149,21 @@ class ClusteringEvaluator:
         for task in tasks:
             if task not in CLUSTERING_TASKS:
                 raise ValueError(f"unknown clustering task {task!r}; choose from {', '.join(CLUSTERING_TASKS)}")
+            path = Path(data_dir) / "clustering" / f"{task}.tsv"
             try:
-                texts, labels = load_labelled_texts(Path(data_dir) / "clustering" / f"{task}.tsv")
+                texts, labels = load_labelled_texts(path)
             except MissingDataError as err:
                 if not missing_ok:
                     raise
                 logger.warning("skipping clustering task %s: %s", task, err)
                 missing[task] = err
                 continue
+            check_clusterable(labels, str(path))
             if max_texts is not None:
                 keep = stratified_subsample(labels, max_texts)
                 logger.info("clustering %s: scoring a stratified subsample of %d of %d texts", task, len(keep), len(texts))
                 texts, labels = [texts[i] for i in keep], [labels[i] for i in keep]
+                check_clusterable(labels, f"{path} subsampled by --clustering-max-texts {max_texts} (raise it)")
             loaded[task] = (texts, labels)
         return cls(loaded, missing, seeds)
 

@@ -35,6 +35,22 @@ from vascl_scale.tokenizer import VOCABULARY_FILES, require_tokenizer_vocabulary
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_LENGTH = 256
+# Encoders whose position ids start after the padding index (transformers'
+# create_position_ids_from_input_ids): token i takes position embedding pad_token_id + 1 + i, so
+# roberta-base's 514 embeddings hold 512 tokens.
+POSITIONS_AFTER_PADDING = (
+    "roberta",
+    "roberta-prelayernorm",
+    "xlm-roberta",
+    "xlm-roberta-xl",
+    "camembert",
+    "data2vec-text",
+    "mpnet",
+    "longformer",
+    "xmod",
+    "ibert",
+    "luke",
+)
 # The fingerprint hashes every file that shapes tokenisation.
 TOKENIZER_FILES = (
     *(name for group in VOCABULARY_FILES for name in group),
@@ -95,7 +111,54 @@ def resolve_model(path: str | Path, pooling: str | None = None, max_length: int 
     chosen_length = max_length or st_max_length or DEFAULT_MAX_LENGTH
     if chosen_length < 1:
         raise ValueError(f"max_length must be >= 1; got {chosen_length}")
+    limit = position_limit(directory)
+    if limit is not None and chosen_length > limit:  # longer inputs would index past the position embeddings
+        origin = "--max-length" if max_length else "max_seq_length" if st_max_length else "the default max length"
+        level = logging.WARNING if max_length else logging.INFO  # asked for, or not
+        message = "%s: %s %d exceeds the model's %d position embeddings; using %d"
+        logger.log(level, message, directory, origin, chosen_length, limit, limit)
+        chosen_length = limit
     return ModelSpec(str(path), directory, chosen_pooling, normalize, int(chosen_length))
+
+
+def position_limit(directory: Path) -> int | None:
+    """Tokens the encoder can embed: its absolute position embeddings, less the padding offset
+    of RoBERTa-style models; None for a model without absolute positions."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(directory))
+    positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(positions, int):
+        return None
+    if config.model_type in POSITIONS_AFTER_PADDING:
+        positions -= (config.pad_token_id or 0) + 1
+    return positions
+
+
+def resolve_device(device: str | None) -> str:
+    """``device`` checked to be usable here (``cpu``, ``cuda`` or ``cuda:N``), else the local
+    default: cuda when a GPU is visible. Checked up front, so a bad ``--device`` costs no model
+    or data loading."""
+    import torch
+
+    from vascl_scale.precision import local_device_type
+
+    if device is None:
+        return local_device_type()
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"--device {device!r} is not a device; use cpu, cuda or cuda:N") from None
+    if parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device!r}: evaluation runs on cpu or cuda[:N]")
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device!r}: CUDA is not available here; use --device cpu")
+        count = torch.cuda.device_count()
+        if parsed.index is not None and parsed.index >= count:
+            visible = ", ".join(f"cuda:{i}" for i in range(count))
+            raise ValueError(f"--device {device!r}: this machine has {count} CUDA device{'s' * (count != 1)} ({visible})")
+    return device
 
 
 def model_fingerprint(spec: ModelSpec) -> str:
@@ -158,11 +221,11 @@ class EmbeddingCache:
             problem = f"cannot be read ({type(err).__name__}: {err})"
         else:
             shape_ok = keys.ndim == 1 and embeddings.shape == (len(keys), self.width)
-            if shape_ok and keys.dtype.kind == "U" and embeddings.dtype.kind == "f":
+            if shape_ok and keys.dtype.kind == "U" and embeddings.dtype.kind == "f" and np.isfinite(embeddings).all():
                 return dict(zip(keys.tolist(), embeddings))
             problem = (
                 f"holds keys {keys.shape} {keys.dtype} and embeddings {embeddings.shape} {embeddings.dtype}, "
-                f"not (M,) text hashes and (M, {self.width}) floats"
+                f"not (M,) text hashes and (M, {self.width}) finite floats"
             )
         logger.warning(
             "embedding cache part %s %s; ignoring it and encoding its texts again (delete it to stop this warning)",
@@ -235,7 +298,7 @@ class Embedder:
         chunk_batches: int = 16,
         precision: str = "no",
     ) -> None:
-        from vascl_scale.precision import EVAL_BF16_CHECKED, local_device_type, resolve_precision
+        from vascl_scale.precision import EVAL_BF16_CHECKED, resolve_precision
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1; got {batch_size}")
@@ -244,7 +307,7 @@ class Embedder:
         self.spec = spec
         self.batch_size = batch_size
         self.cache_dir = cache_dir
-        self.device = device or local_device_type()
+        self.device = resolve_device(device)
         self.chunk_size = batch_size * chunk_batches  # texts per progress update and per cache part
         self.device_type = self.device.split(":")[0]  # "cuda:1" -> "cuda"
         self.stats = EmbeddingStats(precision=resolve_precision(precision, self.device_type, "--precision", EVAL_BF16_CHECKED))
@@ -292,6 +355,13 @@ class Embedder:
                         vectors = model.encode(
                             chunk, batch_size=self.batch_size, max_length=self.spec.max_length, normalize=self.spec.normalize
                         )  # (n, d) float32
+                    broken = ~np.isfinite(vectors).all(axis=1)  # (n,)
+                    if broken.any():  # NaN would score as NaN, or crash a metric: never cached, never scored
+                        raise ValueError(
+                            f"{self.spec.directory}: the encoder gave non-finite embeddings (NaN or inf) for "
+                            f"{int(broken.sum())} texts, e.g. {chunk[int(broken.argmax())][:60]!r}; "
+                            "its weights hold NaN or inf (a diverged training run?): evaluate another checkpoint"
+                        )
                     if cache is not None:
                         cache.add([text_key(text) for text in chunk], vectors)
                     encoded.update(zip(chunk, vectors))

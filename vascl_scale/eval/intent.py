@@ -46,7 +46,7 @@ class FewShotProtocol:
 
     def __post_init__(self) -> None:
         if not self.shots or min(self.shots) < 1:
-            raise ValueError(f"shots must be positive integers; got {self.shots}")
+            raise ValueError(f"--shots must be positive integers; got {list(self.shots)}")
         if self.splits < 1 or self.batch_size < 1 or self.iterations < 1:
             raise ValueError("splits, batch_size and iterations must be >= 1")
         if not 1 <= self.eval_every <= self.iterations:
@@ -59,6 +59,7 @@ class IntentData:
     pool_labels: list[str]
     test_texts: list[str]
     test_labels: list[str]
+    pool_files: str = "the pool"  # where the pool was read, for errors
 
 
 @dataclass(frozen=True)
@@ -73,14 +74,16 @@ def load_intent_dataset(data_dir: str | Path, name: str) -> IntentData:
     """``intent/<name>/{train,valid,test}.tsv``; valid is optional (banking77 has none)."""
     folder = Path(data_dir) / "intent" / name
     pool_texts, pool_labels = load_labelled_texts(folder / "train.tsv")
+    pool_files = str(folder / "train.tsv")
     if (folder / "valid.tsv").is_file():
         texts, labels = load_labelled_texts(folder / "valid.tsv")
         pool_texts, pool_labels = pool_texts + texts, pool_labels + labels
+        pool_files += " + valid.tsv"
     test_texts, test_labels = load_labelled_texts(folder / "test.tsv")
     unseen = sorted(set(test_labels) - set(pool_labels))
     if unseen:
         raise ValueError(f"{folder / 'test.tsv'} has labels absent from train/valid: {unseen[:5]}")
-    return IntentData(pool_texts, pool_labels, test_texts, test_labels)
+    return IntentData(pool_texts, pool_labels, test_texts, test_labels, pool_files)
 
 
 def sample_few_shot_split(labels: Sequence[str], shots: int, seed: int) -> FewShotSplit:
@@ -98,7 +101,7 @@ def sample_few_shot_split(labels: Sequence[str], shots: int, seed: int) -> FewSh
         if len(members) <= shots:
             raise ValueError(
                 f"class {label!r} has {len(members)} examples, too few for {shots}-shot sampling "
-                f"(needs more than {shots}); lower the shots"
+                f"(needs more than {shots}); pass smaller --shots"
             )
         short += len(members) < 2 * shots
         train.append(members[:shots])
@@ -207,14 +210,17 @@ class IntentEvaluator:
         self.datasets = dict(datasets)
         self.missing = dict(missing or {})
         self.protocol = protocol
-        seeds = range(protocol.splits)
         # Splits depend on labels and seeds only, so they are drawn before any encoding and only
         # the sampled pool texts are embedded.
-        self.splits = {
-            (name, shots): [sample_few_shot_split(data.pool_labels, shots, seed) for seed in seeds]
-            for name, data in self.datasets.items()
-            for shots in protocol.shots
-        }
+        seeds = range(protocol.splits)
+        self.splits = {}
+        for name, data in self.datasets.items():
+            for shots in protocol.shots:
+                try:
+                    splits = [sample_few_shot_split(data.pool_labels, shots, seed) for seed in seeds]
+                except ValueError as err:
+                    raise ValueError(f"{data.pool_files}: {err}") from None
+                self.splits[name, shots] = splits
 
     @classmethod
     def from_data_dir(

@@ -36,6 +36,16 @@ def short_label(model_path: str) -> str:
     return "/".join(Path(model_path).parts[-2:]) or model_path
 
 
+def write_json(path: str | Path, record: dict[str, Any]) -> Path:
+    """``record`` as indented JSON at ``path`` (its folder made). NaN or inf is refused
+    (``ValueError``): JSON has no such numbers, and a score that is one is a bug upstream."""
+    text = json.dumps(record, indent=1, allow_nan=False) + "\n"
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
 @dataclass
 class ModelReport:
     model: dict[str, Any]  # ModelSpec.describe()
@@ -76,9 +86,7 @@ class EvalReport:
         }
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
+        write_json(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> "EvalReport":

@@ -79,7 +79,10 @@ def evaluate_model(embedder: Embedder, evaluators: Sequence) -> ModelReport:
     results = []
     for evaluator in evaluators:
         began = time.perf_counter()
-        results += evaluator.evaluate(embeddings)
+        try:
+            results += evaluator.evaluate(embeddings)
+        except ValueError as err:  # e.g. a collapsed encoder: say which of the models it is
+            raise ValueError(f"{embedder.spec.directory}: {err}") from None
         seconds[evaluator.family] = time.perf_counter() - began
     seconds["total"] = time.perf_counter() - started
     logger.info(

@@ -83,6 +83,25 @@ def load_sts_tsv(path: str | Path) -> list[StsPair]:
     return pairs
 
 
+def check_gold_scores(pairs: Sequence[StsPair], files: str) -> None:
+    """Spearman's rho needs two pairs or more whose gold scores differ, over a task and within
+    each named subset (each is scored apart); otherwise it is undefined (NaN), so the task's
+    ``files`` are refused before anything is encoded."""
+    groups = {None: list(pairs)}
+    for pair in pairs:
+        if pair.subset:
+            groups.setdefault(pair.subset, []).append(pair)
+    for subset, members in groups.items():
+        where = files + (f" (subset {subset!r})" if subset is not None else "")
+        if len(members) < 2:
+            raise ValueError(f"{where} has {len(members)} pair; Spearman needs at least 2 pairs with different gold scores")
+        if len({pair.score for pair in members}) == 1:
+            raise ValueError(
+                f"{where}: every gold score is {members[0].score:g}, so Spearman's rho is undefined; "
+                "check that this is the right file (scores in the score column)"
+            )
+
+
 def _lines(path: Path) -> list[str]:
     """A text file's lines, split at line ends only: ``str.splitlines`` also splits at U+0085,
     U+2028 and form feeds, which a sentence (or mojibake in it) can hold."""
@@ -212,18 +231,31 @@ def spearman_score(encode: Encode, pairs: Sequence[StsPair]) -> float:
 
 
 def sts_task_scores(similarities: np.ndarray, pairs: Sequence[StsPair]) -> dict:
-    """Spearman over all pairs ("all"), per subset, and the subsets' plain and weighted means."""
+    """Spearman over all pairs ("all"), per subset, and the subsets' plain and weighted means.
+
+    The gold scores of each group vary (:func:`check_gold_scores`); equal similarities for every
+    pair of a group (an encoder that maps every text to one vector, or to zero) would leave
+    Spearman undefined, so they are refused, never reported as NaN."""
     gold = np.array([pair.score for pair in pairs])
     subsets = np.array([pair.subset for pair in pairs])
+
+    def spearman(chosen: np.ndarray, group: str) -> float:
+        if np.ptp(similarities[chosen]) == 0:
+            raise ValueError(
+                f"every pair{group} has the same cosine similarity ({similarities[chosen][0]:.4g}), so Spearman's "
+                "rho is undefined: the encoder maps these texts to one vector (or to zero); check its weights"
+            )
+        return spearman_x100(similarities[chosen], gold[chosen])
+
     per_subset = {}
     sizes = {}
     for name in dict.fromkeys(subsets.tolist()):
         if not name:
             continue
         chosen = subsets == name
-        per_subset[name] = spearman_x100(similarities[chosen], gold[chosen])
+        per_subset[name] = spearman(chosen, f" of subset {name!r}")
         sizes[name] = int(chosen.sum())
-    scores = {"all": spearman_x100(similarities, gold), "pairs": len(pairs)}
+    scores = {"all": spearman(np.ones(len(pairs), dtype=bool), ""), "pairs": len(pairs)}
     if per_subset:
         values = np.array(list(per_subset.values()))
         weights = np.array(list(sizes.values()), dtype=np.float64)
@@ -266,6 +298,8 @@ class STSEvaluator:
                     raise
                 logger.warning("skipping STS task %s: %s", task, err)
                 missing[task] = err
+                continue
+            check_gold_scores(loaded[task], " + ".join(str(path) for path in sts_task_paths(data_dir, task, source)))
         kept = [task for task in loaded if task_source(task, source) != source]
         if kept:
             logger.info("%s: no SentEval copy exists, scored on the untokenised release as with --sts-source mteb", ", ".join(kept))
@@ -277,7 +311,10 @@ class STSEvaluator:
     def evaluate(self, encode: Encode) -> list[TaskResult]:
         results = [TaskResult.missing(self.family, task, self.metric, err) for task, err in self.missing.items()]
         for task, pairs in self.tasks.items():
-            scores = sts_task_scores(pair_similarities(encode, pairs), pairs)
+            try:
+                scores = sts_task_scores(pair_similarities(encode, pairs), pairs)
+            except ValueError as err:
+                raise ValueError(f"{task}: {err}") from None
             scores["source"] = task_source(task, self.source)
             results.append(TaskResult(self.family, task, self.metric, scores["all"], details=scores))
             logger.info("%s: Spearman %.2f over %d pairs", task, scores["all"], len(pairs))

@@ -10,6 +10,7 @@ refusal of non-finite gold scores.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from pathlib import Path
 from typing import Iterator, Sequence, TextIO
@@ -58,7 +59,12 @@ def _records(path: Path, handle: TextIO) -> Iterator[tuple[int, list[str]]]:
             record = next(reader)
         except StopIteration:
             return
-        except csv.Error as err:  # "field larger than field limit": an unclosed quote ran on
+        except csv.Error as err:  # "field larger than field limit"
+            if reader.line_num == start:  # within one line: a long field, not a quote that ran on
+                raise ValueError(
+                    f"{path}:{start}: a field on this line is longer than {csv.field_size_limit()} characters; "
+                    "no text to embed is that long: check the line (a file pasted into one field?) or shorten it"
+                ) from None
             raise ValueError(
                 f"{path}:{start}: a quoted field opened on this line is still open on line {reader.line_num} "
                 f"({err}); {QUOTE_FIX}"
@@ -83,11 +89,19 @@ def read_tsv(
     ``optional`` that the header has.
 
     The one reader of every evaluation TSV. Raises ``ValueError`` naming the file and line for a
-    quote that merges lines (see :func:`_records`), a missing column, a row with the wrong
-    number of fields, or an empty value in one of ``text_columns``.
+    quote that merges lines (see :func:`_records`), text that is not UTF-8, a missing column, a
+    row with the wrong number of fields, or an empty value in one of ``text_columns``; and naming
+    the file for one without rows. A UTF-8 byte order mark (as spreadsheet programs write) is
+    skipped, so it does not become part of the first column's name.
     """
     path = require_file(path)
-    with path.open(newline="", encoding="utf-8") as handle:
+    data = path.read_bytes()  # whole: evaluation files are a few MB at most, and an error's offset is then a line
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x}); save the file as UTF-8") from None
+    with io.StringIO(text, newline="") as handle:
         records = _records(path, handle)
         _, header = next(records, (1, None))
         if header is None:
@@ -111,6 +125,8 @@ def read_tsv(
                 if not row[name].strip():
                     raise ValueError(f"{path}:{line}: empty text in column {name!r}; remove the row or fill it in")
             rows.append((line, row))
+    if not rows:
+        raise ValueError(f"{path} has a header but no rows; expected rows of {list(columns)}")
     return rows
 
 

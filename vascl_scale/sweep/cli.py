@@ -99,6 +99,7 @@ def sweep(
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
+    from vascl_scale.paths import check_output_dir
     from vascl_scale.sweep.grid import SweepPlan, drop_cells, expand, invalid_cells, parse_grid_axis, parse_variant, set_training_length
     from vascl_scale.sweep.report import collect
     from vascl_scale.sweep.run import Interrupted, run_sweep
@@ -111,6 +112,7 @@ def sweep(
         for option, path in paths.items():
             if path is not None:  # a newline in a path would break every script and log line naming it
                 refuse_control_characters(str(path), option)
+        check_output_dir(output, "--output")  # before the cells are expanded and validated
         if launcher not in ("local", "slurm"):
             raise ValueError(f"--launcher must be local or slurm; got {launcher!r}")
         if eval_tasks not in EVAL_CHOICES:

@@ -117,12 +117,14 @@ def train_command(
 def _train(run_config, deepspeed_path: str | None, resume: str | None) -> None:
     """Train in this process; configuration and data errors exit with 2, a non-finite loss with 3."""
     from vascl_scale.data.loader import CorruptShardError
+    from vascl_scale.train.launch import StoppedBySignal, sigterm_stops_training
     from vascl_scale.train.run_lock import HELD_ENV
     from vascl_scale.train.step import NonFiniteLossError
     from vascl_scale.train.trainer import build_trainer, deepspeed_path_from_environment
 
     try:
-        build_trainer(run_config, deepspeed_path or deepspeed_path_from_environment(), resume).fit()
+        with sigterm_stops_training():
+            build_trainer(run_config, deepspeed_path or deepspeed_path_from_environment(), resume).fit()
     except ValueError as err:
         logger.error("%s", err)
         raise typer.Exit(2) from err
@@ -134,10 +136,11 @@ def _train(run_config, deepspeed_path: str | None, resume: str | None) -> None:
     except NonFiniteLossError as err:
         logger.error("%s", err)
         raise typer.Exit(3) from err
-    except KeyboardInterrupt:  # Ctrl-C here, or this launcher's workers stopped by theirs
+    except (KeyboardInterrupt, StoppedBySignal) as err:  # Ctrl-C or SIGTERM here, or a launcher's stop
+        signum = err.signum if isinstance(err, StoppedBySignal) else signal.SIGINT
         if os.environ.get(HELD_ENV) == "1" or process_rank() != 0:  # the launcher / rank 0 reports it
-            raise typer.Exit(128 + signal.SIGINT) from None
-        raise _stopped(Path(run_config.train.output_dir), signal.SIGINT) from None
+            raise typer.Exit(128 + signum) from None
+        raise _stopped(Path(run_config.train.output_dir), signum) from None
 
 
 def _stopped(run_dir: Path, signum: int) -> typer.Exit:

@@ -28,8 +28,10 @@ import sys
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -142,12 +144,34 @@ def exit_with_parent(poll_seconds: float = 0.5) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-class StoppedBySignal(Exception):
-    """The launcher got SIGINT or SIGTERM (Ctrl-C, a scheduler's stop); its workers are stopped."""
+class StoppedBySignal(BaseException):
+    """SIGINT or SIGTERM (Ctrl-C, a scheduler's stop) stopped the run: a launcher's workers, or
+    the training in this process (:func:`sigterm_stops_training`). A BaseException, like
+    KeyboardInterrupt, so that no ``except Exception`` on the way up can swallow it."""
 
     def __init__(self, signum: int) -> None:
         self.signum = signum
         super().__init__(signal.Signals(signum).name)
+
+
+@contextmanager
+def sigterm_stops_training() -> Iterator[None]:
+    """In this block SIGTERM raises :class:`StoppedBySignal`, as SIGINT raises KeyboardInterrupt.
+
+    Python's default for SIGTERM ends the process where it stands: nothing unwinds, so a
+    ``pipe:`` shard command, which runs in a session of its own, would outlive the run, and no
+    line would say which checkpoint was kept. Raised instead, the stop unwinds like Ctrl-C: the
+    shard stream kills its command's process group on the way out.
+    """
+
+    def stop(signum: int, frame: object) -> None:
+        raise StoppedBySignal(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def launch_workers(

@@ -13,47 +13,21 @@ the lock on global rank 0 and check the directory themselves (see
 
 from __future__ import annotations
 
-import fcntl
-import os
-import socket
-import time
 from pathlib import Path
-from typing import IO
+
+from vascl_scale.locks import FolderLock
 
 LOCK_FILE = ".run.lock"
 HELD_ENV = "VASCL_RUN_HELD"  # set for the workers of a launcher that holds and checked the run directory
 
 
-class RunDirectoryLock:
+class RunDirectoryLock(FolderLock):
     """An exclusive, non-blocking lock on a run directory, held until :meth:`release` or exit."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LOCK_FILE
-        self._handle: IO[str] | None = None
-
-    def acquire(self) -> "RunDirectoryLock":
-        """Take the lock or raise ``ValueError`` naming the run that holds it."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        handle = self.path.open("a+", encoding="utf-8")  # "a+": never truncates another run's owner line
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            owner = handle.read().strip() or "another process"
-            handle.close()
-            raise ValueError(
-                f"run directory {self.run_dir} is in use by another run ({owner}); wait for it to end "
-                "or stop it, or pass another --output (the lock is released when that run's processes exit)"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        handle.flush()
-        self._handle = handle
-        return self
-
-    def release(self) -> None:
-        if self._handle is not None:
-            self._handle.close()  # closing the only descriptor drops the flock
-            self._handle = None
+        super().__init__(
+            self.run_dir / LOCK_FILE,
+            lambda owner: f"run directory {self.run_dir} is in use by another run ({owner}); wait for it to end "
+            "or stop it, or pass another --output (the lock is released when that run's processes exit)",
+        )

@@ -163,9 +163,11 @@ def stsb_dev_pairs(config: RunConfig):
     if not path.is_file():
         logger.warning("model selection on STS-B dev is off: %s does not exist (set eval.stsb_dev)", path)
         return None
-    from vascl_scale.eval.sts import load_sts_tsv
+    from vascl_scale.eval.sts import check_gold_scores, load_sts_tsv
 
-    return load_sts_tsv(path)
+    pairs = load_sts_tsv(path)
+    check_gold_scores(pairs, f"eval.stsb_dev {path}")
+    return pairs
 
 
 def lock_run_dir(accelerator, run_dir: Path) -> RunDirectoryLock | None:
@@ -369,6 +371,10 @@ class Trainer:
         score = self._evaluate()
         export_model(self.accelerator, self.step.model, self.run_dir / "last", self.config.eval.max_length)
         if score is None:
+            return
+        if not math.isfinite(score):  # constant or non-finite similarities: a collapsed encoder, no candidate
+            if self.accelerator.is_main_process:
+                logger.warning("step %d: STS-B dev Spearman is undefined (the encoder's similarities are constant or not finite); best/ is kept", step)
             return
         if self.accelerator.is_main_process:
             best = self.state.best_score

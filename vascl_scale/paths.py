@@ -1,0 +1,45 @@
+"""Checking where a command will write, before it does any work.
+
+A command that computes for minutes and then fails to write its result (a folder named by a
+file, a read-only disk) loses the work; each output option is checked up front by one of these
+two functions, which raise ``ValueError`` naming the option, the path and what is in the way.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _nearest_existing(path: Path) -> Path:
+    """``path`` or its closest ancestor that exists (the folder a ``mkdir -p`` would start from)."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _check_writable_folder(folder: Path, option: str, target: Path) -> None:
+    existing = _nearest_existing(folder)
+    if not existing.is_dir():
+        raise ValueError(f"{option} {target}: {existing} is a file, not a folder; choose another path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {target}: {existing} is not writable; choose another path")
+
+
+def check_output_file(path: str | Path, option: str) -> Path:
+    """``path`` can be written as a file: it is not a folder, and its folder exists or can be made."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{option} {path}: is a folder; name a file inside it")
+    _check_writable_folder(path.parent, option, path)
+    return path
+
+
+def check_output_dir(path: str | Path, option: str) -> Path:
+    """``path`` is a folder, or one can be made there."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{option} {path}: is a file, not a folder; choose another path")
+    _check_writable_folder(path, option, path)
+    return path
