@@ -36,6 +36,10 @@ def require_file(path: Path, hint: str = LAYOUT_HINT) -> Path:
     return path
 
 
+# Characters a field may hold (csv's default limit): no text to embed comes near it, so a longer
+# field is a file pasted into one, or a quote that ran on.
+FIELD_LIMIT = 131072
+
 # The fix of every quote that swallowed line breaks.
 QUOTE_FIX = (
     'a text holds no line break, so this is a stray ": remove it, or quote the whole field and '
@@ -50,6 +54,9 @@ def _records(path: Path, handle: TextIO) -> Iterator[tuple[int, list[str]]]:
     that ran on to the next ``"`` of the file (many rows read as one text) or to the end of the
     file; either way it is reported at the line where the quote opened, naming the column.
     """
+    # The limit is process-wide and `data prepare` raises it for its inputs: set the one this
+    # reader's errors are written for (csv's default) every time.
+    csv.field_size_limit(FIELD_LIMIT)
     reader = csv.reader(handle, delimiter="\t")
     header: list[str] = []
     end = 0  # the last physical line read so far
@@ -62,7 +69,7 @@ def _records(path: Path, handle: TextIO) -> Iterator[tuple[int, list[str]]]:
         except csv.Error as err:  # "field larger than field limit"
             if reader.line_num == start:  # within one line: a long field, not a quote that ran on
                 raise ValueError(
-                    f"{path}:{start}: a field on this line is longer than {csv.field_size_limit()} characters; "
+                    f"{path}:{start}: a field on this line is longer than {FIELD_LIMIT} characters; "
                     "no text to embed is that long: check the line (a file pasted into one field?) or shorten it"
                 ) from None
             raise ValueError(
