@@ -58,15 +58,17 @@ class RecordingObjective:
     def __init__(self, objective: str, loss) -> None:
         from vascl_scale.losses import build_objective
 
-        self.name, self.loss, self.inner = objective, loss, build_objective(objective, loss)
+        self.name, self.loss, self.inner = objective, loss, build_objective(objective, loss.model_dump())
+        self.spec = self.inner.spec
         self.calls: list[dict[str, torch.Tensor]] = []
 
-    def __call__(self, e1, e2, head, generator=None, with_stats=False):
+    def __call__(self, views, head, generator=None, with_stats=False, labels=None):
         from vascl_scale.losses import ObjectiveOutput
         from vascl_scale.losses.vascl import vascl_objective
 
         if self.name != "vascl":
-            return self.inner(e1, e2, head, generator, with_stats)
+            return self.inner(views, head, generator, with_stats)
+        e1, e2 = views
         out = vascl_objective(e1, e2, head, generator=generator, with_stats=False, **self.loss.model_dump())
         self.calls.append({"neighbours": out.neighbours.clone(), "delta": out.delta.detach().clone()})
         return ObjectiveOutput(out.loss, {"simcse": out.simcse.detach()})
@@ -136,7 +138,7 @@ def same_mask_reference(step, batch: dict[str, torch.Tensor], loss_call: int):
     generator = torch.Generator().manual_seed(loss_call_seed(step.seed, loss_call, 0))
     spans = chunk_spans(step.per_device_batch, step.chunk_size)
     views = [torch.cat([step.model(**{k: v[a:b] for k, v in batch.items()}) for a, b in spans]) for _ in range(2)]
-    out = step.objective(views[0], views[1], step.head, generator)
+    out = step.objective(views, step.head, generator)
     step.accelerator.backward(out.loss)
     return out
 

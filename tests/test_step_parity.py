@@ -70,7 +70,7 @@ def train_steps(
         accelerator = build_accelerator(config, deepspeed)
         prepared, prepared_optimizer = prepare_for_training(accelerator, model, build_optimizer(model, config), config)
         step = TrainingStep(
-            accelerator, prepared, prepared_optimizer, build_objective(objective, config.loss),
+            accelerator, prepared, prepared_optimizer, build_objective(objective, config.loss.model_dump()),
             seed=config.train.seed, per_device_batch=rows, precision=train_precision(config.train.precision),
         )  # fmt: skip
         losses = []

@@ -525,7 +525,7 @@ def test_non_finite_loss_stops_before_the_update_and_keeps_the_last_good_checkpo
                 out.loss = out.loss * float("nan")
             return out
 
-        call.model_flops = objective.model_flops
+        call.model_flops, call.spec = objective.model_flops, objective.spec
         return call
 
     monkeypatch.setattr(trainer_module, "build_objective", objective_with_a_nan_at_the_third_call)

@@ -42,8 +42,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
 from vascl_scale.data.augment import AUGMENTATIONS, DEFAULT_WORDNET, AugmentSpec, check_augmenter
 from vascl_scale.hub import PACKAGE_PREFIX, locate_model, package_directory
 from vascl_scale.log import shown
-from vascl_scale.losses.objective import check_objective_name
-from vascl_scale.losses.rules import check_neighbour_count, check_temperature, check_vascl_settings
+from vascl_scale.losses.spec import check_loss_settings, objective_spec
 
 logger = logging.getLogger(__name__)
 
@@ -158,18 +157,7 @@ class LossConfig(_Strict):
 
     @model_validator(mode="after")
     def _rules(self) -> LossConfig:
-        # The same rules as the functional API's (vascl_scale.losses.rules).
-        check_temperature(self.temperature, prefix="loss.")
-        check_vascl_settings(
-            k=self.k,
-            xi=self.xi,
-            eps=self.eps,
-            power_iters=self.power_iters,
-            similarity=self.similarity,
-            eps_mode=self.eps_mode,
-            xi_mode=self.xi_mode,
-            prefix="loss.",
-        )
+        check_loss_settings(self.model_dump())  # the functional API's rules (vascl_scale.losses.rules)
         return self
 
 
@@ -238,7 +226,7 @@ class RunConfig(_Strict):
 
     model: ModelConfig
     data: DataConfig
-    objective: str = "vascl"  # a name in vascl_scale.losses.OBJECTIVES
+    objective: str = "vascl"  # a name in vascl_scale.losses.spec.OBJECTIVES
     loss: LossConfig = Field(default_factory=LossConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
@@ -249,9 +237,7 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _rules(self) -> RunConfig:
-        check_objective_name(self.objective)
-        if self.objective == "vascl":
-            check_neighbour_count(self.loss.k, self.train.global_batch_size, "loss.", "train.global_batch_size")
+        objective_spec(self.objective).rules(self.loss.model_dump(), self.train.global_batch_size)
         self.per_device_batch_size(1)  # train.chunk_size within the batch (the world size is checked at start)
         return self
 

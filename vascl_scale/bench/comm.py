@@ -154,7 +154,7 @@ def measure_step(model: str, global_batch: int, k: int, head_dim: int, chunk_siz
     measured: dict[str, Any] = {}
     for objective, config in configs.items():
         step = TrainingStep(
-            accelerator, ddp, optimizer, build_objective(objective, config.loss), seed=0, per_device_batch=rows,
+            accelerator, ddp, optimizer, build_objective(objective, config.loss.model_dump()), seed=0, per_device_batch=rows,
             chunk_size=chunk_size,
         )  # fmt: skip
         gradient_payloads.clear()

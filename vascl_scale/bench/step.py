@@ -121,7 +121,7 @@ def run_step_bench(
     wrapped, optimizer = prepare_for_training(accelerator, encoder, build_optimizer(encoder, first), first)
     steps_of = {
         o: TrainingStep(
-            accelerator, wrapped, optimizer, build_objective(o, configs[o].loss), seed=seed, per_device_batch=rows,
+            accelerator, wrapped, optimizer, build_objective(o, configs[o].loss.model_dump()), seed=seed, per_device_batch=rows,
             chunk_size=chunk_size, precision=run_precision,
         )  # fmt: skip
         for o in objectives

@@ -3,7 +3,8 @@
 A loss call: this rank's b sentences enter the encoder twice in one forward, the batch stacked
 on itself ((2b, L) -> (2b, d); dropout gives the two views; with ``data.augment`` the second
 half is the augmented text, ``view2_*`` in the batch), and the configured objective
-(:func:`vascl_scale.losses.build_objective`) runs on the two halves, both under the run's
+(:func:`vascl_scale.losses.build_objective`) runs on the two halves, its views in the order
+of its declared inputs (``spec.inputs``: anchor, positive), both under the run's
 autocast (:mod:`vascl_scale.precision`), its gathers spanning every rank. An optimiser step:
 ``grad_accum_steps`` loss calls, each checked finite on every rank before its backward, then
 clipping (outside DeepSpeed, which clips itself) and the update.
@@ -175,7 +176,7 @@ class TrainingStep:
         rows = self.per_device_batch
         with self._autocast():
             embeddings = self.model(**{k: torch.cat([v, second[k]]) for k, v in first.items()})  # (2b, d)
-            return self.objective(embeddings[:rows], embeddings[rows:], self.head, generator, with_stats)
+            return self.objective([embeddings[:rows], embeddings[rows:]], self.head, generator, with_stats)
 
     def cached_loss_call(
         self, batch: dict[str, Tensor], loss_call: int, step: int, with_stats: bool = False
@@ -196,7 +197,7 @@ class TrainingStep:
         e1 = torch.cat(pieces[:half]).to(leaf_dtype).requires_grad_(True)  # (b, d)
         e2 = torch.cat(pieces[half:]).to(leaf_dtype).requires_grad_(True)  # (b, d)
         with self._autocast():
-            out = self.objective(e1, e2, self.head, generator, with_stats)
+            out = self.objective([e1, e2], self.head, generator, with_stats)
         self._require_finite(out.loss, step)
         # d loss / d e (2b, d), rows in span order; the graph stays for the head's gradient.
         cached = torch.cat(torch.autograd.grad(out.loss, [e1, e2], retain_graph=True))

@@ -27,8 +27,8 @@ import transformers
 from torch import Tensor
 
 from vascl_scale.config import RunConfig, save_config
-from vascl_scale.losses import build_objective
 from vascl_scale.flops import tflops_and_mfu
+from vascl_scale.losses import build_objective
 from vascl_scale.model import SentenceEncoder
 from vascl_scale.precision import train_precision
 from vascl_scale.train.atomic import replace_directory, staging_directory
@@ -254,7 +254,7 @@ def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume
         acc,
         prepared_model,
         prepared_optimizer,
-        build_objective(config.objective, config.loss),
+        build_objective(config.objective, config.loss.model_dump()),
         seed=config.train.seed,
         per_device_batch=per_device_batch,
         grad_accum_steps=config.train.grad_accum_steps,
