@@ -76,7 +76,7 @@ def train_steps(
         losses = []
         for index in range(steps):
             ids, mask = token_batch(GLOBAL_BATCH, SEQ_LEN, seed=10 + index)  # the same global batch everywhere
-            result = step(iter([{"input_ids": ids[own], "attention_mask": mask[own]}]), index)
+            result = step(iter([{"anchor": {"input_ids": ids[own], "attention_mask": mask[own]}}]), index)
             losses.append(float(result.terms["loss"]))
         weights[f"{objective} losses"] = np.array(losses)  # this rank's
         module = accelerator.unwrap_model(prepared)
