@@ -42,3 +42,15 @@ def shard_texts(directory: Path) -> list[str]:
 
 def decode_rows(tokenizer, batch) -> list[str]:
     return tokenizer.batch_decode(batch["input_ids"], skip_special_tokens=True)
+
+
+def shard_rows(directory: Path) -> list[tuple[str, ...]]:
+    """Each sample's texts in the manifest's column order (``txt`` for single text), read by webdataset."""
+    import webdataset as wds
+
+    manifest = json.loads((directory / "manifest.json").read_text())
+    columns = manifest["columns"]
+    names = ["txt"] if columns == ["anchor"] else [f"{column}.txt" for column in columns]
+    urls = [str(directory / shard["name"]) for shard in manifest["shards"]]
+    samples = wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples()) if urls else []
+    return [tuple(sample[name].decode("utf-8") for name in names) for sample in samples]

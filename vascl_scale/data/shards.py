@@ -1,11 +1,14 @@
 """WebDataset shard files: writing, streaming reading, manifests, source lists.
 
 A shard is a plain POSIX tar file written by webdataset's ``TarWriter`` (:func:`write_shard`).
-Each sample is one member ``<key>.txt`` holding the UTF-8 sentence (plus ``<key>.ids``, int32
-token ids, from ``data prepare --tokenizer``), so ``webdataset.WebDataset`` reads the shards as
-samples ``{"__key__", "txt"[, "ids"]}``. Members carry fixed metadata (mtime 0, uid/gid 0, no
-user names, mode 0644) so the same sentences in the same order always give the same bytes and
-the same sha256.
+A single-text sample is one member ``<key>.txt`` holding the UTF-8 sentence (plus
+``<key>.ids``, int32 token ids, from ``data prepare --tokenizer``), so
+``webdataset.WebDataset`` reads the shards as samples ``{"__key__", "txt"[, "ids"]}``. A
+sample of several texts (pairs, triplets) has one member per column instead,
+``<key>.anchor.txt``, ``<key>.positive.txt``, ``<key>.negative_0.txt``, ... (and
+``<key>.<column>.ids``): :func:`column_fields`. Members carry fixed metadata (mtime 0, uid/gid
+0, no user names, mode 0644) so the same sentences in the same order always give the same
+bytes and the same sha256.
 
 Source strings follow webdataset's URL syntax (:func:`expand_urls`). A shard is opened by
 :class:`ShardStream` rather than webdataset's ``gopen``: for a ``pipe:`` URL, ``gopen`` waits
@@ -14,8 +17,9 @@ reader stops early; :class:`ShardStream` bounds both and checks the bytes agains
 manifest as they stream in. Its bytes are parsed by :func:`iter_tar_samples` (why not
 webdataset's parser: see there).
 
-The manifest (``manifest.json`` next to the shards) records every shard's file name, sample
-count, sha256 and byte size. Readers take only plain file names from it, resolved inside the
+The manifest (``manifest.json`` next to the shards) records the columns of the samples
+(``["anchor"]`` for single text) and every shard's file name, sample count, sha256 and byte
+size. Readers take only plain file names from it, resolved inside the
 manifest's directory: a manifest can never name a ``pipe:`` command or a path elsewhere. A
 :class:`ShardStream` opened with the shard's :class:`ShardCheck` hashes the bytes as they
 stream in and, once the shard is read to its end, raises :class:`ShardMismatchError` when they
@@ -64,6 +68,23 @@ class ShardCheck:
 
     sha256: str
     size: int | None  # None in manifests written before sizes were recorded
+
+
+def column_names(count: int) -> tuple[str, ...]:
+    """The columns of samples with ``count`` texts: ``anchor``, ``positive``, ``negative_0``, ..."""
+    assert count >= 1, count
+    return ("anchor", "positive", *(f"negative_{index}" for index in range(count - 2)))[:count]
+
+
+def column_fields(columns: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The sample fields (text, token ids) of each column, in column order.
+
+    A single-text sample keeps the fields it had before columns existed (``txt``, ``ids``),
+    so its shards are the bytes they were; a reader takes ``txt`` as the ``anchor``.
+    """
+    if columns == ("anchor",):
+        return [("txt", "ids")]
+    return [(f"{column}.txt", f"{column}.ids") for column in columns]
 
 
 def write_shard(path: Path, samples: Iterable[tuple[str, dict[str, bytes]]]) -> None:
