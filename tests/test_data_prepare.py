@@ -163,7 +163,7 @@ def test_stored_token_ids_match_the_tokenizer(tmp_path):
     assert Counter(len(ids) for ids in stored) == Counter({6: 4})
 
 
-# Paired data: --text-field A,P[,N...], through the CLI.
+# Paired data: --text-field A,P[,N...] and --format nli, through the CLI.
 
 PAIR_FIELDS = ("query", "pos", "neg_a", "neg_b")
 
@@ -306,6 +306,66 @@ def test_shuffle_and_stored_ids_keep_each_row_together(tmp_path):
             assert stored == tokenizer(text, truncation=True, max_length=6)["input_ids"]
 
 
+def test_nli_csv_of_simcse_gives_triplets(tmp_path):
+    rows = _rows(5, 3)
+    path = tmp_path / "nli_for_simcse.csv"
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["sent0", "sent1", "hard_neg"])
+        writer.writerows(rows[:3] + [("an anchor", "a positive", "")] + rows[3:])
+    result = _cli(path, "-o", tmp_path / "out", "--format", "nli")
+    assert result.exit_code == 0, result.output
+    manifest = _manifest(tmp_path / "out")
+    assert manifest["columns"] == ["anchor", "positive", "negative_0"] and manifest["dropped"]["empty"] == 1
+    assert manifest["sources"][0] == {"path": str(path), "format": "nli", "text_field": "sent0,sent1,hard_neg"}
+    assert shard_rows(tmp_path / "out") == rows
+
+
+def test_nli_jsonl_pairs_entailment_and_contradiction_of_each_premise(tmp_path):
+    def line(premise: str, hypothesis: str, label: str) -> str:
+        return json.dumps({"sentence1": premise, "sentence2": hypothesis, "gold_label": label, "pairID": "x"})
+
+    lines = [  # premises interleaved, as MultiNLI lists them
+        line("P1 a dog runs", "P1 an animal moves", "entailment"),
+        line("P2 a man sings", "P2 a man is silent", "contradiction"),
+        line("P1 a dog runs", "P1 the dog is asleep", "contradiction"),
+        line("P1 a dog runs", "P1 the dog is happy", "neutral"),
+        line("P2 a man sings", "P2 someone makes sound", "entailment"),
+        line("P2 a man sings", "P2 a man sings loudly", "entailment"),
+        line("P3 only entails", "P3 an entailment", "entailment"),
+        line("P4 only contradicts", "P4 a contradiction", "contradiction"),
+        line("P5 two contradictions", "P5 an entailment", "entailment"),
+        line("P5 two contradictions", "P5 first contradiction", "contradiction"),
+        line("P5 two contradictions", "P5 second contradiction", "contradiction"),
+        line("P1 a dog runs", "P1 no agreement", "-"),
+        line("P6 empty hypothesis", "  ", "entailment"),
+        json.dumps({"sentence1": "P7 no label", "sentence2": "P7 a hypothesis"}),
+    ]
+    (tmp_path / "snli.jsonl").write_text("\n".join(lines) + "\n")
+    result = _cli(tmp_path / "snli.jsonl", "-o", tmp_path / "out", "--format", "nli")
+    assert result.exit_code == 0, result.output
+    assert shard_rows(tmp_path / "out") == [
+        ("P1 a dog runs", "P1 an animal moves", "P1 the dog is asleep"),
+        ("P2 a man sings", "P2 someone makes sound", "P2 a man is silent"),
+        ("P2 a man sings", "P2 a man sings loudly", "P2 a man is silent"),
+        ("P5 two contradictions", "P5 an entailment", "P5 first contradiction"),
+    ]
+    manifest = _manifest(tmp_path / "out")
+    assert manifest["columns"] == ["anchor", "positive", "negative_0"]
+    assert manifest["negative_lines"] == 3
+    assert {reason: count for reason, count in manifest["dropped"].items() if count} == {
+        "neutral": 1, "no_gold_label": 1, "no_contradiction": 1, "no_entailment": 1, "unused_contradiction": 1,
+        "empty": 1, "missing_column": 1,
+    }
+    assert manifest["lines_read"] == len(lines) == 4 + 3 + sum(manifest["dropped"].values())
+    assert "lines kept as hard negatives" in result.output and "dropped: neutral" in result.output
+    # --dedup keeps one row per premise.
+    assert _cli(tmp_path / "snli.jsonl", "-o", tmp_path / "dedup", "--format", "nli", "--dedup").exit_code == 0
+    assert [row[0] for row in shard_rows(tmp_path / "dedup")] == ["P1 a dog runs", "P2 a man sings",
+                                                                  "P5 two contradictions"]
+    assert _manifest(tmp_path / "dedup")["dropped"]["duplicate"] == 1
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
@@ -314,11 +374,16 @@ def test_shuffle_and_stored_ids_keep_each_row_together(tmp_path):
         (["--text-field", "query,,pos"], "--text-field 'query,,pos' has an empty name"),
         (["--text-field", "query,"], "--text-field 'query,' has an empty name"),
         (["--text-field", ",".join(f"f{i}" for i in range(65))], "--text-field names 65 fields; at most 64"),
+        (["--format", "nli", "--text-field", "query,pos"], "--text-field query,pos does not apply to --format nli"),
+        (["--format", "nli"], "--format nli reads SimCSE's nli_for_simcse.csv"),
     ],
-    ids=["absent", "duplicate", "empty", "trailing_comma", "too_many"],
+    ids=["absent", "duplicate", "empty", "trailing_comma", "too_many", "nli_with_fields", "nli_on_text"],
 )
 def test_text_field_errors_are_one_line_naming_the_option(tmp_path, arguments, message):
     source = _write_rows(tmp_path / "in.jsonl", PAIR_FIELDS[:2], _rows(2, 2))
+    if arguments == ["--format", "nli"]:
+        source = tmp_path / "in.txt"
+        source.write_text("one line\n")
     result = _cli(source, "-o", tmp_path / "out", *arguments)
     assert result.exit_code == 2
     assert result.output.strip().startswith(f"error: {message.format(source=source)}"), result.output

@@ -20,7 +20,10 @@ def prepare(
     ),
     output: Path = typer.Option(..., "--output", "-o", help="Directory for shard-NNNNNN.tar and manifest.json."),
     shard_size: int = typer.Option(50_000, "--shard-size", help="Samples per shard."),
-    fmt: str = typer.Option("auto", "--format", help="auto, txt, jsonl, csv, parquet or hf."),
+    fmt: str = typer.Option(
+        "auto", "--format", help="auto, txt, jsonl, csv, parquet, hf, or nli (SimCSE's nli_for_simcse.csv, SNLI / "
+        "MultiNLI JSONL: (premise, entailment, contradiction) triplets)."
+    ),
     text_field: str = typer.Option(
         "text", "--text-field", metavar="A[,P,N1,...]", help="Field / column holding the text (not for txt); "
         "several, comma-separated, for anchor, positive and hard negatives in order."

@@ -1,10 +1,11 @@
-"""Readers for ``data prepare`` inputs: text, JSONL, CSV/TSV, Parquet and ``datasets`` directories.
+"""Readers for ``data prepare`` inputs: text, JSONL, CSV/TSV, Parquet, ``datasets`` directories, NLI.
 
-Every reader streams (constant memory) and yields one item per input record: a tuple of the
-record's values, one per field read, each a ``str``, None where its bytes are not valid
-UTF-8, ``MALFORMED`` where it is not a string or ``MISSING`` where the record lacks the
-field; or a :class:`Drop` naming why the record gives no row (a line that is not a JSON
-object). Text is decoded with ``surrogateescape`` and
+Every reader streams (constant memory, except the NLI JSONL pairing: :func:`pair_nli`) and
+yields one item per input record: a tuple of the record's values, one per field read, each a
+``str``, None where its bytes are not valid UTF-8, ``MALFORMED`` where it is not a string or
+``MISSING`` where the record lacks the field; or a :class:`Drop` naming why the record gives
+no row (a line that is not a JSON object, an NLI line without a pair); or ``NEGATIVE`` for an
+NLI line kept as another row's hard negative. Text is decoded with ``surrogateescape`` and
 checked afterwards, so one bad line costs one record, not the file. Readers also report
 progress as a position in their own unit (bytes read or rows).
 """
@@ -19,12 +20,17 @@ import sys
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
-FORMATS = ("auto", "txt", "jsonl", "csv", "parquet", "hf")
+FORMATS = ("auto", "txt", "jsonl", "csv", "parquet", "hf", "nli")
 MALFORMED = object()  # a value that is not a string (or null)
 MISSING = object()  # a field the record lacks (a JSONL key, the cells past a short CSV row's end)
+NEGATIVE = object()  # an NLI line that is another row's hard negative, not a row of its own
 _BLANK = object()  # a JSONL line of whitespace only: a row of empty texts
+# Fields --format nli reads: SimCSE's nli_for_simcse.csv is already (anchor, positive, hard negative).
+NLI_CSV_FIELDS = ("sent0", "sent1", "hard_neg")
+NLI_JSONL_FIELDS = ("sentence1", "sentence2", "gold_label")
+NLI_DROP_REASONS = ("neutral", "no_gold_label", "no_contradiction", "no_entailment", "unused_contradiction")
 _BATCH_ROWS = 8192
 
 
@@ -85,6 +91,56 @@ def column_problem(values: tuple[object, ...]) -> str | None:
     return None
 
 
+def pair_nli(records: Iterable[object]) -> Iterator[object]:
+    """SNLI / MultiNLI ``(sentence1, sentence2, gold_label)`` -> ``(premise, entailment, contradiction)``.
+
+    The pairing, deterministic: the hypotheses of one input file are grouped by premise
+    (``sentence1`` stripped of surrounding whitespace), premises in the order of their first
+    line and hypotheses in file order. A premise with entailments e_0..e_(m-1) and contradictions c_0..c_(n-1), m, n >= 1,
+    gives the m rows (premise, e_i, c_(i mod n)): every entailment is a positive once, and the
+    contradictions are taken in turn as its hard negative (the triplets of SimCSE and
+    PairSupCon: a premise, an entailment and a contradiction of that premise).
+
+    Every line is accounted for: ``NEGATIVE`` for c_0..c_(min(m, n)-1), and a :class:`Drop`
+    for the rest: ``neutral``; ``no_gold_label`` (``-``, annotators without a majority, or
+    another value); ``no_contradiction`` / ``no_entailment`` (the entailments of a premise
+    without a contradiction, the contradictions of one without an entailment);
+    ``unused_contradiction`` (c_m..c_(n-1) when n > m); a line with a bad value as
+    :func:`column_problem` says.
+
+    Memory: every premise and its entailment and contradiction hypotheses, for the whole file
+    (about 200 MB for SNLI + MultiNLI train), since MultiNLI lists a premise's hypotheses far
+    apart.
+    """
+    groups: dict[str, tuple[list[str], list[str]]] = {}
+    for record in records:
+        if isinstance(record, Drop):
+            yield record
+            continue
+        problem = column_problem(record)  # type: ignore[arg-type]
+        if problem is not None:
+            yield Drop(problem)
+            continue
+        premise, hypothesis, label = (value.strip() for value in record)  # type: ignore[union-attr]
+        if label == "neutral":
+            yield Drop("neutral")
+        elif label not in ("entailment", "contradiction"):
+            yield Drop("no_gold_label")
+        else:
+            entailments, contradictions = groups.setdefault(premise, ([], []))
+            (entailments if label == "entailment" else contradictions).append(hypothesis)
+    for premise, (entailments, contradictions) in groups.items():
+        if not contradictions:
+            yield from [Drop("no_contradiction")] * len(entailments)
+        elif not entailments:
+            yield from [Drop("no_entailment")] * len(contradictions)
+        else:
+            for index, entailment in enumerate(entailments):
+                yield premise, entailment, contradictions[index % len(contradictions)]
+            yield from [NEGATIVE] * min(len(entailments), len(contradictions))
+            yield from [Drop("unused_contradiction")] * max(len(contradictions) - len(entailments), 0)
+
+
 @dataclass
 class InputReader:
     """One input file: ``records()`` yields rows; ``position()``/``total`` drive the progress bar.
@@ -102,25 +158,38 @@ class InputReader:
 
     @property
     def columns(self) -> int:
-        """Texts per row: one per field read."""
+        """Texts per row: one per field read (NLI JSONL: premise, hypothesis, label -> three texts)."""
         return len(self.fields)
+
+    @property
+    def pairs_nli(self) -> bool:
+        """Whether rows come from :func:`pair_nli` (NLI JSONL), with its drop reasons and ``NEGATIVE`` lines."""
+        return self.fmt == "nli" and self.fields == NLI_JSONL_FIELDS
+
+    @property
+    def _layout(self) -> str:
+        """How the file is parsed: ``--format nli`` reads a CSV or a JSONL file."""
+        if self.fmt == "nli":
+            return "jsonl" if self.pairs_nli else "csv"
+        return self.fmt
 
     def position(self) -> int:
         return self._position()
 
     def records(self) -> Iterator[object]:
         """Yield one item per input record (see the module docstring)."""
-        return getattr(self, f"_read_{self.fmt}")()
+        records = getattr(self, f"_read_{self._layout}")()
+        return pair_nli(records) if self.pairs_nli else records
 
     def check_fields(self) -> None:
         """Raise ``ValueError`` before any work when the input lacks a field read (JSONL: its first object)."""
-        if self.fmt == "txt":
+        if self._layout == "txt":
             return
-        if self.fmt == "parquet":
+        if self._layout == "parquet":
             self._require(self._parquet().schema_arrow.names, "column")
-        elif self.fmt == "hf":
+        elif self._layout == "hf":
             self._require(self._dataset().column_names, "column")
-        elif self.fmt == "csv":
+        elif self._layout == "csv":
             with self._open_bytes() as raw:
                 self._require(list(self._csv_rows(raw).fieldnames or []), "column")
         else:
@@ -253,7 +322,7 @@ class InputReader:
 
 
 def open_input(path: Path, fmt: str, fields: tuple[str, ...]) -> InputReader:
-    """A reader of ``path`` for the ``--text-field`` names ``fields``."""
+    """A reader of ``path`` for the ``--text-field`` names ``fields`` (``nli`` has fixed fields instead)."""
     if fmt not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}; got {fmt!r}")
     if not path.exists():
@@ -261,6 +330,14 @@ def open_input(path: Path, fmt: str, fields: tuple[str, ...]) -> InputReader:
     option = f"--text-field {','.join(fields)}"
     if fmt == "auto":
         fmt = detect_format(path)
+    elif fmt == "nli":
+        flavour = None if path.is_dir() else _format_of_name(path)
+        if flavour not in ("csv", "jsonl"):
+            raise ValueError(
+                f"--format nli reads SimCSE's nli_for_simcse.csv ({','.join(NLI_CSV_FIELDS)}) or SNLI / MultiNLI "
+                f"JSONL ({','.join(NLI_JSONL_FIELDS)}); {path} is neither a .csv nor a .jsonl file"
+            )
+        fields, option = (NLI_CSV_FIELDS if flavour == "csv" else NLI_JSONL_FIELDS), "--format nli"
     if fmt == "txt" and len(fields) > 1:
         raise ValueError(
             f"{option}: {path} is plain text, one sentence a line, so it has one column; pass one name, or "

@@ -1,13 +1,15 @@
 """``data prepare``: text inputs -> filtered, optionally shuffled WebDataset shards + manifest.
 
 A row is one text (``--text-field NAME``, or plain text) or several: ``--text-field A,P,N1,...``
-names the fields of the columns anchor, positive, negative_0, ... (:func:`column_names`). A
-row is dropped, and counted by reason in the manifest's ``dropped``, when any of its texts is
-malformed, missing, not UTF-8, empty, or outside ``--min-words`` / ``--max-chars``, and with
-``--dedup`` when its anchor was seen before. Every input record is counted once:
-``lines_read`` = samples written + the drops.
+names the fields of the columns anchor, positive, negative_0, ... (:func:`column_names`), and
+``--format nli`` builds (anchor, positive, negative_0) triplets from NLI data
+(:func:`~vascl_scale.data.inputs.pair_nli`). A row is dropped, and counted by reason in the
+manifest's ``dropped``, when any of its texts is malformed, missing, not UTF-8, empty, or
+outside ``--min-words`` / ``--max-chars``, and with ``--dedup`` when its anchor was seen before.
+Every input record is counted once: ``lines_read`` = samples written + the drops (+ with NLI
+JSONL, ``negative_lines``: the contradiction lines kept as another row's hard negative).
 
-Memory stays constant in the number of lines:
+Memory stays constant in the number of lines (NLI JSONL pairing aside, see ``pair_nli``):
 - without ``--shuffle-seed`` rows stream into the current shard (one shard of text in memory);
 - ``--dedup`` keeps one 64-bit blake2b digest per kept anchor in a Python set of ints, about
   70 bytes per unique anchor (10M ~ 0.7 GB). Two distinct anchors collide with probability
@@ -55,7 +57,7 @@ import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from vascl_scale.data.inputs import Drop, column_problem, open_input
+from vascl_scale.data.inputs import NEGATIVE, NLI_DROP_REASONS, Drop, column_problem, open_input
 from vascl_scale.data.shards import (
     MANIFEST_FORMAT,
     MANIFEST_NAME,
@@ -71,6 +73,7 @@ from vascl_scale.log import console
 
 logger = logging.getLogger(__name__)
 
+# Why a row is dropped, every run; NLI JSONL inputs add inputs.NLI_DROP_REASONS.
 DROP_REASONS = ("empty", "invalid_utf8", "malformed", "missing_column", "too_short", "too_long", "duplicate")
 MAX_COLUMNS = 64  # an anchor, a positive and up to 62 hard negatives
 SHUFFLE_BUCKETS = 256
@@ -115,6 +118,10 @@ class PrepareOptions:
                 f"--text-field names {len(names)} fields; at most {MAX_COLUMNS} (an anchor, a positive and "
                 f"{MAX_COLUMNS - 2} hard negatives)"
             )
+        if self.fmt == "nli" and self.text_field != PrepareOptions.text_field:
+            raise ValueError(
+                f"--text-field {self.text_field} does not apply to --format nli, whose fields are fixed; leave it out"
+            )
 
     @property
     def text_fields(self) -> tuple[str, ...]:
@@ -128,6 +135,7 @@ class PrepareResult:
     shards: list[dict]
     dropped: dict[str, int]
     lines_read: int
+    negative_lines: int | None  # None: no NLI JSONL input, which alone keeps lines as negatives
     seconds: float
 
     @property
@@ -145,9 +153,13 @@ class _RowFilter:
     def __init__(self, options: PrepareOptions) -> None:
         self.options = options
         self.dropped: Counter[str] = Counter()
+        self.negative_lines = 0
         self._seen: set[int] | None = set() if options.dedup else None
 
     def __call__(self, record: object) -> tuple[str, ...] | None:
+        if record is NEGATIVE:
+            self.negative_lines += 1
+            return None
         if isinstance(record, Drop):
             return self._drop(record.reason)
         assert isinstance(record, tuple), record
@@ -397,6 +409,8 @@ def _write_set(readers: list, stage: Path, options: PrepareOptions, tokenizer, s
     counts = {reader.columns for reader in readers}
     assert len(counts) == 1, counts  # one --format and --text-field for every input; txt refuses several
     columns = column_names(counts.pop())
+    pairs_nli = any(reader.pairs_nli for reader in readers)
+    reasons = DROP_REASONS + (NLI_DROP_REASONS if pairs_nli else ())
     row_filter = _RowFilter(options)
     sink = _ShardSink(stage, columns, options.shard_size, tokenizer, options.max_length)
     lines_read = 0
@@ -439,10 +453,11 @@ def _write_set(readers: list, stage: Path, options: PrepareOptions, tokenizer, s
                     sink.add(row)
         sink.close()
     seconds = time.perf_counter() - start
-    assert set(row_filter.dropped) <= set(DROP_REASONS), row_filter.dropped  # a reason not in the manifest is lost
-    dropped = {reason: row_filter.dropped.get(reason, 0) for reason in DROP_REASONS}
+    assert set(row_filter.dropped) <= set(reasons), row_filter.dropped  # a reason not in the manifest is lost
+    dropped = {reason: row_filter.dropped.get(reason, 0) for reason in reasons}
     samples = sum(s["samples"] for s in sink.shards)
-    assert sum(dropped.values()) + samples == lines_read
+    assert sum(dropped.values()) + samples + row_filter.negative_lines == lines_read
+    negative_lines = row_filter.negative_lines if pairs_nli else None
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
@@ -454,12 +469,13 @@ def _write_set(readers: list, stage: Path, options: PrepareOptions, tokenizer, s
         "total_samples": samples,
         "lines_read": lines_read,
         "dropped": dropped,
+        **({} if negative_lines is None else {"negative_lines": negative_lines}),
         "sources": [{"path": str(r.path), "format": r.fmt, "text_field": ",".join(r.fields)} for r in readers],
         "options": asdict(options),
         "shards": sink.shards,
     }
     (stage / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    return PrepareResult(stage, columns, sink.shards, dropped, lines_read, seconds)
+    return PrepareResult(stage, columns, sink.shards, dropped, lines_read, negative_lines, seconds)
 
 
 def summary_table(result: PrepareResult) -> Table:
@@ -469,6 +485,8 @@ def summary_table(result: PrepareResult) -> Table:
     table.add_row("columns", ", ".join(result.columns))
     table.add_row("lines read", f"{result.lines_read:,}")
     table.add_row("samples written", f"{result.samples:,}")
+    if result.negative_lines is not None:
+        table.add_row("lines kept as hard negatives", f"{result.negative_lines:,}")
     for reason, count in result.dropped.items():
         table.add_row(f"dropped: {reason}", f"{count:,}")
     table.add_row("shards", f"{len(result.shards)}")
