@@ -83,3 +83,17 @@ def make_paired_shards(directory: Path, rows: list[dict[str, str]], shard_size: 
     manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "columns": columns, "token_ids": token_ids, "shards": shards}
     (directory / MANIFEST_NAME).write_text(json.dumps(manifest), encoding="utf-8")
     return directory
+
+
+def shard_rows(directory: Path) -> list[tuple[str, ...]]:
+    """Each sample's texts in the manifest's column order (``txt`` for single text), read by webdataset."""
+    import webdataset as wds
+
+    from vascl_scale.data.columns import written_fields
+
+    manifest = json.loads((directory / "manifest.json").read_text())
+    columns = manifest["columns"]
+    names = [text for text, _ in written_fields(columns)]
+    urls = [str(directory / shard["name"]) for shard in manifest["shards"]]
+    samples = wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples()) if urls else []
+    return [tuple(sample[name].decode("utf-8") for name in names) for sample in samples]

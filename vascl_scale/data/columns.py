@@ -39,6 +39,21 @@ def negative(index: int) -> str:
     return f"negative_{index}"
 
 
+def columns_of(count: int) -> tuple[str, ...]:
+    """The columns of samples with ``count`` texts, in order: ``anchor``, ``positive``, ``negative_0``, ..."""
+    assert count >= 1, count
+    return (ANCHOR, POSITIVE, *(negative(index) for index in range(count - 2)))[:count]
+
+
+def written_fields(columns: Sequence[str]) -> list[tuple[str, str]]:
+    """The (text, token ids) sample fields ``data prepare`` writes for each column, in column
+    order: a single-text sample keeps ``txt`` / ``ids``, so its shards stay the bytes they were
+    before columns existed (a reader takes them as the anchor, :func:`sample_fields`)."""
+    if tuple(columns) == SINGLE_TEXT:
+        return [("txt", "ids")]
+    return [(f"{column}.txt", f"{column}.ids") for column in columns]
+
+
 def sample_fields(column: str, kind: str) -> tuple[str, ...]:
     """The fields of a tar sample (``iter_tar_samples``) that hold ``column``'s ``kind``, ``"txt"``
     or ``"ids"``, in the order they are looked up: ``anchor.txt``, then the single-text ``txt``."""

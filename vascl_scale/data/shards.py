@@ -15,8 +15,9 @@ reader stops early; :class:`ShardStream` bounds both and checks the bytes agains
 manifest as they stream in. Its bytes are parsed by :func:`iter_tar_samples` (why not
 webdataset's parser: see there).
 
-The manifest (``manifest.json`` next to the shards) records every shard's file name, sample
-count, sha256 and byte size. Readers take only plain file names from it, resolved inside the
+The manifest (``manifest.json`` next to the shards) records the columns of the samples
+(``["anchor"]`` for single text) and every shard's file name, sample count, sha256 and byte
+size. Readers take only plain file names from it, resolved inside the
 manifest's directory: a manifest can never name a ``pipe:`` command or a path elsewhere. A
 :class:`ShardStream` opened with the shard's :class:`ShardCheck` hashes the bytes as they
 stream in and, once the shard is read to its end, raises :class:`ShardMismatchError` when they
