@@ -21,7 +21,7 @@ GLOBAL_BATCH = 8
 SEQ_LEN = 6
 CHUNK = 3  # per-device batches of 8, 4 and 2 rows: chunks of 3, 3, 2 / 3, 1 / 2
 
-# (objective, loss overrides): both objectives, detach true and false, relative and absolute strengths.
+# (objective, loss overrides): both unsupervised objectives (supervised SimCSE's triplets: its own test), detach true and false, relative and absolute strengths.
 CASES = [
     ("vascl", {}),
     ("vascl", {"detach": False}),
@@ -69,7 +69,7 @@ class RecordingObjective:
         if self.name != "vascl":
             return self.inner(views, head, generator, with_stats)
         e1, e2 = views
-        out = vascl_objective(e1, e2, head, generator=generator, with_stats=False, **self.loss.model_dump())
+        out = vascl_objective(e1, e2, head, generator=generator, with_stats=False, **self.inner.settings)
         self.calls.append({"neighbours": out.neighbours.clone(), "delta": out.delta.detach().clone()})
         return ObjectiveOutput(out.loss, {"simcse": out.simcse.detach()})
 
@@ -254,6 +254,44 @@ def test_with_dropout_the_cached_call_replays_the_masks_of_its_chunks() -> None:
         # And the masks are dropout's: the reference's forwards are the cached step's first pass.
         for index in range(6):
             assert (reference["forwards"][index][1] == forwards[index][1]).all(), case_id
+
+
+def simcse_sup_calls(rank: int, world_size: int) -> dict:
+    """Supervised SimCSE, uncached and cached, on triplets whose hard negative is a column one
+    token narrower than the others (each column padded to its own longest), dropout off."""
+    rows = GLOBAL_BATCH // world_size
+    own = slice(rank * rows, (rank + 1) * rows)
+    results = {}
+    for alpha in (0.0, 1.5):
+        for mode in ("uncached", "cached"):
+            _, model, step, _ = _parts("simcse_sup", {"hard_negative_weight": alpha}, 0 if mode == "uncached" else CHUNK, 0.0)
+            forwards: list[bool] = []
+            model.register_forward_hook(lambda module, args, output: forwards.append(torch.is_grad_enabled()))
+            batch = _own_batch(rank, world_size, augmented=True)
+            ids, mask = token_batch(GLOBAL_BATCH, SEQ_LEN - 1, seed=30)
+            batch["negative_0"] = {"input_ids": ids[own], "attention_mask": mask[own]}
+            if mode == "uncached":
+                out = step.loss_call(batch, 0)
+                step._backward(out.loss, final=True)
+            else:
+                out = step.cached_loss_call(batch, 0, 0)
+            results[alpha, mode] = {"loss": out.loss.detach(), "gradients": _gradients(model), "recorded": [], "forwards": forwards}
+    return _portable(results)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_without_dropout_the_cached_simcse_sup_call_is_the_one_forward_call(world_size: int) -> None:
+    """On every rank; the gathers of the cached call span the ranks as the uncached one's do."""
+    from vascl_scale.train.step import chunk_spans
+
+    spans = 3 * len(chunk_spans(GLOBAL_BATCH // world_size, CHUNK))  # 3 columns x chunks of 3, 3, 2 (W = 1) or 3, 1
+    for rank, results in enumerate(run_as_launched(simcse_sup_calls, world_size)):
+        for alpha in (0.0, 1.5):
+            what = f"simcse_sup, alpha {alpha}, rank {rank} of {world_size}"
+            _assert_same_call(results[alpha, "cached"], results[alpha, "uncached"], what)
+            assert results[alpha, "uncached"]["forwards"] == [True], what  # the three columns in one forward
+            assert results[alpha, "cached"]["forwards"] == [False] * spans + [True] * spans, what
+        assert abs(results[0.0, "uncached"]["loss"] - results[1.5, "uncached"]["loss"]) > 1e-6
 
 
 def optimiser_steps(rank: int, world_size: int, grad_accum_steps: int) -> dict:

@@ -141,7 +141,7 @@ class DataConfig(_Strict):
 
 class LossConfig(_Strict):
     """Eq. 1 (SimCSE) and Eq. 2-6 (VaSCL) hyper-parameters; k, xi, eps, power_iters and
-    detach only matter for ``objective: vascl``."""
+    detach only matter for ``objective: vascl``, hard_negative_weight for ``simcse_sup``."""
 
     temperature: Number = 0.05
     k: int = 16  # neighbours per anchor, searched over the whole global batch
@@ -155,6 +155,9 @@ class LossConfig(_Strict):
     # sentence's own ||e_i||; "absolute": the paper's Delta.
     eps_mode: Literal["absolute", "relative", "relative_instance"] = "absolute"
     xi_mode: Literal["absolute", "relative", "relative_instance"] = "absolute"
+    # Supervised SimCSE's alpha: added to the logit (after / temperature) of each anchor's own
+    # hard negative, a weight e^alpha on it; 0 is the paper's Eq. 5.
+    hard_negative_weight: Number = 0.0
 
     @model_validator(mode="after")
     def _rules(self) -> LossConfig:

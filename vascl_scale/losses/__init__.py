@@ -1,9 +1,9 @@
-"""Contrastive objectives: SimCSE (Eq. 1) and VaSCL (Eq. 6), over the global batch.
+"""Contrastive objectives: SimCSE (Eq. 1), supervised SimCSE and VaSCL (Eq. 6), over the global batch.
 
 Pure maths on tensors; all communication goes through :mod:`vascl_scale.distributed`.
 ``build_objective(config.objective, config.loss.model_dump())`` gives the configured one behind
-a single interface (:class:`Objective`, returning an :class:`ObjectiveOutput`); ``simcse_loss`` /
-``vascl_loss`` are the functional API. :data:`OBJECTIVES` (:mod:`vascl_scale.losses.spec`) declares
+a single interface (:class:`Objective`, returning an :class:`ObjectiveOutput`); ``simcse_loss``,
+``simcse_sup_loss`` and ``vascl_loss`` are the functional API. :data:`OBJECTIVES` (:mod:`vascl_scale.losses.spec`) declares
 what each objective encodes and needs.
 
 Importing the package loads no torch (the config reads the declarations): each name below is
@@ -23,6 +23,7 @@ _EXPORTS = {
     "neighbourhood_nll": "contrastive",
     "nt_xent": "contrastive",
     "simcse_loss": "simcse",
+    "simcse_sup_loss": "simcse",
     "VaSCLOutput": "vascl",
     "nearest_neighbours": "vascl",
     "vascl_loss": "vascl",

@@ -4,7 +4,7 @@ An objective is called with this rank's pooled embeddings of its declared inputs
 :mod:`vascl_scale.losses.spec`), one (b, d) tensor per input in that order, the projection head
 h, the loss call's generator and, for an objective that declares label columns, this rank's
 labels; it returns an :class:`ObjectiveOutput`. Each projects through the head itself, so a
-training step knows nothing of either. A third objective is a class with the same call, its
+training step knows nothing of either. Another objective is a class with the same call, its
 declaration in :data:`vascl_scale.losses.spec.OBJECTIVES` and one entry in
 :data:`IMPLEMENTATIONS`.
 """
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from vascl_scale.flops import head_forward_flops
-from vascl_scale.losses.simcse import simcse_loss
+from vascl_scale.losses.simcse import simcse_loss, simcse_sup_loss
 from vascl_scale.losses.spec import OBJECTIVES, ObjectiveSpec, Settings, objective_spec
 from vascl_scale.losses.vascl import Head, project, vascl_objective
 
@@ -53,9 +53,9 @@ class Objective(Protocol):
         ...
 
 
-def _contrastive_flops(views: int, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
-    """Every view through the head (n b rows) and their (n b, n B) logits, forward and backward."""
-    return 3 * (head_forward_flops(views * rows, hidden, out_dim) + 2 * (views * rows) * (views * global_rows) * out_dim)
+def _contrastive_flops(projected: int, anchors: int, candidates: int, hidden: int, out_dim: int) -> int:
+    """``projected`` rows through the head and the (anchors, candidates) logits, forward and backward."""
+    return 3 * (head_forward_flops(projected, hidden, out_dim) + 2 * anchors * candidates * out_dim)
 
 
 class SimCSEObjective:
@@ -82,7 +82,39 @@ class SimCSEObjective:
         return ObjectiveOutput(loss, terms, stats)
 
     def model_flops(self, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
-        return _contrastive_flops(len(self.spec.inputs), rows, global_rows, hidden, out_dim)
+        """Both views through the head (2b rows), their (2b, 2B) logits."""
+        return _contrastive_flops(2 * rows, 2 * rows, 2 * global_rows, hidden, out_dim)
+
+
+class SupervisedSimCSEObjective:
+    """Supervised SimCSE (Gao et al. 2021, Eq. 5, see :func:`simcse_sup_loss`): each anchor
+    against its positive, every positive and every hard negative of the global batch its
+    candidates; ``hard_negative_weight`` the paper's alpha on its own hard negative."""
+
+    spec = OBJECTIVES["simcse_sup"]
+
+    def __init__(self, settings: Settings) -> None:
+        self.temperature = settings["temperature"]
+        self.hard_negative_weight = settings["hard_negative_weight"]
+
+    def __call__(
+        self,
+        views: list[Tensor],
+        head: Head,
+        generator: torch.Generator | None = None,
+        with_stats: bool = False,
+        labels: dict[str, Tensor] | None = None,
+    ) -> ObjectiveOutput:
+        anchor, positive, negative = views  # (b, d) each: h_i, h_i^+, h_i^- before the head
+        z = [project(head, view) for view in (anchor, positive, negative)]  # (b, D) each
+        loss = simcse_sup_loss(*z, temperature=self.temperature, hard_negative_weight=self.hard_negative_weight)
+        terms = {"simcse_sup": loss.detach()}
+        stats = {"loss": float(loss.detach()), "simcse_sup": float(loss.detach())} if with_stats else {}
+        return ObjectiveOutput(loss, terms, stats)
+
+    def model_flops(self, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
+        """The three columns through the head (3b rows), the b anchors' (b, 2B) logits."""
+        return _contrastive_flops(3 * rows, rows, 2 * global_rows, hidden, out_dim)
 
 
 class VaSCLObjective:
@@ -91,7 +123,8 @@ class VaSCLObjective:
     spec = OBJECTIVES["vascl"]
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = dict(settings)  # the section's keys are vascl_objective's keywords
+        # The section's keys are vascl_objective's keywords, but supervised SimCSE's alpha.
+        self.settings = {key: value for key, value in settings.items() if key != "hard_negative_weight"}
 
     def __call__(
         self,
@@ -113,11 +146,11 @@ class VaSCLObjective:
         search = 2 * rows * global_rows * hidden
         power = self.settings["power_iters"] * 2 * head_forward_flops(rows, hidden, out_dim)
         augmented = 3 * head_forward_flops(rows, hidden, out_dim)
-        return _contrastive_flops(len(self.spec.inputs), rows, global_rows, hidden, out_dim) + search + power + augmented
+        return _contrastive_flops(2 * rows, 2 * rows, 2 * global_rows, hidden, out_dim) + search + power + augmented
 
 
 # Each declared objective's implementation, by name.
-IMPLEMENTATIONS: dict[str, type] = {cls.spec.name: cls for cls in (VaSCLObjective, SimCSEObjective)}
+IMPLEMENTATIONS: dict[str, type] = {cls.spec.name: cls for cls in (VaSCLObjective, SimCSEObjective, SupervisedSimCSEObjective)}
 assert IMPLEMENTATIONS.keys() == OBJECTIVES.keys(), "every declared objective needs an implementation"
 
 

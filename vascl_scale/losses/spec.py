@@ -11,7 +11,9 @@ it names and the training step encodes its inputs; the maths is in the modules b
 SimCSE and VaSCL encode (anchor, positive). Where the data has no positive column (single-text
 sentences), the anchor stands in for it: the same tokens encoded a second time, under another
 dropout mask, the second view of unsupervised SimCSE. With ``data.augment`` the loader makes
-the positive column from the anchor (:mod:`vascl_scale.data.augment`).
+the positive column from the anchor (:mod:`vascl_scale.data.augment`). Supervised SimCSE
+encodes (anchor, positive, negative_0), SimCSE's NLI triplets, and has no stand-ins: data
+without a positive and a hard negative is refused.
 """
 
 from __future__ import annotations
@@ -19,8 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Mapping
 
-from vascl_scale.data.columns import ANCHOR, POSITIVE
-from vascl_scale.losses.rules import check_neighbour_count, check_temperature, check_vascl_settings
+from vascl_scale.data.columns import ANCHOR, POSITIVE, negative
+from vascl_scale.losses.rules import (
+    check_hard_negative_weight,
+    check_neighbour_count,
+    check_temperature,
+    check_vascl_settings,
+)
 
 # The ``loss`` section's values as a plain mapping (``config.loss.model_dump()``).
 Settings = Mapping[str, Any]
@@ -78,6 +85,8 @@ _POSITIVE_OR_ANCHOR = {POSITIVE: ANCHOR}
 OBJECTIVES: dict[str, ObjectiveSpec] = {
     "vascl": ObjectiveSpec("vascl", (ANCHOR, POSITIVE), stand_ins=_POSITIVE_OR_ANCHOR, rules=_vascl_rules),
     "simcse": ObjectiveSpec("simcse", (ANCHOR, POSITIVE), stand_ins=_POSITIVE_OR_ANCHOR),
+    # One hard negative per anchor, as SimCSE's NLI triplets (sent0, sent1, hard_neg).
+    "simcse_sup": ObjectiveSpec("simcse_sup", (ANCHOR, POSITIVE, negative(0))),
 }
 
 
@@ -91,6 +100,7 @@ def objective_spec(name: str, key: str = "objective") -> ObjectiveSpec:
 def check_loss_settings(settings: Settings) -> None:
     """The rules of the ``loss`` section's keys, each objective's alike (``loss.`` in the messages)."""
     check_temperature(settings["temperature"], prefix="loss.")
+    check_hard_negative_weight(settings["hard_negative_weight"], prefix="loss.")
     check_vascl_settings(
         k=settings["k"],
         xi=settings["xi"],
