@@ -58,6 +58,13 @@ def _contrastive_flops(projected: int, anchors: int, candidates: int, hidden: in
     return 3 * (head_forward_flops(projected, hidden, out_dim) + 2 * anchors * candidates * out_dim)
 
 
+def _one_term(loss: Tensor, name: str, with_stats: bool) -> ObjectiveOutput:
+    """The output of an objective whose loss is its one term ``name``."""
+    terms = {name: loss.detach()}
+    stats = {"loss": float(loss.detach()), name: float(loss.detach())} if with_stats else {}
+    return ObjectiveOutput(loss, terms, stats)
+
+
 class SimCSEObjective:
     """Eq. 1 in both directions over the global batch (see :func:`simcse_loss`): each anchor
     against its positive, the positive against its anchor."""
@@ -77,9 +84,7 @@ class SimCSEObjective:
     ) -> ObjectiveOutput:
         anchor, positive = views  # (b, d) each
         loss = simcse_loss(project(head, anchor), project(head, positive), temperature=self.temperature)  # z: (b, D) each
-        terms = {"simcse": loss.detach()}
-        stats = {"loss": float(loss.detach()), "simcse": float(loss.detach())} if with_stats else {}
-        return ObjectiveOutput(loss, terms, stats)
+        return _one_term(loss, "simcse", with_stats)
 
     def model_flops(self, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
         """Both views through the head (2b rows), their (2b, 2B) logits."""
@@ -108,9 +113,7 @@ class SupervisedSimCSEObjective:
         anchor, positive, negative = views  # (b, d) each: h_i, h_i^+, h_i^- before the head
         z = [project(head, view) for view in (anchor, positive, negative)]  # (b, D) each
         loss = simcse_sup_loss(*z, temperature=self.temperature, hard_negative_weight=self.hard_negative_weight)
-        terms = {"simcse_sup": loss.detach()}
-        stats = {"loss": float(loss.detach()), "simcse_sup": float(loss.detach())} if with_stats else {}
-        return ObjectiveOutput(loss, terms, stats)
+        return _one_term(loss, "simcse_sup", with_stats)
 
     def model_flops(self, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
         """The three columns through the head (3b rows), the b anchors' (b, 2B) logits."""
