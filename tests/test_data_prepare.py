@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.data_helpers import minilm_tokenizer, sentences, shard_texts
+from tests.data_helpers import minilm_tokenizer, sentences, shard_rows, shard_texts
 from vascl_scale.data.prepare import DROP_REASONS, PrepareOptions, prepare_shards
 from vascl_scale.data.shards import ShardStream, iter_tar_samples
 
@@ -35,7 +35,8 @@ def _messy_corpus(path: Path) -> tuple[list[str], dict[str, int]]:
     lines += [b"\xff\xfe broken bytes here ok", b"two words", b"many words " * 20, b"caf\xc3\xa9 in  valid utf8 text"]
     kept.append("caf\u00e9 in  valid utf8 text")
     path.write_bytes(b"\n".join(lines) + b"\n")
-    dropped = {"empty": 4, "invalid_utf8": 1, "malformed": 0, "too_short": 1, "too_long": 1, "duplicate": 5}
+    dropped = {"empty": 4, "invalid_utf8": 1, "malformed": 0, "missing_column": 0, "too_short": 1, "too_long": 1}
+    dropped["duplicate"] = 5
     return kept, dropped
 
 
@@ -160,3 +161,254 @@ def test_stored_token_ids_match_the_tokenizer(tmp_path):
         stored = [np.frombuffer(sample["ids"], dtype="<i4").tolist() for sample in iter_tar_samples(stream)]
     assert stored == tokenizer(texts[:4], truncation=True, max_length=6)["input_ids"]
     assert Counter(len(ids) for ids in stored) == Counter({6: 4})
+
+
+# Paired data: --text-field A,P[,N...] and --format nli, through the CLI.
+
+PAIR_FIELDS = ("query", "pos", "neg_a", "neg_b")
+
+
+def _cli(*arguments: str):
+    from typer.testing import CliRunner
+
+    from vascl_scale.cli import app
+
+    return CliRunner().invoke(app, ["data", "prepare", *map(str, arguments)])
+
+
+def _rows(count: int, columns: int) -> list[tuple[str, ...]]:
+    names = ("anchor", "positive", "negative a", "negative b")
+    return [tuple(f"{names[column]} {index} of the tiny corpus" for column in range(columns)) for index in range(count)]
+
+
+def _write_rows(path: Path, fields: tuple[str, ...], rows: list[tuple[object, ...]]) -> Path:
+    """``rows`` as ``path``'s format (by suffix; a directory without one is a datasets directory), an id first."""
+    records = [{"id": index, **dict(zip(fields, row))} for index, row in enumerate(rows)]
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    elif path.suffix in (".csv", ".tsv"):
+        with open(path, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, ["id", *fields], delimiter="\t" if path.suffix == ".tsv" else ",")
+            writer.writeheader()
+            writer.writerows(records)
+    else:
+        import datasets
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.table({name: [record[name] for record in records] for name in ["id", *fields]})
+        if path.suffix == ".parquet":
+            pq.write_table(table, path, row_group_size=3)
+        else:
+            datasets.Dataset(table).save_to_disk(str(path))
+    return path
+
+
+def _manifest(directory: Path) -> dict:
+    return json.loads((directory / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("columns", [2, 4], ids=["pairs", "triplets_2_negatives"])
+@pytest.mark.parametrize("name", ["in.jsonl", "in.csv", "in.tsv", "in.parquet", "hf_dir"])
+def test_pairs_and_triplets_on_every_input_format(tmp_path, name, columns):
+    import tarfile
+
+    rows = _rows(7, columns)
+    rows[2] = (rows[2][0] + ', "quoted"\nacross a newline', *rows[2][1:])
+    source = _write_rows(tmp_path / name, PAIR_FIELDS[:columns], rows)
+    result = _cli(source, "-o", tmp_path / "out", "--shard-size", "3", "--text-field", ",".join(PAIR_FIELDS[:columns]))
+    assert result.exit_code == 0, result.output
+    names = ["anchor", "positive", "negative_0", "negative_1"][:columns]
+    manifest = _manifest(tmp_path / "out")
+    assert manifest["columns"] == names and manifest["fields"] == [f"{column}.txt" for column in names]
+    assert manifest["total_samples"] == 7 and manifest["lines_read"] == 7 and sum(manifest["dropped"].values()) == 0
+    assert manifest["sources"][0]["text_field"] == ",".join(PAIR_FIELDS[:columns])
+    assert shard_rows(tmp_path / "out") == rows
+    with tarfile.open(tmp_path / "out" / "shard-000000.tar") as tar:
+        first = [member for member in tar.getnames() if member.startswith("000000000000.")]
+    assert first == sorted(f"000000000000.{column}.txt" for column in names)
+    assert "columns" in result.output and ", ".join(names) in result.output
+
+
+def test_single_text_manifest_names_the_anchor_column(tmp_path):
+    (tmp_path / "in.txt").write_text("\n".join(sentences(3)) + "\n")
+    assert _cli(tmp_path / "in.txt", "-o", tmp_path / "out").exit_code == 0
+    manifest = _manifest(tmp_path / "out")
+    assert manifest["columns"] == ["anchor"] and manifest["fields"] == ["txt"]
+    assert manifest["dropped"]["missing_column"] == 0
+
+
+def test_bad_rows_are_dropped_and_counted_per_reason(tmp_path):
+    good = _rows(4, 3)
+    path = tmp_path / "in.jsonl"
+    lines = [json.dumps(dict(zip(PAIR_FIELDS, good[0])))]
+    lines.append(json.dumps({"query": "an anchor without its positive", "neg_a": "a negative here"}))  # missing_column
+    lines.append(json.dumps({"query": "an anchor", "pos": "   ", "neg_a": "a negative here"}))  # empty
+    lines.append(json.dumps({"query": "an anchor", "pos": "a positive text", "neg_a": 7}))  # malformed
+    lines.append("not json at all")  # malformed
+    lines.append(json.dumps({"query": "an anchor", "pos": "bad BYTE here", "neg_a": "a negative here"}))  # invalid_utf8
+    lines.append(json.dumps({"query": "an anchor", "pos": "short", "neg_a": "a negative here"}))  # too_short
+    lines.append(json.dumps(dict(zip(PAIR_FIELDS, (good[0][0], "another positive", "another negative")))))  # duplicate
+    lines += [json.dumps(dict(zip(PAIR_FIELDS, row))) for row in good[1:]]
+    path.write_bytes("\n".join(lines).encode().replace(b"BYTE", b"\xff") + b"\n")
+    result = _cli(path, "-o", tmp_path / "out", "--text-field", "query,pos,neg_a", "--dedup", "--min-words", "2")
+    assert result.exit_code == 0, result.output
+    manifest = _manifest(tmp_path / "out")
+    assert manifest["dropped"] == {
+        "empty": 1, "invalid_utf8": 1, "malformed": 2, "missing_column": 1, "too_short": 1, "too_long": 0, "duplicate": 1
+    }
+    assert manifest["lines_read"] == len(lines) == manifest["total_samples"] + sum(manifest["dropped"].values())
+    assert shard_rows(tmp_path / "out") == good
+    for reason in ("missing_column", "malformed", "duplicate"):
+        assert f"dropped: {reason}" in result.output
+
+
+def test_a_short_csv_row_is_a_missing_column(tmp_path):
+    rows = _rows(3, 3)
+    path = tmp_path / "in.csv"
+    path.write_text("query,pos,neg_a\n" + "\n".join(",".join(row) for row in rows) + "\nonly an anchor,its positive\n")
+    assert _cli(path, "-o", tmp_path / "out", "--text-field", "query,pos,neg_a").exit_code == 0
+    manifest = _manifest(tmp_path / "out")
+    assert manifest["dropped"]["missing_column"] == 1 and manifest["dropped"]["invalid_utf8"] == 0
+    assert shard_rows(tmp_path / "out") == rows
+
+
+def test_dedup_is_on_the_anchor_only(tmp_path):
+    rows = [("one anchor", "a positive"), ("one anchor", "another positive"), ("two anchor", "a positive")]
+    source = _write_rows(tmp_path / "in.jsonl", PAIR_FIELDS[:2], rows)
+    assert _cli(source, "-o", tmp_path / "out", "--text-field", "query,pos", "--dedup").exit_code == 0
+    assert _manifest(tmp_path / "out")["dropped"]["duplicate"] == 1
+    assert shard_rows(tmp_path / "out") == [rows[0], rows[2]]
+
+
+def test_shuffle_and_stored_ids_keep_each_row_together(tmp_path):
+    import numpy as np
+
+    rows = _rows(40, 3)
+    source = _write_rows(tmp_path / "in.parquet", PAIR_FIELDS[:3], rows)
+    tokenizer = minilm_tokenizer()
+    tokenizer.save_pretrained(tmp_path / "tok")
+    result = _cli(
+        source, "-o", tmp_path / "out", "--text-field", "query,pos,neg_a", "--shuffle-seed", "5", "--shard-size", "16",
+        "--tokenizer", tmp_path / "tok", "--max-length", "6",
+    )
+    assert result.exit_code == 0, result.output
+    shuffled = shard_rows(tmp_path / "out")
+    assert shuffled != rows and sorted(shuffled) == sorted(rows)
+    manifest = _manifest(tmp_path / "out")
+    assert manifest["fields"] == ["anchor.txt", "anchor.ids", "positive.txt", "positive.ids", "negative_0.txt",
+                                  "negative_0.ids"]
+    with ShardStream(str(tmp_path / "out" / "shard-000000.tar")) as stream:
+        samples = list(iter_tar_samples(stream))
+    for sample, row in zip(samples, shuffled):
+        for column, text in zip(("anchor", "positive", "negative_0"), row):
+            stored = np.frombuffer(sample[f"{column}.ids"], dtype="<i4").tolist()
+            assert stored == tokenizer(text, truncation=True, max_length=6)["input_ids"]
+
+
+def test_nli_csv_of_simcse_gives_triplets(tmp_path):
+    rows = _rows(5, 3)
+    path = tmp_path / "nli_for_simcse.csv"
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["sent0", "sent1", "hard_neg"])
+        writer.writerows(rows[:3] + [("an anchor", "a positive", "")] + rows[3:])
+    result = _cli(path, "-o", tmp_path / "out", "--format", "nli")
+    assert result.exit_code == 0, result.output
+    manifest = _manifest(tmp_path / "out")
+    assert manifest["columns"] == ["anchor", "positive", "negative_0"] and manifest["dropped"]["empty"] == 1
+    assert manifest["sources"][0] == {"path": str(path), "format": "nli", "text_field": "sent0,sent1,hard_neg"}
+    assert shard_rows(tmp_path / "out") == rows
+
+
+def test_nli_jsonl_pairs_entailment_and_contradiction_of_each_premise(tmp_path):
+    def line(premise: str, hypothesis: str, label: str) -> str:
+        return json.dumps({"sentence1": premise, "sentence2": hypothesis, "gold_label": label, "pairID": "x"})
+
+    lines = [  # premises interleaved, as MultiNLI lists them
+        line("P1 a dog runs", "P1 an animal moves", "entailment"),
+        line("P2 a man sings", "P2 a man is silent", "contradiction"),
+        line("P1 a dog runs", "P1 the dog is asleep", "contradiction"),
+        line("P1 a dog runs", "P1 the dog is happy", "neutral"),
+        line("P2 a man sings", "P2 someone makes sound", "entailment"),
+        line("P2 a man sings", "P2 a man sings loudly", "entailment"),
+        line("P3 only entails", "P3 an entailment", "entailment"),
+        line("P4 only contradicts", "P4 a contradiction", "contradiction"),
+        line("P5 two contradictions", "P5 an entailment", "entailment"),
+        line("P5 two contradictions", "P5 first contradiction", "contradiction"),
+        line("P5 two contradictions", "P5 second contradiction", "contradiction"),
+        line("P1 a dog runs", "P1 no agreement", "-"),
+        line("P6 empty hypothesis", "  ", "entailment"),
+        json.dumps({"sentence1": "P7 no label", "sentence2": "P7 a hypothesis"}),
+    ]
+    (tmp_path / "snli.jsonl").write_text("\n".join(lines) + "\n")
+    result = _cli(tmp_path / "snli.jsonl", "-o", tmp_path / "out", "--format", "nli")
+    assert result.exit_code == 0, result.output
+    assert shard_rows(tmp_path / "out") == [
+        ("P1 a dog runs", "P1 an animal moves", "P1 the dog is asleep"),
+        ("P2 a man sings", "P2 someone makes sound", "P2 a man is silent"),
+        ("P2 a man sings", "P2 a man sings loudly", "P2 a man is silent"),
+        ("P5 two contradictions", "P5 an entailment", "P5 first contradiction"),
+    ]
+    manifest = _manifest(tmp_path / "out")
+    assert manifest["columns"] == ["anchor", "positive", "negative_0"]
+    assert manifest["negative_lines"] == 3
+    assert {reason: count for reason, count in manifest["dropped"].items() if count} == {
+        "neutral": 1, "no_gold_label": 1, "no_contradiction": 1, "no_entailment": 1, "unused_contradiction": 1,
+        "empty": 1, "missing_column": 1,
+    }
+    assert manifest["lines_read"] == len(lines) == 4 + 3 + sum(manifest["dropped"].values())
+    assert "lines kept as hard negatives" in result.output and "dropped: neutral" in result.output
+    # --dedup keeps one row per premise.
+    assert _cli(tmp_path / "snli.jsonl", "-o", tmp_path / "dedup", "--format", "nli", "--dedup").exit_code == 0
+    assert [row[0] for row in shard_rows(tmp_path / "dedup")] == ["P1 a dog runs", "P2 a man sings",
+                                                                  "P5 two contradictions"]
+    assert _manifest(tmp_path / "dedup")["dropped"]["duplicate"] == 1
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--text-field", "query,body"], "--text-field query,body: {source}:1 has no field 'body' (fields: id, pos, query)"),
+        (["--text-field", "query,query"], "--text-field query,query names 'query' twice"),
+        (["--text-field", "query,,pos"], "--text-field 'query,,pos' has an empty name"),
+        (["--text-field", "query,"], "--text-field 'query,' has an empty name"),
+        (["--text-field", ",".join(f"f{i}" for i in range(65))], "--text-field names 65 fields; at most 64"),
+        (["--format", "nli", "--text-field", "query,pos"], "--text-field query,pos does not apply to --format nli"),
+        (["--format", "nli"], "--format nli reads SimCSE's nli_for_simcse.csv"),
+    ],
+    ids=["absent", "duplicate", "empty", "trailing_comma", "too_many", "nli_with_fields", "nli_on_text"],
+)
+def test_text_field_errors_are_one_line_naming_the_option(tmp_path, arguments, message):
+    source = _write_rows(tmp_path / "in.jsonl", PAIR_FIELDS[:2], _rows(2, 2))
+    if arguments == ["--format", "nli"]:
+        source = tmp_path / "in.txt"
+        source.write_text("one line\n")
+    result = _cli(source, "-o", tmp_path / "out", *arguments)
+    assert result.exit_code == 2
+    assert result.output.strip().startswith(f"error: {message.format(source=source)}"), result.output
+    assert result.output.strip().count("\n") == 0
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["in.csv", "in.tsv", "in.parquet", "hf_dir"])
+def test_a_field_the_table_lacks_is_named_with_its_columns(tmp_path, name):
+    source = _write_rows(tmp_path / name, PAIR_FIELDS[:2], _rows(2, 2))
+    result = _cli(source, "-o", tmp_path / "out", "--text-field", "query,pos,hard")
+    assert result.exit_code == 2
+    assert f"--text-field query,pos,hard: {source} has no column 'hard' (columns: id, query, pos)" in result.output
+
+
+def test_plain_text_takes_one_field_only(tmp_path):
+    (tmp_path / "in.txt").write_text("one line\n")
+    result = _cli(tmp_path / "in.txt", "-o", tmp_path / "out", "--text-field", "a,b")
+    assert result.exit_code == 2 and result.output.strip().count("\n") == 0
+    assert f"--text-field a,b: {tmp_path / 'in.txt'} is plain text" in result.output
+
+
+def test_a_later_record_without_any_field_stops_naming_its_line(tmp_path):
+    source = _write_rows(tmp_path / "in.jsonl", PAIR_FIELDS[:2], _rows(2, 2))
+    with open(source, "a") as handle:
+        handle.write(json.dumps({"other": "x"}) + "\n")
+    result = _cli(source, "-o", tmp_path / "out", "--text-field", "query,pos")
+    assert result.exit_code == 2 and f"{source}:3 has no field 'query'" in result.output

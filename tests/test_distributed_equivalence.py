@@ -3,7 +3,8 @@
 One fixed global batch of 12 sentences is split across ranks; each rank pads its slice to
 its own longest sentence (as dynamic padding does), so the slices differ in shape and
 content. Loss (mean over ranks), neighbour indices, perturbations and rank-averaged
-parameter gradients must equal one process on the whole batch, in float64.
+parameter gradients must equal one process on the whole batch, in float64. Supervised SimCSE
+gets triplets (three columns, each trimmed per slice), with and without its hard-negative weight.
 """
 
 from __future__ import annotations
@@ -176,3 +177,44 @@ def test_the_gather_backward_reduce_scatters_on_nccl() -> None:
         np.testing.assert_allclose(result["gathered"], gathered)
         np.testing.assert_allclose(result["grad"], grads[rank])
         assert result["collectives"] == ["all_gather", "reduce_scatter"]
+
+
+SUP_ALPHAS = (0.0, 1.5)  # supervised SimCSE's hard_negative_weight: the paper's Eq. 5, and a weighted hard negative
+
+
+def simcse_sup_on_slice(rank: int, world_size: int) -> dict[float, dict[str, np.ndarray]]:
+    """Supervised SimCSE on this rank's triplets, each column trimmed to this slice's own longest
+    row; world_size 1 (no process group) is the reference."""
+    from vascl_scale.config import LossConfig
+    from vascl_scale.losses import build_objective
+
+    model = tiny_encoder(seed=0)
+    columns = [token_batch(GLOBAL_BATCH, SEQ_LEN, seed=seed) for seed in (1, 2, 4)]  # anchor, positive, negative_0
+    rows = GLOBAL_BATCH // world_size
+    own = slice(rank * rows, (rank + 1) * rows)
+    results = {}
+    for alpha in SUP_ALPHAS:
+        objective = build_objective("simcse_sup", LossConfig(temperature=0.1, hard_negative_weight=alpha).model_dump())
+        model.zero_grad(set_to_none=False)
+        views = [model(*_slice_batch(ids[own], mask[own])) for ids, mask in columns]  # (b, d) each
+        loss = objective(views, model.head).loss
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])
+        mean_loss = loss.detach().clone()
+        if world_size > 1:  # DDP's averaging of the parameter gradients over ranks
+            dist.all_reduce(grads)
+            dist.all_reduce(mean_loss)
+            grads /= world_size
+            mean_loss /= world_size
+        results[alpha] = {"loss": mean_loss.numpy(), "grads": grads.numpy()}
+    return results
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_simcse_sup_many_ranks_equal_one_process(world_size: int) -> None:
+    reference = simcse_sup_on_slice(rank=0, world_size=1)
+    assert not np.allclose(reference[SUP_ALPHAS[0]]["loss"], reference[SUP_ALPHAS[1]]["loss"])  # alpha matters
+    for rank, got in enumerate(run_on_ranks(simcse_sup_on_slice, world_size)):
+        for alpha in SUP_ALPHAS:
+            torch.testing.assert_close(torch.from_numpy(got[alpha]["loss"]), torch.from_numpy(reference[alpha]["loss"]))
+            torch.testing.assert_close(torch.from_numpy(got[alpha]["grads"]), torch.from_numpy(reference[alpha]["grads"]))

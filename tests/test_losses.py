@@ -494,3 +494,139 @@ def test_loss_code_never_imports_torch_distributed() -> None:
             elif isinstance(node, ast.ImportFrom):
                 names = [node.module or ""] + [f"{node.module}.{alias.name}" for alias in node.names]
             assert not any(n.startswith("torch.distributed") for n in names), f"{source.name} imports {names}"
+
+
+def test_block_row_is_the_rank_major_then_view_major_layout_of_the_gathered_blocks() -> None:
+    from vascl_scale.distributed import block_row
+
+    world, views, rows = 3, 2, 4
+    # Rank r's block [v_0; v_1] holds 100 r + 10 v + i at row i of view v; gathered rank by rank.
+    gathered = torch.cat([torch.tensor([100 * r + 10 * v + i for v in range(views) for i in range(rows)]) for r in range(world)])
+    for r in range(world):
+        for v in range(views):
+            for i in range(rows):
+                assert gathered[block_row(r, v, i, views, rows)] == 100 * r + 10 * v + i
+    ranks, own = torch.tensor([[2, 0], [1, 1]]), torch.tensor([[3, 0], [1, 2]])
+    assert gathered[block_row(ranks, 1, own, views, rows)].tolist() == [[213, 10], [111, 112]]
+
+
+def test_declarations_stand_the_anchor_in_for_a_missing_positive_and_name_what_is_missing() -> None:
+    from vascl_scale.losses import OBJECTIVES, ObjectiveSpec
+
+    for name in ("simcse", "vascl"):
+        assert OBJECTIVES[name].inputs == ("anchor", "positive")
+        assert OBJECTIVES[name].encoded_columns(("anchor",)) == ("anchor", "anchor")  # a second dropout view
+        assert OBJECTIVES[name].encoded_columns(("positive", "anchor")) == ("anchor", "positive")
+    triplets = ObjectiveSpec("triplets", ("anchor", "positive", "negative_0"), labels=("label",))
+    assert triplets.columns == ("anchor", "positive", "negative_0", "label")
+    assert triplets.missing_columns(("anchor", "positive", "negative_0", "label")) == ()
+    with pytest.raises(ValueError, match=r"objective 'triplets' needs the column\(s\) positive, negative_0, label, which the batch lacks \(its columns: anchor\)"):
+        triplets.encoded_columns(("anchor",))
+
+
+def test_the_objective_is_called_with_its_views_in_declared_order() -> None:
+    from vascl_scale.config import LossConfig
+    from vascl_scale.losses import build_objective
+
+    head = ProjectionHead(4, 3)
+    anchor, positive = torch.randn(6, 4, dtype=torch.float64), torch.randn(6, 4, dtype=torch.float64)
+    head.double()
+    settings = LossConfig(k=2, temperature=0.1).model_dump()
+    simcse = build_objective("simcse", settings)([anchor, positive], head)
+    assert torch.equal(simcse.loss, simcse_loss(project(head, anchor), project(head, positive), temperature=0.1))
+    vascl = build_objective("vascl", settings)([anchor, positive], head, torch.Generator().manual_seed(3))
+    vascl_settings = {key: value for key, value in settings.items() if key != "hard_negative_weight"}  # supervised SimCSE's
+    expected = vascl_objective(anchor, positive, head, generator=torch.Generator().manual_seed(3), with_stats=False, **vascl_settings)
+    assert torch.equal(vascl.loss, expected.loss)
+    with pytest.raises(ValueError, match="objective must be one of 'vascl', 'simcse', 'simcse_sup'; got 'simclr'"):
+        build_objective("simclr", settings)
+
+
+def reference_simcse_sup(anchor, positive, negative, head, temperature, alpha):
+    """Supervised SimCSE written from Gao et al. 2021, Eq. 5, one anchor and one candidate at a
+    time: h = head(e), sim the cosine, every positive and every hard negative of the batch in
+    the denominator, alpha added to the logit of the anchor's own hard negative."""
+    h, h_pos, h_neg = head(anchor), head(positive), head(negative)  # (B, D) each
+    rows = h.shape[0]
+
+    def sim(a, b):
+        return (a * b).sum() / (a.norm() * b.norm())
+
+    losses = []
+    for i in range(rows):
+        logits = [sim(h[i], h_pos[j]) / temperature for j in range(rows)]
+        logits += [sim(h[i], h_neg[j]) / temperature + (alpha if j == i else 0.0) for j in range(rows)]
+        losses.append(torch.logsumexp(torch.stack(logits), dim=0) - logits[i])
+    return torch.stack(losses).mean()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("alpha", [0.0, 1.5, -0.7])
+def test_simcse_sup_matches_the_loop_reference_in_value_and_gradient(seed: int, alpha: float) -> None:
+    from vascl_scale.config import LossConfig
+    from vascl_scale.losses import build_objective
+
+    torch.manual_seed(seed)
+    head = ProjectionHead(6, 4)
+    views = [torch.randn(5, 6, requires_grad=True) for _ in range(3)]  # anchor, positive, negative
+    objective = build_objective("simcse_sup", LossConfig(temperature=0.1, hard_negative_weight=alpha).model_dump())
+    got = objective(views, head).loss
+    got_grads = torch.autograd.grad(got, [*views, *head.parameters()])
+    expected = reference_simcse_sup(*views, head, 0.1, alpha)
+    expected_grads = torch.autograd.grad(expected, [*views, *head.parameters()])
+    torch.testing.assert_close(got, expected)
+    for ours, theirs in zip(got_grads, expected_grads):
+        torch.testing.assert_close(ours, theirs)
+
+
+def test_simcse_sup_weight_is_on_the_own_hard_negative_only_and_blocks_equal_one_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """alpha changes the loss; alpha -> -inf removes each anchor's own hard negative only (its
+    row of candidates then lacks that one column); the blocked path is the one-matrix path."""
+    import vascl_scale.losses.contrastive as contrastive
+    from vascl_scale.losses.simcse import simcse_sup_loss
+
+    z = [_unit(torch.randn(6, 4, requires_grad=True)) for _ in range(3)]
+    plain = simcse_sup_loss(*z, temperature=0.5)
+    assert simcse_sup_loss(*z, temperature=0.5, hard_negative_weight=2.0) > plain
+    without_own = simcse_sup_loss(*z, temperature=0.5, hard_negative_weight=-1e4)
+    expected = []
+    for i in range(6):
+        others = torch.cat([z[2][:i], z[2][i + 1 :]])
+        logits = torch.cat([z[1] @ z[0][i], others @ z[0][i]]) / 0.5
+        expected.append(torch.logsumexp(logits, dim=0) - logits[i])
+    torch.testing.assert_close(without_own, torch.stack(expected).mean())
+    monkeypatch.setattr(contrastive, "LOGITS_BLOCK_ELEMENTS", 20)  # blocks of 1 anchor row (12 candidates)
+    blocked = simcse_sup_loss(*z, temperature=0.5, hard_negative_weight=2.0)
+    monkeypatch.undo()
+    torch.testing.assert_close(blocked, simcse_sup_loss(*z, temperature=0.5, hard_negative_weight=2.0))
+
+
+def test_simcse_sup_declares_a_triplet_without_stand_ins_and_counts_its_flops() -> None:
+    from vascl_scale.config import LossConfig
+    from vascl_scale.flops import head_forward_flops
+    from vascl_scale.losses import OBJECTIVES, build_objective
+
+    spec = OBJECTIVES["simcse_sup"]
+    assert spec.inputs == ("anchor", "positive", "negative_0") and not spec.stand_ins and spec.labels == ()
+    assert spec.encoded_columns(("anchor", "positive", "negative_0")) == spec.inputs
+    for data, missing in ((("anchor",), "positive, negative_0"), (("anchor", "positive"), "negative_0")):
+        with pytest.raises(ValueError, match=rf"objective 'simcse_sup' needs the column\(s\) {missing}, which the batch lacks"):
+            spec.encoded_columns(data)
+    settings = LossConfig().model_dump()
+    rows, global_rows, hidden, out_dim = 4, 16, 32, 8
+    # 3b rows through the head; b anchors against 2B candidates; forward and backward (x 3).
+    expected = 3 * (head_forward_flops(3 * rows, hidden, out_dim) + 2 * rows * 2 * global_rows * out_dim)
+    assert build_objective("simcse_sup", settings).model_flops(rows, global_rows, hidden, out_dim) == expected
+    # The unsupervised one is unchanged: 2b rows through the head, (2b, 2B) logits.
+    unsupervised = 3 * (head_forward_flops(2 * rows, hidden, out_dim) + 2 * (2 * rows) * (2 * global_rows) * out_dim)
+    assert build_objective("simcse", settings).model_flops(rows, global_rows, hidden, out_dim) == unsupervised
+
+
+def test_simcse_sup_refuses_bad_input() -> None:
+    from vascl_scale.losses.simcse import simcse_sup_loss
+
+    z = _unit(torch.randn(4, 3))
+    with pytest.raises(ValueError, match="z_anchor and z_negative must have the same shape"):
+        simcse_sup_loss(z, z, z[:3])
+    with pytest.raises(ValueError, match="hard_negative_weight must be a finite number"):
+        simcse_sup_loss(z, z, z, hard_negative_weight=float("nan"))

@@ -70,13 +70,13 @@ def train_steps(
         accelerator = build_accelerator(config, deepspeed)
         prepared, prepared_optimizer = prepare_for_training(accelerator, model, build_optimizer(model, config), config)
         step = TrainingStep(
-            accelerator, prepared, prepared_optimizer, build_objective(objective, config.loss),
+            accelerator, prepared, prepared_optimizer, build_objective(objective, config.loss.model_dump()),
             seed=config.train.seed, per_device_batch=rows, precision=train_precision(config.train.precision),
         )  # fmt: skip
         losses = []
         for index in range(steps):
             ids, mask = token_batch(GLOBAL_BATCH, SEQ_LEN, seed=10 + index)  # the same global batch everywhere
-            result = step(iter([{"input_ids": ids[own], "attention_mask": mask[own]}]), index)
+            result = step(iter([{"anchor": {"input_ids": ids[own], "attention_mask": mask[own]}}]), index)
             losses.append(float(result.terms["loss"]))
         weights[f"{objective} losses"] = np.array(losses)  # this rank's
         module = accelerator.unwrap_model(prepared)

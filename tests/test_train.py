@@ -358,6 +358,24 @@ def test_ctrl_c_stops_every_rank_with_one_line_naming_the_checkpoint_kept(worksp
     assert not any("Traceback" in line or "signal" in line.lower() and " ERROR " not in line for line in after), after
 
 
+def test_paired_shards_train_on_their_positives_and_augmenting_them_stops_before_any_worker(
+    workspace: Path, tmp_path: Path
+) -> None:
+    from tests.data_helpers import make_paired_shards
+
+    rng = random.Random(2)
+    rows = [{column: " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) for column in ("anchor", "positive")} for _ in range(64)]
+    pairs = make_paired_shards(tmp_path / "pairs", rows, shard_size=16)
+    config = write_config(workspace, tmp_path / "config.yaml", data={"train": str(pairs)}, eval={"every_steps": 0})
+    result = run_train(config, tmp_path / "run", "--set", "objective=simcse", "--max-steps", "2")
+    assert "4 shards (64 samples), columns anchor, positive" in result.stderr
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+    failure = run_train(config, tmp_path / "refused", "--num-processes", "2", "--set", "data.augment=wdel", expect=2)
+    assert f"data.augment makes each sample's positive from its anchor, and data.train {pairs} has" in " ".join(failure.stderr.split())
+    assert "launching" not in failure.stderr and not (tmp_path / "refused").exists()
+
+
 def test_bad_input_fails_before_training_with_a_clear_message(workspace: Path, tmp_path: Path) -> None:
     config = write_config(workspace, tmp_path / "config.yaml")
     failure = run_train(config, tmp_path / "a", "--set", "loss.kk=3", expect=2)
@@ -525,7 +543,7 @@ def test_non_finite_loss_stops_before_the_update_and_keeps_the_last_good_checkpo
                 out.loss = out.loss * float("nan")
             return out
 
-        call.model_flops = objective.model_flops
+        call.model_flops, call.spec = objective.model_flops, objective.spec
         return call
 
     monkeypatch.setattr(trainer_module, "build_objective", objective_with_a_nan_at_the_third_call)

@@ -40,10 +40,10 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from vascl_scale.data.augment import AUGMENTATIONS, DEFAULT_WORDNET, AugmentSpec, check_augmenter
+from vascl_scale.data.columns import AUGMENTED, columns_to_read
 from vascl_scale.hub import PACKAGE_PREFIX, locate_model, package_directory
 from vascl_scale.log import shown
-from vascl_scale.losses.objective import check_objective_name
-from vascl_scale.losses.rules import check_neighbour_count, check_temperature, check_vascl_settings
+from vascl_scale.losses.spec import check_loss_settings, objective_spec
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class DataConfig(_Strict):
 
 class LossConfig(_Strict):
     """Eq. 1 (SimCSE) and Eq. 2-6 (VaSCL) hyper-parameters; k, xi, eps, power_iters and
-    detach only matter for ``objective: vascl``."""
+    detach only matter for ``objective: vascl``, hard_negative_weight for ``simcse_sup``."""
 
     temperature: Number = 0.05
     k: int = 16  # neighbours per anchor, searched over the whole global batch
@@ -155,21 +155,13 @@ class LossConfig(_Strict):
     # sentence's own ||e_i||; "absolute": the paper's Delta.
     eps_mode: Literal["absolute", "relative", "relative_instance"] = "absolute"
     xi_mode: Literal["absolute", "relative", "relative_instance"] = "absolute"
+    # Supervised SimCSE's alpha: added to the logit (after / temperature) of each anchor's own
+    # hard negative, a weight e^alpha on it; 0 is the paper's Eq. 5.
+    hard_negative_weight: Number = 0.0
 
     @model_validator(mode="after")
     def _rules(self) -> LossConfig:
-        # The same rules as the functional API's (vascl_scale.losses.rules).
-        check_temperature(self.temperature, prefix="loss.")
-        check_vascl_settings(
-            k=self.k,
-            xi=self.xi,
-            eps=self.eps,
-            power_iters=self.power_iters,
-            similarity=self.similarity,
-            eps_mode=self.eps_mode,
-            xi_mode=self.xi_mode,
-            prefix="loss.",
-        )
+        check_loss_settings(self.model_dump())  # the functional API's rules (vascl_scale.losses.rules)
         return self
 
 
@@ -238,7 +230,7 @@ class RunConfig(_Strict):
 
     model: ModelConfig
     data: DataConfig
-    objective: str = "vascl"  # a name in vascl_scale.losses.OBJECTIVES
+    objective: str = "vascl"  # a name in vascl_scale.losses.spec.OBJECTIVES
     loss: LossConfig = Field(default_factory=LossConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
@@ -249,9 +241,7 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _rules(self) -> RunConfig:
-        check_objective_name(self.objective)
-        if self.objective == "vascl":
-            check_neighbour_count(self.loss.k, self.train.global_batch_size, "loss.", "train.global_batch_size")
+        objective_spec(self.objective).rules(self.loss.model_dump(), self.train.global_batch_size)
         self.per_device_batch_size(1)  # train.chunk_size within the batch (the world size is checked at start)
         return self
 
@@ -465,7 +455,8 @@ def resolve_paths(config: RunConfig, expanded: dict[str, str] | None = None) -> 
 
     Called once, by the launcher, before any worker starts: an unset variable in a required
     path is one error there, as is a WordNet database or masked LM that the augmentation cannot
-    use (:func:`vascl_scale.data.augment.check_augmenter`). ``eval.stsb_dev`` is optional: when
+    use (:func:`vascl_scale.data.augment.check_augmenter`), or data without the columns the
+    objective needs (:func:`check_data_columns`). ``eval.stsb_dev`` is optional: when
     evaluation is on and the file (or a variable it names) is absent, model selection is turned
     off with one warning, and the copy holds "" (no dev set). ``expanded`` is what a launcher already resolved
     (:func:`path_values`): its workers take it as it is, expanding nothing again. A hub id in
@@ -500,7 +491,22 @@ def resolve_paths(config: RunConfig, expanded: dict[str, str] | None = None) -> 
     resolved._written = written
     if launcher:  # what the loader's workers will need: refused here, once, before any starts
         check_augmenter(resolved.data.augment_spec())
+        check_data_columns(resolved)
     return resolved
+
+
+def check_data_columns(config: RunConfig) -> None:
+    """ValueError, naming the objective and the columns, when ``data.train`` lacks a column the
+    objective needs and has nothing to stand in for it, or has a positive of its own under
+    ``data.augment``. Reads the manifests only (:func:`vascl_scale.data.shards.source_columns`)."""
+    from vascl_scale.data.shards import source_columns  # webdataset: kept out of `--help`
+
+    data, spec = config.data, objective_spec(config.objective)
+    where = f"data.train {data.train}"
+    available = source_columns(data.train)
+    augmented = data.augment != "none"
+    columns_to_read(available, spec.columns, augmented, where)
+    spec.check_columns(available + (AUGMENTED if augmented else ()), where)
 
 
 def path_values(config: RunConfig) -> dict[str, str]:

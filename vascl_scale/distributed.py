@@ -102,6 +102,17 @@ def all_gather_with_grad(local: Tensor) -> Tensor:
     return _AllGatherWithGrad.apply(local)
 
 
+def block_row(rank: int | Tensor, view: int, row: int | Tensor, views: int, rows: int) -> int | Tensor:
+    """Where row ``row`` of view ``view`` of rank ``rank`` lands in a gather of per-rank blocks.
+
+    Each rank passes the gathers one block of its n = ``views`` views stacked, [v_0; ...;
+    v_(n-1)] (n b, ...) with b = ``rows``, so the gathered rows (W n b, ...) are rank-major, then
+    view-major: (rank n + view) b + row. Integers or integer tensors alike; every objective reads
+    the gathered block through this one function.
+    """
+    return (rank * views + view) * rows + row
+
+
 def all_gather_no_grad(local: Tensor) -> Tensor:
     """Like :func:`all_gather_with_grad` for values used without gradient (neighbour search)."""
     _, world_size = world()

@@ -63,7 +63,7 @@ def step(
     model: str = typer.Option(..., "--model", help="Model: a directory, package:MODULE/SUBDIR, a hub id, or a Hugging Face config.json (random init)."),
     global_batch: str = typer.Option("64", "--global-batch", help="Sentences per loss call over all ranks; several, comma separated, make a grid."),
     chunk_size: str = typer.Option("0", "--chunk-size", help="train.chunk_size: 0 uncached, else sentences per encoder forward; several make a grid."),
-    objective: str = typer.Option("vascl,simcse", "--objective", help="vascl, simcse or both (the ratio needs both)."),
+    objective: str = typer.Option("vascl,simcse", "--objective", help="Objectives, comma separated: vascl, simcse, simcse_sup (the VaSCL / SimCSE ratio needs both)."),
     steps: int = typer.Option(10, "--steps", help="Timed steps per objective."),
     warmup: int = typer.Option(2, "--warmup", help="Untimed steps per objective first."),
     max_length: int = typer.Option(32, "--max-length", help="Tokens per sentence (every sentence is this long)."),
@@ -73,7 +73,7 @@ def step(
     num_processes: int = typer.Option(1, "--num-processes", help="Ranks on this machine (through accelerate)."),
     deepspeed: Optional[Path] = typer.Option(None, "--deepspeed", help="DeepSpeed JSON, e.g. configs/deepspeed/zero2.json."),
     max_rows_per_forward: int = typer.Option(
-        1 << 30, "--max-rows-per-forward", help="Grid: skip cells whose encoder forward holds more sentences (2b uncached, c cached)."
+        1 << 30, "--max-rows-per-forward", help="Grid: skip cells whose encoder forward holds more sentences (n b uncached, n views; c cached)."
     ),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Grid: also plot memory and time against the batch (PNG)."),
     peak_tflops: float = typer.Option(0.0, "--peak-tflops", min=0, help="The device's peak TFLOP/s in this precision: adds MFU."),
@@ -85,22 +85,23 @@ def step(
     """Median / p10 / p90 time, model TFLOP/s per device (MFU with --peak-tflops) and peak memory of full training steps, uncached or cached; a
     grid over global batches and chunk sizes runs each cell as its own process."""
     from vascl_scale.bench import save_result
-    from vascl_scale.bench.step import grid_cells, grid_table, plot_grid, run_grid, run_step_bench, step_table
+    from vascl_scale.bench.step import bench_objectives, grid_cells, grid_table, plot_grid, run_grid, run_step_bench, step_table
     from vascl_scale.log import console, fail, print_table
     from vascl_scale.train.launch import LaunchPlan, become_single_rank, exit_with_parent, in_distributed_worker, launch_workers
 
+    objectives = [o.strip() for o in objective.split(",") if o.strip()]
     try:
         batches, chunks = _integers(global_batch, "--global-batch"), _integers(chunk_size, "--chunk-size")
         _check_outputs(output=output, plot=plot)
+        views = max(len(spec.inputs) for spec in bench_objectives(objectives))
     except ValueError as err:
         fail(err)
-    objectives = [o.strip() for o in objective.split(",") if o.strip()]
     if len(batches) * len(chunks) > 1:
         cell_argv = ["bench", "step", "--model", model, "--objective", objective, "--steps", str(steps), "--warmup", str(warmup)]
         cell_argv += ["--max-length", str(max_length), "--k", str(k), "--eps", str(eps), "--precision", precision]
         cell_argv += ["--peak-tflops", str(peak_tflops)] + (["--compare", compare] if compare else [])
         cell_argv += ["--num-processes", str(num_processes)] + (["--deepspeed", str(deepspeed)] if deepspeed else [])
-        cells = run_grid(cell_argv, grid_cells(batches, chunks, num_processes, max_rows_per_forward))
+        cells = run_grid(cell_argv, grid_cells(batches, chunks, num_processes, max_rows_per_forward, views))
         print_table(grid_table(cells, objectives[0]))
         if plot is not None and any("result" in c for c in cells):
             plot_grid(cells, objectives[0], plot)

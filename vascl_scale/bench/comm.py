@@ -5,19 +5,20 @@ n local bytes sends (W - 1) n; an all-reduce of N bytes sends 2 (W - 1) / W N; a
 reduce-scatter or an all-gather of a partitioned N-byte tensor sends (W - 1) / W N):
 
 * VaSCL gathers: the row-count check (W int64), e1 (b x d, no gradient) for the neighbour
-  search, the features [z1; z2] (2b x D) and z* (b x D), plus the backward of the last two
-  (2B x D and B x D): a reduce-scatter on NCCL, an all-reduce on gloo (which has no
-  reduce-scatter; twice the bytes); SimCSE needs the count check and [z1; z2] with its backward.
+  search, the features of its n = 2 views [z1; z2] (n b x D) and z* (b x D), plus the backward
+  of the last two (n B x D and B x D): a reduce-scatter on NCCL, an all-reduce on gloo (which
+  has no reduce-scatter; twice the bytes); SimCSE needs the count check and the features of
+  its views with their backward. n is the number of the objective's inputs (``spec.inputs``).
 * Gradient traffic: DDP all-reduces every trainable gradient; ZeRO-2 reduce-scatters the
   gradients and all-gathers the updated parameters; ZeRO-3 also all-gathers the parameters in
   the forward and again in the backward.
 
-The cached step (``--chunk-size`` c, n = ceil(b / c) chunks per view) sends the same DDP
+The cached step (``--chunk-size`` c, m = ceil(b / c) chunks per view) sends the same DDP
 gradient all-reduce once per step, and its gathers run their backward twice (once for d loss
 / d e, once for the head's gradient in the first chunk's backward; z*'s only with
 ``loss.detach: false``, since detached it does not reach the embeddings). ZeRO-2 and ZeRO-3 reduce
-the gradients of every backward, 2n per loss call instead of one, and ZeRO-3 gathers the
-parameters for each of the 4n forwards and 2n backwards.
+the gradients of every backward, n m per loss call instead of one, and ZeRO-3 gathers the
+parameters for each of the 2 n m forwards and n m backwards.
 
 Measured: one training step on W real gloo ranks (DDP) counts the payload of every
 collective, the gathers through :func:`vascl_scale.distributed.record_traffic` and the
@@ -32,9 +33,11 @@ from typing import Any
 import torch
 
 from vascl_scale.bench.step import build_bench_model
+from vascl_scale.losses.spec import OBJECTIVES
 from vascl_scale.train.step import chunk_spans
 
 MEASURE_MAX_LENGTH = 4  # collective sizes do not depend on it; short sequences keep the run cheap
+REPORTED = ("vascl", "simcse")  # the objectives the report compares
 
 
 def ring_bytes_sent(collective: str, payload: int, world_size: int) -> float:
@@ -69,7 +72,7 @@ def gather_collectives(
     features_backwards = 2 if cached else 1
     augmented_backwards = 2 if cached and not detach else 1
     calls = [("all_gather", 8)]  # the row-count check: one int64 per rank
-    features = 2 * b * head_dim * element_bytes
+    features = len(OBJECTIVES[objective].inputs) * b * head_dim * element_bytes  # every view's z
     calls += [("all_gather", features)] + [(backward, world_size * features)] * features_backwards
     if objective == "vascl":
         augmented = b * head_dim * element_bytes
@@ -79,7 +82,7 @@ def gather_collectives(
 
 
 def chunks_per_view(global_batch: int, world_size: int, chunk_size: int) -> int:
-    """n: encoder forwards per view and loss call of the cached step (0 when uncached)."""
+    """m: encoder forwards per view and loss call of the cached step (0 when uncached)."""
     return len(chunk_spans(global_batch // world_size, chunk_size)) if chunk_size else 0
 
 
@@ -99,8 +102,10 @@ def computed_traffic(
     w = world_size
     gradients = trainable_params * grad_bytes
     parameters = trainable_params * param_bytes
-    n = chunks_per_view(global_batch, w, chunk_size)
-    forwards, backwards = (4 * n, 2 * n) if n else (1, 1)
+    # The views the cached step encodes in chunks: the reported objectives' number, one for all.
+    (views,) = {len(OBJECTIVES[objective].inputs) for objective in REPORTED}
+    m = chunks_per_view(global_batch, w, chunk_size)
+    forwards, backwards = (2 * views * m, views * m) if m else (1, 1)
     reduce_scatters = backwards * ring_bytes_sent("reduce_scatter", gradients, w)
     strategies = {
         "ddp": ring_bytes_sent("all_reduce", gradients, w),
@@ -111,10 +116,10 @@ def computed_traffic(
         objective: sum(
             ring_bytes_sent(c, b, w)
             for c, b in gather_collectives(
-                objective, global_batch, w, hidden, head_dim, element_bytes, cached=n > 0, backend=backend
+                objective, global_batch, w, hidden, head_dim, element_bytes, cached=m > 0, backend=backend
             )
         )
-        for objective in ("vascl", "simcse")
+        for objective in REPORTED
     }
     return {"gathers": gathers, "gradients": strategies}
 
@@ -125,13 +130,13 @@ def measure_step(model: str, global_batch: int, k: int, head_dim: int, chunk_siz
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    from vascl_scale.bench.step import bench_config
+    from vascl_scale.bench.step import bench_config, synthetic_batch
     from vascl_scale.distributed import record_traffic
     from vascl_scale.losses import build_objective
     from vascl_scale.train.step import TrainingStep
     from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
 
-    configs = {o: bench_config(o, model, global_batch, MEASURE_MAX_LENGTH, k, 15.0, "no") for o in ("vascl", "simcse")}
+    configs = {o: bench_config(o, model, global_batch, MEASURE_MAX_LENGTH, k, 15.0, "no") for o in REPORTED}
     torch.manual_seed(0)
     encoder = build_bench_model(model, head_dim)
     accelerator = build_accelerator(configs["vascl"], None)  # DDP over gloo
@@ -149,12 +154,12 @@ def measure_step(model: str, global_batch: int, k: int, head_dim: int, chunk_siz
 
     ddp.register_comm_hook(dist.group.WORLD, counting_allreduce)
     vocab = int(encoder.encoder.config.vocab_size)
-    ids = torch.randint(min(1000, vocab - 1), vocab, (rows, MEASURE_MAX_LENGTH), generator=torch.Generator().manual_seed(rank))
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}  # (b, L)
+    specs = [OBJECTIVES[o] for o in REPORTED]
+    batch = synthetic_batch(specs, rows, MEASURE_MAX_LENGTH, vocab, torch.Generator().manual_seed(rank))
     measured: dict[str, Any] = {}
     for objective, config in configs.items():
         step = TrainingStep(
-            accelerator, ddp, optimizer, build_objective(objective, config.loss), seed=0, per_device_batch=rows,
+            accelerator, ddp, optimizer, build_objective(objective, config.loss.model_dump()), seed=0, per_device_batch=rows,
             chunk_size=chunk_size,
         )  # fmt: skip
         gradient_payloads.clear()
@@ -204,7 +209,7 @@ def comm_report(
     computed = computed_traffic(trainable, hidden, head_dim, global_batch, world_size, chunk_size=chunk_size, backend=backend)
     ratios = {
         objective: {strategy: computed["gathers"][objective] / sent for strategy, sent in computed["gradients"].items()}
-        for objective in ("vascl", "simcse")
+        for objective in REPORTED
     }
     report = {
         "model": model,
@@ -234,7 +239,7 @@ def comm_report(
                 "ddp_gradients": measured["measured"][objective]["gradient_bytes_sent_ddp"]
                 / ring_bytes_sent("all_reduce", trainable * 4, w),
             }
-            for objective in ("vascl", "simcse")
+            for objective in REPORTED
         }
     return report
 

@@ -34,6 +34,7 @@ import psutil
 from rich.table import Table
 
 from vascl_scale.config import DataConfig
+from vascl_scale.data.columns import ANCHOR
 from vascl_scale.data.loader import build_train_stream
 from vascl_scale.data.shards import ShardStream, iter_tar_samples, resolve_source
 
@@ -204,7 +205,7 @@ def run_data_bench(
 
 
 def _batch_rows(batch_iter: Iterator[dict]) -> int:
-    return next(batch_iter)["input_ids"].shape[0]
+    return next(batch_iter)[ANCHOR]["input_ids"].shape[0]
 
 
 def results_table(result: DataBenchResult, title: str) -> Table:

@@ -22,7 +22,7 @@ PEER_LABEL = "sentence-transformers MNRL (SimCSE)"
 
 
 def sentence_transformers_step(model: str, rows: int, tokens: int, precision: str) -> tuple[Callable[[dict], None], int]:
-    """One optimiser step of the peer on a (rows, tokens) batch, and its model FLOPs.
+    """One optimiser step of the peer on a batch's anchor column, (rows, tokens), and its model FLOPs.
 
     ``model`` must be a model directory (the peer loads weights and tokenizer from it);
     ``precision``: resolved (``no`` or ``bf16``), the peer's forward under the same autocast.
@@ -43,8 +43,8 @@ def sentence_transformers_step(model: str, rows: int, tokens: int, precision: st
     optimizer = torch.optim.AdamW(peer.parameters(), lr=3e-5)
     device = peer.device
 
-    def step(batch: dict) -> None:
-        features = {k: v.to(device) for k, v in batch.items()}  # (b, L); anchor and positive alike
+    def step(anchor: dict) -> None:
+        features = {k: v.to(device) for k, v in anchor.items()}  # (b, L); anchor and positive alike
         with autocast(device.type, precision):
             value = loss([features, dict(features)], labels=None)
         value.backward()

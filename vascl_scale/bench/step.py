@@ -2,10 +2,12 @@
 SimCSE, uncached and cached (``--chunk-size``).
 
 A step is exactly what ``vascl-scale train`` runs per optimiser step: the one
-:class:`vascl_scale.train.step.TrainingStep` (both dropout views through the encoder in one
+:class:`vascl_scale.train.step.TrainingStep` (the objective's views through the encoder in one
 forward, the objective with its gathers, the finiteness check, backward, the update), built
-with the trainer's own factories (accelerator, optimiser groups, objective). The batch is synthetic (random token ids of the full max length), so the data
-loader is not measured here (``bench data`` does that). Objectives alternate in rounds
+with the trainer's own factories (accelerator, optimiser groups, objective). The batch is
+synthetic, random token ids of the full max length in each column the objective encodes and
+cannot stand in for (SimCSE and VaSCL: the anchor, encoded twice as on single-text data), so
+the data loader is not measured here (``bench data`` does that). Objectives alternate in rounds
 (A B A B ...) so that drift of a shared machine hits both alike; the first ``warmup``
 steps of each objective are dropped. Reported per objective: median, p10 and p90 step time,
 sentences/s at the median, and peak memory (GPU: max allocated per objective; CPU: the
@@ -16,8 +18,8 @@ summed over the ranks: an upper bound of the process tree's peak (the launcher e
 Several global batches or chunk sizes (``--global-batch 64,256 --chunk-size 0,64``) make a
 grid: every cell runs as its own ``bench step`` process, so that each peak is the cell's own,
 and the cells are tabulated and plotted together (:func:`run_grid`). A cell whose encoder
-forward would hold more than ``--max-rows-per-forward`` sentences (2b uncached, c cached: what
-activation memory grows with) is skipped and listed as such.
+forward would hold more than ``--max-rows-per-forward`` sentences (n b uncached for n views, c
+cached: what activation memory grows with) is skipped and listed as such.
 """
 
 from __future__ import annotations
@@ -39,10 +41,12 @@ import torch
 
 from vascl_scale.config import RunConfig, config_from_dict
 from vascl_scale.flops import tflops_and_mfu
+from vascl_scale.data.columns import ANCHOR
+from vascl_scale.figures import save_figure
 from vascl_scale.hub import locate_model
+from vascl_scale.losses.spec import OBJECTIVES, ObjectiveSpec
 from vascl_scale.model import SentenceEncoder
 from vascl_scale.train.step import rows_per_forward
-from vascl_scale.figures import save_figure
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +63,25 @@ def build_bench_model(model: str, head_dim: int) -> SentenceEncoder:
     if not location.directory.is_dir():
         raise ValueError(f"--model {model}: expected a model directory, package:MODULE/SUBDIR, a hub id or a Hugging Face config.json")
     return SentenceEncoder.from_pretrained(location.directory, head_dim=head_dim)
+
+
+def bench_objectives(names: list[str]) -> list[ObjectiveSpec]:
+    """The declarations of the objectives ``--objective`` names; ValueError for an unknown one."""
+    unknown = [name for name in names if name not in OBJECTIVES]
+    if unknown or not names:
+        raise ValueError(f"--objective takes {' and/or '.join(OBJECTIVES)}, comma separated; got {names}")
+    return [OBJECTIVES[name] for name in names]
+
+
+def synthetic_batch(specs: list[ObjectiveSpec], rows: int, tokens: int, vocab: int, generator: torch.Generator) -> dict:
+    """Random ids (rows, tokens) and a full mask in each column that one of ``specs`` encodes and
+    cannot stand in for, drawn in that order from ``generator``."""
+    columns = dict.fromkeys(column for spec in specs for column in spec.inputs if column not in spec.stand_ins)
+    batch = {}
+    for column in columns:
+        ids = torch.randint(min(1000, vocab - 1), vocab, (rows, tokens), generator=generator)
+        batch[column] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}  # (b, L)
+    return batch
 
 
 def bench_config(
@@ -96,14 +119,12 @@ def run_step_bench(
     ``peak_tflops``: the device's peak, for MFU (0: none). ``compare``: a peer
     (:data:`vascl_scale.bench.peer.PEERS`) timed in the same rounds, on one process only."""
     from vascl_scale.bench.peer import PEERS, sentence_transformers_step
-    from vascl_scale.losses import OBJECTIVES, build_objective
+    from vascl_scale.losses import build_objective
     from vascl_scale.precision import train_precision
     from vascl_scale.train.step import TrainingStep
     from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
 
-    unknown = [o for o in objectives if o not in OBJECTIVES]
-    if unknown or not objectives:
-        raise ValueError(f"--objective takes {' and/or '.join(OBJECTIVES)}, comma separated; got {objectives}")
+    specs = bench_objectives(objectives)
     if steps < 1 or warmup < 0:
         raise ValueError(f"--steps must be >= 1 and --warmup >= 0; got {steps} and {warmup}")
     configs = {o: bench_config(o, model, global_batch, max_length, k, eps, precision, chunk_size) for o in objectives}
@@ -121,7 +142,7 @@ def run_step_bench(
     wrapped, optimizer = prepare_for_training(accelerator, encoder, build_optimizer(encoder, first), first)
     steps_of = {
         o: TrainingStep(
-            accelerator, wrapped, optimizer, build_objective(o, configs[o].loss), seed=seed, per_device_batch=rows,
+            accelerator, wrapped, optimizer, build_objective(o, configs[o].loss.model_dump()), seed=seed, per_device_batch=rows,
             chunk_size=chunk_size, precision=run_precision,
         )  # fmt: skip
         for o in objectives
@@ -139,15 +160,14 @@ def run_step_bench(
         peer_step, peer_flops = sentence_transformers_step(model, rows, max_length, run_precision)
 
         def peer(index: int) -> int:
-            peer_step(next(batches))
+            peer_step(next(batches)[ANCHOR])
             return peer_flops
 
         timed[compare] = peer
 
     vocab = int(encoder.encoder.config.vocab_size)
     generator = torch.Generator().manual_seed(seed + rank)
-    ids = torch.randint(min(1000, vocab - 1), vocab, (rows, max_length), generator=generator)
-    batches = itertools.repeat({"input_ids": ids, "attention_mask": torch.ones_like(ids)})  # (b, L), every step
+    batches = itertools.repeat(synthetic_batch(specs, rows, max_length, vocab, generator))  # every step
 
     times: dict[str, list[float]] = {o: [] for o in timed}
     flops: dict[str, int] = {}
@@ -184,7 +204,7 @@ def run_step_bench(
         "warmup": warmup,
         "chunk_size": chunk_size,
         "peak_tflops": peak_tflops,
-        "rows_per_forward": rows_per_forward(rows, chunk_size),
+        "rows_per_forward": rows_per_forward(rows, chunk_size, max(len(spec.inputs) for spec in specs)),
         "peak_rss_mb": sum(rank_peaks_mb),
         "peak_rss_mb_per_rank": rank_peaks_mb,
     }
@@ -215,7 +235,7 @@ def _summary(
     stats = result["objectives"]
     if "vascl" in times and "simcse" in times:
         result["vascl_over_simcse"] = stats["vascl"]["median_s"] / stats["simcse"]["median_s"]
-    peers = [name for name in times if name not in ("vascl", "simcse")]
+    peers = [name for name in times if name not in OBJECTIVES]
     if peers:  # sentences/s of each vascl-scale objective over the peer's, at the same batch
         result["speedup_over_peer"] = {o: stats[peers[0]]["median_s"] / stats[o]["median_s"] for o in times if o != peers[0]}
     return result
@@ -250,9 +270,10 @@ def step_table(result: dict[str, Any]):
 
 
 def grid_cells(
-    global_batches: list[int], chunk_sizes: list[int], world_size: int, max_rows_per_forward: int
+    global_batches: list[int], chunk_sizes: list[int], world_size: int, max_rows_per_forward: int, views: int
 ) -> list[tuple[int, int, str | None]]:
-    """(global batch, chunk size, why it is skipped or None) of every cell, batch-major."""
+    """(global batch, chunk size, why it is skipped or None) of every cell, batch-major;
+    ``views``: the most inputs an objective of the bench encodes."""
     cells = []
     for global_batch, chunk_size in itertools.product(global_batches, chunk_sizes):
         reason = None
@@ -260,8 +281,8 @@ def grid_cells(
             reason = f"{world_size} ranks do not divide the batch"
         elif chunk_size > global_batch // world_size:
             reason = f"chunk {chunk_size} > per-device batch {global_batch // world_size}"
-        elif rows_per_forward(global_batch // world_size, chunk_size) > max_rows_per_forward:
-            rows = rows_per_forward(global_batch // world_size, chunk_size)
+        elif rows_per_forward(global_batch // world_size, chunk_size, views) > max_rows_per_forward:
+            rows = rows_per_forward(global_batch // world_size, chunk_size, views)
             reason = f"{rows} sentences per forward > --max-rows-per-forward {max_rows_per_forward}"
         cells.append((global_batch, chunk_size, reason))
     return cells

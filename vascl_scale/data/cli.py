@@ -20,13 +20,21 @@ def prepare(
     ),
     output: Path = typer.Option(..., "--output", "-o", help="Directory for shard-NNNNNN.tar and manifest.json."),
     shard_size: int = typer.Option(50_000, "--shard-size", help="Samples per shard."),
-    fmt: str = typer.Option("auto", "--format", help="auto, txt, jsonl, csv, parquet or hf."),
-    text_field: str = typer.Option("text", "--text-field", help="Field / column holding the text (not for txt)."),
-    dedup: bool = typer.Option(False, "--dedup", help="Drop exact duplicates (after stripping whitespace)."),
-    min_words: int = typer.Option(0, "--min-words", help="Drop lines with fewer whitespace-separated words."),
-    max_chars: Optional[int] = typer.Option(None, "--max-chars", help="Drop lines longer than this many characters."),
+    fmt: str = typer.Option(
+        "auto", "--format", help="auto, txt, jsonl, csv, parquet, hf, or nli (SimCSE's nli_for_simcse.csv, SNLI / "
+        "MultiNLI JSONL: (premise, entailment, contradiction) triplets)."
+    ),
+    text_field: str = typer.Option(
+        "text", "--text-field", metavar="A[,P,N1,...]", help="Field / column holding the text (not for txt); "
+        "several, comma-separated, for anchor, positive and hard negatives in order."
+    ),
+    dedup: bool = typer.Option(False, "--dedup", help="Drop rows whose anchor was seen (after stripping whitespace)."),
+    min_words: int = typer.Option(0, "--min-words", help="Drop rows with a text of fewer whitespace-separated words."),
+    max_chars: Optional[int] = typer.Option(
+        None, "--max-chars", help="Drop rows with a text longer than this many characters."
+    ),
     shuffle_seed: Optional[int] = typer.Option(
-        None, "--shuffle-seed", help="Shuffle all lines (two-pass bucket scatter)."
+        None, "--shuffle-seed", help="Shuffle all rows (two-pass bucket scatter)."
     ),
     tokenizer: Optional[str] = typer.Option(
         None, "--tokenizer", help="Also store token ids from this tokenizer directory."
@@ -36,7 +44,7 @@ def prepare(
         False, "--overwrite", help="Replace the shards in --output, once the new set is complete."
     ),
 ) -> None:
-    """Write filtered text as WebDataset shards with a manifest of counts, hashes and drops."""
+    """Write filtered text, single or in columns (pairs, triplets), as WebDataset shards with a manifest."""
     from vascl_scale.data.prepare import PrepareOptions, prepare_shards, summary_table
 
     try:

@@ -1,9 +1,13 @@
-"""Readers for ``data prepare`` inputs: text, JSONL, CSV/TSV, Parquet and ``datasets`` directories.
+"""Readers for ``data prepare`` inputs: text, JSONL, CSV/TSV, Parquet, ``datasets`` directories, NLI.
 
-Every reader streams (constant memory) and yields ``str | None`` per input record: the raw
-text, or None where the record's bytes are not valid UTF-8. Text is decoded with
-``surrogateescape`` and checked afterwards, so one bad line costs one record, not the file.
-Readers also report progress as a position in their own unit (bytes read or rows).
+Every reader streams (constant memory, except the NLI JSONL pairing: :func:`pair_nli`) and
+yields one item per input record: a tuple of the record's values, one per field read, each a
+``str``, None where its bytes are not valid UTF-8, ``MALFORMED`` where it is not a string or
+``MISSING`` where the record lacks the field; or a :class:`Drop` naming why the record gives
+no row (a line that is not a JSON object, an NLI line without a pair); or ``NEGATIVE`` for an
+NLI line kept as another row's hard negative. Text is decoded with ``surrogateescape`` and
+checked afterwards, so one bad line costs one record, not the file. Readers also report
+progress as a position in their own unit (bytes read or rows).
 """
 
 from __future__ import annotations
@@ -13,20 +17,32 @@ import gzip
 import io
 import json
 import sys
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
-FORMATS = ("auto", "txt", "jsonl", "csv", "parquet", "hf")
-# A record that is not a JSON object, or whose text field is not a string, is counted under this reason.
-MALFORMED = object()
+FORMATS = ("auto", "txt", "jsonl", "csv", "parquet", "hf", "nli")
+MALFORMED = object()  # a value that is not a string (or null)
+MISSING = object()  # a field the record lacks (a JSONL key, the cells past a short CSV row's end)
+NEGATIVE = object()  # an NLI line that is another row's hard negative, not a row of its own
+_BLANK = object()  # a JSONL line of whitespace only: a row of empty texts
+# Fields --format nli reads: SimCSE's nli_for_simcse.csv is already (anchor, positive, hard negative).
+NLI_CSV_FIELDS = ("sent0", "sent1", "hard_neg")
+NLI_JSONL_FIELDS = ("sentence1", "sentence2", "gold_label")
+NLI_DROP_REASONS = ("neutral", "no_gold_label", "no_contradiction", "no_entailment", "unused_contradiction")
 _BATCH_ROWS = 8192
 
 
-def detect_format(path: Path) -> str:
-    """The input format from the path: a directory is a ``datasets`` directory, else by suffix."""
-    if path.is_dir():
-        return "hf"
+@dataclass(frozen=True)
+class Drop:
+    """An input record that gives no row, and why (a key of the manifest's ``dropped``)."""
+
+    reason: str
+
+
+def _format_of_name(path: Path) -> str | None:
+    """The file format its name says (``.gz`` looked through), or None."""
     name = path.name.lower()
     if name.endswith(".gz"):
         name = name[: -len(".gz")]
@@ -38,7 +54,15 @@ def detect_format(path: Path) -> str:
     ):
         if name.endswith(suffixes):
             return fmt
-    raise ValueError(f"cannot tell the format of {path} from its name; pass --format txt|jsonl|csv|parquet|hf")
+    return None
+
+
+def detect_format(path: Path) -> str:
+    """The input format from the path: a directory is a ``datasets`` directory, else by suffix."""
+    fmt = "hf" if path.is_dir() else _format_of_name(path)
+    if fmt is None:
+        raise ValueError(f"cannot tell the format of {path} from its name; pass --format txt|jsonl|csv|parquet|hf")
+    return fmt
 
 
 def _utf8_or_none(text: str) -> str | None:
@@ -50,22 +74,137 @@ def _utf8_or_none(text: str) -> str | None:
     return text
 
 
+def column_problem(values: tuple[object, ...]) -> str | None:
+    """Why a row of raw values cannot be kept (the first reason any value has), or None.
+
+    Reasons in this order: ``malformed``, ``missing_column``, ``invalid_utf8``, ``empty`` (a
+    value that is only whitespace).
+    """
+    for reason, bad in (
+        ("malformed", lambda value: value is MALFORMED),
+        ("missing_column", lambda value: value is MISSING),
+        ("invalid_utf8", lambda value: value is None),
+        ("empty", lambda value: not value.strip()),
+    ):
+        if any(bad(value) for value in values):
+            return reason
+    return None
+
+
+def pair_nli(records: Iterable[object]) -> Iterator[object]:
+    """SNLI / MultiNLI ``(sentence1, sentence2, gold_label)`` -> ``(premise, entailment, contradiction)``.
+
+    The pairing, deterministic: the hypotheses of one input file are grouped by premise
+    (``sentence1`` stripped of surrounding whitespace), premises in the order of their first
+    line and hypotheses in file order. A premise with entailments e_0..e_(m-1) and contradictions c_0..c_(n-1), m, n >= 1,
+    gives the m rows (premise, e_i, c_(i mod n)): every entailment is a positive once, and the
+    contradictions are taken in turn as its hard negative (the triplets of SimCSE and
+    PairSupCon: a premise, an entailment and a contradiction of that premise).
+
+    Every line is accounted for: ``NEGATIVE`` for c_0..c_(min(m, n)-1), and a :class:`Drop`
+    for the rest: ``neutral``; ``no_gold_label`` (``-``, annotators without a majority, or
+    another value); ``no_contradiction`` / ``no_entailment`` (the entailments of a premise
+    without a contradiction, the contradictions of one without an entailment);
+    ``unused_contradiction`` (c_m..c_(n-1) when n > m); a line with a bad value as
+    :func:`column_problem` says.
+
+    Memory: every premise and its entailment and contradiction hypotheses, for the whole file
+    (about 200 MB for SNLI + MultiNLI train), since MultiNLI lists a premise's hypotheses far
+    apart.
+    """
+    groups: dict[str, tuple[list[str], list[str]]] = {}
+    for record in records:
+        if isinstance(record, Drop):
+            yield record
+            continue
+        problem = column_problem(record)  # type: ignore[arg-type]
+        if problem is not None:
+            yield Drop(problem)
+            continue
+        premise, hypothesis, label = (value.strip() for value in record)  # type: ignore[union-attr]
+        if label == "neutral":
+            yield Drop("neutral")
+        elif label not in ("entailment", "contradiction"):
+            yield Drop("no_gold_label")
+        else:
+            entailments, contradictions = groups.setdefault(premise, ([], []))
+            (entailments if label == "entailment" else contradictions).append(hypothesis)
+    for premise, (entailments, contradictions) in groups.items():
+        if not contradictions:
+            yield from [Drop("no_contradiction")] * len(entailments)
+        elif not entailments:
+            yield from [Drop("no_entailment")] * len(contradictions)
+        else:
+            for index, entailment in enumerate(entailments):
+                yield premise, entailment, contradictions[index % len(contradictions)]
+            yield from [NEGATIVE] * min(len(entailments), len(contradictions))
+            yield from [Drop("unused_contradiction")] * max(len(contradictions) - len(entailments), 0)
+
+
 @dataclass
 class InputReader:
-    """One input file: ``records()`` yields texts; ``position()``/``total`` drive the progress bar."""
+    """One input file: ``records()`` yields rows; ``position()``/``total`` drive the progress bar.
+
+    ``fields`` are the names read from each record; ``option`` is the command-line option that
+    chose them, named in errors.
+    """
 
     path: Path
     fmt: str
-    text_field: str
+    fields: tuple[str, ...]
+    option: str
     total: int = field(default=0, init=False)  # bytes of the file, or rows; 0 until reading starts
     _position: Callable[[], int] = field(default=lambda: 0, init=False, repr=False)
+
+    @property
+    def columns(self) -> int:
+        """Texts per row: one per field read (NLI JSONL: premise, hypothesis, label -> three texts)."""
+        return len(self.fields)
+
+    @property
+    def pairs_nli(self) -> bool:
+        """Whether rows come from :func:`pair_nli` (NLI JSONL), with its drop reasons and ``NEGATIVE`` lines."""
+        return self.fmt == "nli" and self.fields == NLI_JSONL_FIELDS
+
+    @property
+    def _layout(self) -> str:
+        """How the file is parsed: ``--format nli`` reads a CSV or a JSONL file."""
+        if self.fmt == "nli":
+            return "jsonl" if self.pairs_nli else "csv"
+        return self.fmt
 
     def position(self) -> int:
         return self._position()
 
     def records(self) -> Iterator[object]:
-        """Yield a ``str`` per record, None for invalid UTF-8, ``MALFORMED`` for unusable records."""
-        return getattr(self, f"_read_{self.fmt}")()
+        """Yield one item per input record (see the module docstring)."""
+        records = getattr(self, f"_read_{self._layout}")()
+        return pair_nli(records) if self.pairs_nli else records
+
+    def check_fields(self) -> None:
+        """Raise ``ValueError`` before any work when the input lacks a field read (JSONL: its first object)."""
+        if self._layout == "txt":
+            return
+        if self._layout == "parquet":
+            self._require(self._parquet().schema_arrow.names, "column")
+        elif self._layout == "hf":
+            self._require(self._dataset().column_names, "column")
+        elif self._layout == "csv":
+            with self._open_bytes() as raw:
+                self._require(list(self._csv_rows(raw).fieldnames or []), "column")
+        else:
+            for number, record in self._json_lines():
+                if isinstance(record, dict):
+                    self._require(sorted(record), "field", f"{self.path}:{number}")
+                    return
+
+    def _require(self, have: list[str], kind: str, where: str | None = None) -> None:
+        missing = [name for name in self.fields if name not in have]
+        if missing:
+            raise ValueError(
+                f"{self.option}: {where or self.path} has no {kind} {missing[0]!r} "
+                f"({kind}s: {', '.join(map(str, have))}); pass names it has"
+            )
 
     def _open_bytes(self) -> io.BufferedIOBase:
         try:
@@ -82,66 +221,69 @@ class InputReader:
     def _read_txt(self) -> Iterator[object]:
         with self._open_bytes() as handle:
             for line in handle:
-                yield _utf8_or_none(line.decode("utf-8", "surrogateescape").rstrip("\r\n"))
+                yield (_utf8_or_none(line.decode("utf-8", "surrogateescape").rstrip("\r\n")),)
 
-    def _read_jsonl(self) -> Iterator[object]:
+    def _json_lines(self) -> Iterator[tuple[int, object]]:
+        """(line number, the parsed JSON value, or ``_BLANK`` / ``MALFORMED``) per line."""
         with self._open_bytes() as handle:
             for number, line in enumerate(handle, start=1):
                 text = line.decode("utf-8", "surrogateescape")
                 if not text.strip():
-                    yield ""
+                    yield number, _BLANK
                     continue
                 try:
-                    record = json.loads(text)
+                    yield number, json.loads(text)
                 except json.JSONDecodeError:
-                    yield MALFORMED
-                    continue
-                if not isinstance(record, dict):
-                    yield MALFORMED
-                    continue
-                if self.text_field not in record:
-                    raise ValueError(
-                        f"{self.path}:{number}: no field {self.text_field!r} (fields: {sorted(record)}); "
-                        "pass --text-field NAME"
-                    )
-                yield self._field_value(record[self.text_field])
+                    yield number, MALFORMED
 
-    def _read_csv(self) -> Iterator[object]:
+    def _read_jsonl(self) -> Iterator[object]:
+        """Records of the fields; an object must have at least one of them (the first has all: check_fields).
+
+        An object without any of the fields is not a row of this data (another file's, a wrong
+        name): an error naming its line. One lacking some has a missing column: dropped, counted.
+        """
+        for number, record in self._json_lines():
+            if record is _BLANK:
+                yield ("",) * len(self.fields)
+            elif not isinstance(record, dict):  # not JSON, or JSON but not an object
+                yield Drop("malformed")
+            else:
+                if not any(name in record for name in self.fields):
+                    self._require(sorted(record), "field", f"{self.path}:{number}")
+                yield tuple(self._field_value(record.get(name, MISSING)) for name in self.fields)
+
+    def _csv_rows(self, raw: io.BufferedIOBase) -> csv.DictReader:
         delimiter = "\t" if ".tsv" in self.path.name.lower() else ","
         csv.field_size_limit(sys.maxsize)
-        with self._open_bytes() as raw:
-            handle = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline="")
-            reader = csv.DictReader(handle, delimiter=delimiter)
-            if reader.fieldnames is None or self.text_field not in reader.fieldnames:
-                raise ValueError(
-                    f"{self.path}: no column {self.text_field!r} in the header {reader.fieldnames}; "
-                    "pass --text-field NAME"
-                )
-            for row in reader:
-                value = row[self.text_field]
-                yield None if value is None else _utf8_or_none(value)
+        handle = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline="")
+        return csv.DictReader(handle, delimiter=delimiter)
 
-    def _read_parquet(self) -> Iterator[object]:
+    def _read_csv(self) -> Iterator[object]:
+        with self._open_bytes() as raw:
+            for row in self._csv_rows(raw):
+                # DictReader fills the cells past a short row's end with None.
+                yield tuple(MISSING if row[name] is None else _utf8_or_none(row[name]) for name in self.fields)
+
+    def _parquet(self):
         import pyarrow.parquet as pq
 
         try:
-            parquet = pq.ParquetFile(self.path)
+            return pq.ParquetFile(self.path)
         except (OSError, ValueError) as err:
             raise ValueError(f"cannot read Parquet input {self.path}: {err}") from err
-        if self.text_field not in parquet.schema_arrow.names:
-            raise ValueError(
-                f"{self.path}: no column {self.text_field!r} (columns: {parquet.schema_arrow.names}); "
-                "pass --text-field NAME"
-            )
+
+    def _read_parquet(self) -> Iterator[object]:
+        parquet = self._parquet()
         self.total = parquet.metadata.num_rows
         done = 0
         self._position = lambda: done
-        for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=[self.text_field]):
-            for value in batch.column(0).to_pylist():
-                yield self._field_value(value)
+        for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=list(self.fields)):
+            values = [batch.column(name).to_pylist() for name in self.fields]
+            for row in zip(*values):
+                yield tuple(map(self._field_value, row))
             done += batch.num_rows
 
-    def _read_hf(self) -> Iterator[object]:
+    def _dataset(self):
         import datasets
 
         try:
@@ -153,24 +295,25 @@ class InputReader:
                 f"{self.path} holds the splits {list(dataset)}; pass one split's directory, "
                 f"e.g. {self.path / next(iter(dataset))}"
             )
-        if self.text_field not in dataset.column_names:
-            raise ValueError(
-                f"{self.path}: no column {self.text_field!r} (columns: {dataset.column_names}); "
-                "pass --text-field NAME"
-            )
+        return dataset
+
+    def _read_hf(self) -> Iterator[object]:
+        dataset = self._dataset()
         self.total = dataset.num_rows
         done = 0
         self._position = lambda: done
         # Arrow-backed and memory-mapped: batches stream from disk without loading the table.
-        for batch in dataset.select_columns([self.text_field]).iter(batch_size=_BATCH_ROWS):
-            for value in batch[self.text_field]:
-                yield self._field_value(value)
-            done += len(batch[self.text_field])
+        for batch in dataset.select_columns(list(self.fields)).iter(batch_size=_BATCH_ROWS):
+            for row in zip(*(batch[name] for name in self.fields)):
+                yield tuple(map(self._field_value, row))
+            done += len(batch[self.fields[0]])
 
     @staticmethod
     def _field_value(value: object) -> object:
         if value is None:
             return ""
+        if value is MISSING:
+            return MISSING
         if isinstance(value, bytes):
             return _utf8_or_none(value.decode("utf-8", "surrogateescape"))
         if not isinstance(value, str):
@@ -178,9 +321,31 @@ class InputReader:
         return _utf8_or_none(value)
 
 
-def open_input(path: Path, fmt: str, text_field: str) -> InputReader:
+def open_input(path: Path, fmt: str, fields: tuple[str, ...]) -> InputReader:
+    """A reader of ``path`` for the ``--text-field`` names ``fields`` (``nli`` has fixed fields instead)."""
     if fmt not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}; got {fmt!r}")
     if not path.exists():
         raise ValueError(f"input {path} does not exist")
-    return InputReader(path=path, fmt=detect_format(path) if fmt == "auto" else fmt, text_field=text_field)
+    option = f"--text-field {','.join(fields)}"
+    if fmt == "auto":
+        fmt = detect_format(path)
+    elif fmt == "nli":
+        flavour = None if path.is_dir() else _format_of_name(path)
+        if flavour not in ("csv", "jsonl"):
+            raise ValueError(
+                f"--format nli reads SimCSE's nli_for_simcse.csv ({','.join(NLI_CSV_FIELDS)}) or SNLI / MultiNLI "
+                f"JSONL ({','.join(NLI_JSONL_FIELDS)}); {path} is neither a .csv nor a .jsonl file"
+            )
+        fields, option = (NLI_CSV_FIELDS if flavour == "csv" else NLI_JSONL_FIELDS), "--format nli"
+    if fmt == "txt" and len(fields) > 1:
+        raise ValueError(
+            f"{option}: {path} is plain text, one sentence a line, so it has one column; pass one name, or "
+            "JSONL / CSV / Parquet / datasets input for pairs"
+        )
+    reader = InputReader(path=path, fmt=fmt, fields=fields, option=option)
+    try:
+        reader.check_fields()
+    except (OSError, EOFError, zlib.error) as err:  # a damaged file: truncated or corrupt gzip, I/O error
+        raise ValueError(f"cannot read input {path}: {err}") from err
+    return reader

@@ -1,4 +1,4 @@
-"""The training stream: shards -> tokenised, dynamically padded per-rank batches, forever.
+"""The training stream: shards -> tokenised, dynamically padded per-rank batches of columns, forever.
 
 How the work is split
     Each rank runs a ``DataLoader`` with ``num_workers`` workers. Which shards (or text lines)
@@ -7,16 +7,25 @@ How the work is split
     resampled mode). Each worker opens its shards one after the other (a :class:`ShardStream`
     per shard), shuffles their samples with ``webdataset.shuffle`` through a buffer whose
     generator is seeded with (seed, e, r, w) -- so a pass is the same on every run --, cuts them
-    into pieces of ``per_device_batch_size`` texts and tokenises each piece with one batched
-    call of the fast tokenizer, padded to the piece's longest text. The main process re-cuts
-    pieces into batches of exactly ``per_device_batch_size`` rows, carrying the rows left at
-    the end of a pass into the next one, so no sample is dropped and every batch is full. A
-    rank never runs dry: passes follow each other forever, and the trainer stops at its step
-    budget.
+    into pieces of ``per_device_batch_size`` samples and tokenises each column of a piece with
+    one batched call of the fast tokenizer, padded to the piece's longest text in that column.
+    The main process re-cuts pieces into batches of exactly ``per_device_batch_size`` rows,
+    carrying the rows left at the end of a pass into the next one, so no sample is dropped and
+    every batch is full. A rank never runs dry: passes follow each other forever, and the
+    trainer stops at its step budget.
 
     Shards written with ``data prepare --tokenizer`` hold token ids; when the manifest's
     tokenizer fingerprint and ``max_length`` match the loader's, workers pad the stored ids
     instead of tokenising (same tensors, less CPU).
+
+Columns
+    A batch is ``{column: {"input_ids", "attention_mask"[, "token_type_ids"]}}`` (b, L_column),
+    each column trimmed to its own longest row (:mod:`vascl_scale.data.columns`). The stream
+    reads the columns it is asked for (an objective's ``spec.columns``) that the data has, as
+    its manifest lists them (a text file, ``pipe:`` commands and shards without a manifest are
+    single-text: ``anchor``). With ``data.augment`` the workers make each sample's ``positive``
+    from its anchor (:mod:`vascl_scale.data.augment`), seeded by the sample's place in the pass.
+    A sample without one of the columns read is skipped and counted (``samples_missing_field``).
 
 Corrupt, mismatched and missing shards
     Each shard is read in one ``try`` block (not through webdataset's ``tarfile_to_samples`` and
@@ -60,7 +69,8 @@ import os
 import random
 import signal
 from collections import deque
-from typing import TYPE_CHECKING, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Collection, Iterator
 
 import numpy as np
 import torch
@@ -68,6 +78,7 @@ import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from vascl_scale.data.augment import AugmentSpec, build_augmenter, check_augmenter
+from vascl_scale.data.columns import ANCHOR, AUGMENTED, POSITIVE, SINGLE_TEXT, TOKEN_KEYS, columns_to_read, sample_fields
 from vascl_scale.data.layout import StreamLayout, seed_of
 from vascl_scale.data.shards import (
     PIPE_PREFIX,
@@ -84,10 +95,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
-# The second view's tokens when it is not the first view's text (data.augment).
-VIEW2_PREFIX = "view2_"
-VIEW2_KEYS = tuple(VIEW2_PREFIX + key for key in TOKEN_KEYS)
 STATE_VERSION = 1
 # Consecutive passes without a single readable sample before a rank gives up (instead of spinning).
 MAX_EMPTY_PASSES = 10
@@ -105,6 +112,29 @@ _PROBLEMS = {
     "mismatched": "shard not matching its manifest entry",
     "missing": "missing shard",
 }
+
+
+@dataclass(frozen=True)
+class Padding:
+    """How the tokenizer pads a row: its pad token's id, and on which side."""
+
+    token_id: int = 0
+    side: str = "right"
+
+    @classmethod
+    def of(cls, tokenizer) -> "Padding":
+        return cls(tokenizer.pad_token_id, getattr(tokenizer, "padding_side", "right"))
+
+
+def widen(tensors: dict[str, torch.Tensor], width: int, padding: Padding) -> dict[str, torch.Tensor]:
+    """A column's tensors (b, L) -> (b, width), padded on the tokenizer's side (ids with the pad
+    token, the mask and token types with 0)."""
+    out = {}
+    for key, value in tensors.items():
+        extra = width - value.shape[1]
+        pad = (extra, 0) if padding.side == "left" else (0, extra)
+        out[key] = torch.nn.functional.pad(value, pad, value=padding.token_id if key == "input_ids" else 0)
+    return out
 
 
 def _as_is(piece: dict) -> dict:
@@ -125,11 +155,12 @@ def _worker_init(worker_id: int) -> None:
 class _PieceDataset(IterableDataset):
     """Runs in each DataLoader worker: one pass of this slot's samples as tokenised pieces.
 
-    A piece is a dict with ``rows`` (samples in it), the URLs of the shards found corrupt,
-    mismatched or missing since the last piece (lists under those keys of ``_PROBLEMS``),
-    ``missing_field`` (samples lacking the field read: ``txt``, or ``ids``) and, unless it is a
-    placeholder for a piece skipped on resume, the tokenizer output as int64 NumPy arrays
-    (rows, L_piece).
+    A sample is a tuple of one payload per column read (``columns``): a text, or stored token
+    id bytes. A piece is a dict with ``rows`` (samples in it), the URLs of the shards found
+    corrupt, mismatched or missing since the last piece (lists under those keys of
+    ``_PROBLEMS``), ``missing_field`` (samples lacking a column read, as text or as ids) and,
+    unless it is a placeholder for a piece skipped on resume, ``columns``: per column the
+    tokenizer output as int64 NumPy arrays (rows, L_column).
     """
 
     def __init__(
@@ -141,8 +172,10 @@ class _PieceDataset(IterableDataset):
         use_stored_ids: bool,
         pipe_timeout: float,
         augment: AugmentSpec = AugmentSpec(),
+        columns: tuple[str, ...] = SINGLE_TEXT,
     ) -> None:
         super().__init__()
+        self.columns = columns  # read from the data; data.augment adds the positive
         self.augment = augment
         self._augmenter = None  # built in each worker on first use (a masked LM does not pickle cheaply)
         self.layout = layout
@@ -194,13 +227,13 @@ class _PieceDataset(IterableDataset):
         ]
         return self._augmenter(texts, rngs)
 
-    def _tokens(self, texts: list[str], prefix: str = "") -> dict[str, np.ndarray]:
+    def _tokens(self, texts: list[str]) -> dict[str, np.ndarray]:
         # NumPy, not torch: small arrays pickle through the worker queue more cheaply than
         # torch's shared-memory hand-over of every tensor.
         encoded = self.tokenizer(texts, padding="longest", truncation=True, max_length=self.max_length, return_tensors="np")
-        return {prefix + key: encoded[key].astype(np.int64, copy=False) for key in TOKEN_KEYS if key in encoded}  # (rows, L_piece)
+        return {key: encoded[key].astype(np.int64, copy=False) for key in TOKEN_KEYS if key in encoded}  # (rows, L_column)
 
-    def _piece(self, samples: list, events: dict, placeholder: bool, where: tuple[int, int, int]) -> dict:
+    def _piece(self, samples: list[tuple], events: dict, placeholder: bool, where: tuple[int, int, int]) -> dict:
         piece = {"rows": len(samples), **{kind: list(events[kind]) for kind in _PROBLEMS}}
         piece["missing_field"] = events["missing_field"]
         for kind in _PROBLEMS:
@@ -208,24 +241,25 @@ class _PieceDataset(IterableDataset):
         events["missing_field"] = 0
         if not samples or placeholder:
             return piece
+        payloads = {column: [sample[index] for sample in samples] for index, column in enumerate(self.columns)}
         if self.use_stored_ids:
-            piece.update(self._pad_stored_ids(samples))
+            piece["columns"] = {column: self._pad_stored_ids(ids) for column, ids in payloads.items()}
             return piece
-        if self.augment.kind == "none":
-            piece.update(self._tokens(samples))
-            return piece
-        # View 1 stays the original text unless both views are augmented; the view number in the
-        # seed makes the two augmentations of "both" independent.
-        first = self._augmented(samples, where, 1) if self.augment.views == "both" else samples
-        piece.update(self._tokens(first))
-        piece.update(self._tokens(self._augmented(samples, where, 2), VIEW2_PREFIX))
+        if self.augment.kind != "none":
+            # The anchor stays the original text unless both are augmented; the view number in the
+            # seed makes the two augmentations of "both" independent.
+            anchors = payloads[ANCHOR]
+            if self.augment.views == "both":
+                payloads[ANCHOR] = self._augmented(anchors, where, 1)
+            payloads[POSITIVE] = self._augmented(anchors, where, 2)
+        piece["columns"] = {column: self._tokens(texts) for column, texts in payloads.items()}
         return piece
 
-    def _pad_stored_ids(self, samples: list[bytes]) -> dict[str, np.ndarray]:
-        """Token ids stored by ``data prepare --tokenizer`` -> the tokenizer's padded arrays."""
-        rows = [np.frombuffer(payload, dtype="<i4") for payload in samples]
+    def _pad_stored_ids(self, payloads: list[bytes]) -> dict[str, np.ndarray]:
+        """One column's token ids stored by ``data prepare --tokenizer`` -> the tokenizer's padded arrays."""
+        rows = [np.frombuffer(payload, dtype="<i4") for payload in payloads]
         width = max(len(row) for row in rows)
-        input_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)  # (rows, L_piece)
+        input_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)  # (rows, L_column)
         attention_mask = np.zeros((len(rows), width), dtype=np.int64)
         for index, row in enumerate(rows):
             columns = slice(width - len(row), width) if self.left_padding else slice(0, len(row))
@@ -236,15 +270,15 @@ class _PieceDataset(IterableDataset):
             tensors["token_type_ids"] = np.zeros_like(input_ids)  # one segment per sentence
         return tensors
 
-    def _samples(self, epoch: int, worker: int, events: dict) -> Iterator[str | bytes]:
-        """This slot's samples of one pass: texts, or stored token id bytes."""
+    def _samples(self, epoch: int, worker: int, events: dict) -> Iterator[tuple]:
+        """This slot's samples of one pass: per sample a text, or stored token id bytes, per column."""
         if self.source.text_file is not None:
             yield from self._text_file_lines(worker)
             return
         for index in self.layout.worker_shards(epoch):
             yield from self._shard_samples(index, events)
 
-    def _text_file_lines(self, worker: int) -> Iterator[str]:
+    def _text_file_lines(self, worker: int) -> Iterator[tuple[str]]:
         slots = self.layout.world_size * self.layout.workers
         slot = self.layout.slot(worker)
         opener = gzip.open if self.source.text_file.endswith(".gz") else open
@@ -255,22 +289,23 @@ class _PieceDataset(IterableDataset):
                 if not text:
                     continue
                 if index % slots == slot:
-                    yield text
+                    yield (text,)
                 index += 1
 
-    def _shard_samples(self, index: int, events: dict) -> Iterator[str | bytes]:
+    def _shard_samples(self, index: int, events: dict) -> Iterator[tuple]:
         url, expected = self.source.urls[index], self.source.counts[index]
         read = 0
-        field = "ids" if self.use_stored_ids else "txt"
+        kind = "ids" if self.use_stored_ids else "txt"
+        fields = [sample_fields(column, kind) for column in self.columns]
         try:
             with ShardStream(url, self.source.checks[index], self.pipe_timeout) as stream:
                 for sample in iter_tar_samples(stream):
-                    payload = sample.get(field)
-                    if payload is None:
+                    payloads = [next((sample[name] for name in names if name in sample), None) for names in fields]
+                    if any(payload is None for payload in payloads):
                         events["missing_field"] += 1
                         continue
                     read += 1
-                    yield payload if self.use_stored_ids else payload.decode("utf-8")
+                    yield tuple(payloads) if self.use_stored_ids else tuple(payload.decode("utf-8") for payload in payloads)
         except FileNotFoundError:
             self._bad_shard("missing", url, "listed in the manifest, but the file is gone", events)
             return
@@ -297,18 +332,19 @@ class _PieceDataset(IterableDataset):
 class TrainStream:
     """An infinite stream of per-rank batches; see the module docstring for the guarantees.
 
-    Iterate it once (one consumer). Each batch is a dict of LongTensors (b, L) with
-    b == ``per_device_batch_size`` and L the longest tokenised text in the batch
-    (<= ``max_length``): ``input_ids``, ``attention_mask`` and, when the tokenizer makes
-    them, ``token_type_ids``. Feed the same batch twice for the two dropout views. The
-    position lives in :attr:`layout`; this object adds the bad-shard counters.
+    Iterate it once (one consumer). Each batch maps each of :attr:`columns` to a dict of
+    LongTensors (b, L_column) with b == ``per_device_batch_size`` and L_column the longest
+    tokenised text of that column in the batch (<= ``max_length``): ``input_ids``,
+    ``attention_mask`` and, when the tokenizer makes them, ``token_type_ids``. The position
+    lives in :attr:`layout`; this object adds the bad-shard counters.
     """
 
-    def __init__(self, dataset: _PieceDataset, num_workers: int, pad_token_id: int, padding_side: str) -> None:
+    def __init__(self, dataset: _PieceDataset, num_workers: int, padding: Padding) -> None:
         self._dataset = dataset
         self.layout = dataset.layout
-        self._pad_token_id = pad_token_id
-        self._padding_side = padding_side
+        self.padding = padding
+        # The columns of every batch: those read, and the positive that data.augment makes.
+        self.columns = dataset.columns + (AUGMENTED if dataset.augment.kind != "none" else ())
         self._loader = DataLoader(
             dataset,
             batch_size=None,  # pieces are already batched and tokenised in the workers
@@ -375,11 +411,11 @@ class TrainStream:
         self.shards_missing = int(state.get("shards_missing", 0))
         self.layout.load_state_dict(state)
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def __iter__(self) -> Iterator[dict[str, dict[str, torch.Tensor]]]:
         if self._started:
             raise ValueError("a TrainStream can be iterated once; build another for a second consumer")
         self._started = True
-        # Rows read but not yet yielded: [epoch, first row index in that epoch, tensors (rows, L), rows].
+        # Rows read but not yet yielded: [epoch, first row index in that epoch, per column tensors (rows, L), rows].
         segments: deque[list] = deque()
         pending = 0
         epoch, skip_rows = self.layout.epoch, self.layout.rows_into_epoch
@@ -401,8 +437,11 @@ class TrainStream:
                 if skip_rows >= rows:
                     skip_rows -= rows
                     continue
-                assert "input_ids" in piece, "a placeholder piece reached the rows to yield"
-                tensors = {key: torch.from_numpy(piece[key][skip_rows:]) for key in TOKEN_KEYS + VIEW2_KEYS if key in piece}
+                assert "columns" in piece, "a placeholder piece reached the rows to yield"
+                tensors = {
+                    column: {key: torch.from_numpy(array[skip_rows:]) for key, array in arrays.items()}
+                    for column, arrays in piece["columns"].items()
+                }
                 segments.append([epoch, first + skip_rows, tensors, rows - skip_rows])
                 pending += rows - skip_rows
                 skip_rows = 0
@@ -434,54 +473,38 @@ class TrainStream:
             f"drew is corrupt, missing or empty{named}; {hint}"
         )
 
-    def _take(self, segments: deque) -> dict[str, torch.Tensor]:
+    def _take(self, segments: deque) -> dict[str, dict[str, torch.Tensor]]:
         """Cut the next ``batch_size`` rows off the pending segments; record the position."""
-        parts: list[dict[str, torch.Tensor]] = []
+        parts: list[dict[str, dict[str, torch.Tensor]]] = []
         needed = self.batch_size
         while needed:
             segment = segments[0]
             seg_epoch, first, tensors, rows = segment
             used = min(needed, rows)
-            parts.append({key: value[:used] for key, value in tensors.items()})
+            parts.append(_rows(tensors, slice(0, used)))
             needed -= used
             self.layout.epoch, self.layout.rows_into_epoch = seg_epoch, first + used
             if used == rows:
                 segments.popleft()
             else:
-                segment[1:] = [first + used, {key: value[used:] for key, value in tensors.items()}, rows - used]
-        return self._pad_and_trim(parts)
-
-    def _pad_and_trim(self, parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Join row blocks (r_i, L_i) into (b, L) with L the longest real length among the rows.
-
-        With a second view (``view2_*``, data.augment) both views get the width of the longer,
-        so the step can stack them into one (2b, L) forward."""
-        if VIEW2_PREFIX + "input_ids" not in parts[0]:
-            return self._join(parts)
-        first = self._join([{k: v for k, v in part.items() if not k.startswith(VIEW2_PREFIX)} for part in parts])
-        second = self._join([{k[len(VIEW2_PREFIX) :]: v for k, v in part.items() if k.startswith(VIEW2_PREFIX)} for part in parts])
-        width = max(first["input_ids"].shape[1], second["input_ids"].shape[1])
-        return {**self._widen(first, width), **{VIEW2_PREFIX + k: v for k, v in self._widen(second, width).items()}}
-
-    def _widen(self, tensors: dict[str, torch.Tensor], width: int) -> dict[str, torch.Tensor]:
-        """(b, L) -> (b, width) with padding on the tokenizer's side."""
-        out = {}
-        for key, value in tensors.items():
-            extra = width - value.shape[1]
-            pad = (extra, 0) if self._padding_side == "left" else (0, extra)
-            out[key] = torch.nn.functional.pad(value, pad, value=self._pad_token_id if key == "input_ids" else 0)
-        return out
+                segment[1:] = [first + used, _rows(tensors, slice(used, rows)), rows - used]
+        return {column: self._join([part[column] for part in parts]) for column in parts[0]}
 
     def _join(self, parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """One view's row blocks joined and trimmed to its longest real row."""
+        """One column's row blocks (r_i, L_i) joined into (b, L), L its longest real row."""
         if len(parts) == 1 and parts[0]["input_ids"].shape[0] == self._dataset.batch_size:
             # The common case: one whole worker piece, already padded to its longest row.
             return parts[0]
         width = max(part["input_ids"].shape[1] for part in parts)
-        joined = {key: torch.cat([self._widen({key: part[key]}, width)[key] for part in parts]) for key in parts[0]}  # (b, width)
+        joined = {key: torch.cat([widen({key: part[key]}, width, self.padding)[key] for part in parts]) for key in parts[0]}  # (b, width)
         longest = int(joined["attention_mask"].sum(dim=1).max())
-        keep = slice(width - longest, width) if self._padding_side == "left" else slice(0, longest)
+        keep = slice(width - longest, width) if self.padding.side == "left" else slice(0, longest)
         return {key: value[:, keep].contiguous() for key, value in joined.items()}
+
+
+def _rows(tensors: dict[str, dict[str, torch.Tensor]], rows: slice) -> dict[str, dict[str, torch.Tensor]]:
+    """The rows ``rows`` of every column's tensors."""
+    return {column: {key: value[rows] for key, value in keys.items()} for column, keys in tensors.items()}
 
 
 def _can_use_stored_ids(source: ShardSource, tokenizer, max_length: int) -> bool:
@@ -532,6 +555,7 @@ def build_train_stream(
     world_size: int,
     seed: int,
     num_nodes: int = 1,
+    columns: Collection[str] | None = None,
 ) -> TrainStream:
     """The infinite batch stream of one rank, from the ``data`` section (validated there).
 
@@ -553,6 +577,8 @@ def build_train_stream(
         rank, world_size: this process's global rank and the number of ranks.
         seed: seeds shard order, resampling and shuffle buffers.
         num_nodes: nodes in the run (for ``mode="auto"``).
+        columns: the columns to read where the data has them (the objective's ``spec.columns``;
+            what it lacks is the objective's to stand in for or refuse); None: all the data has.
     """
     # The section's settings, under the names the stream's code uses.
     source, max_length, num_workers, mode = data.train, data.max_length, data.num_workers, data.mode
@@ -580,17 +606,19 @@ def build_train_stream(
     workers = max(1, num_workers)
     resolved_mode = _resolved_mode(shards, mode, num_nodes, world_size * workers, source)
     augment = data.augment_spec()
+    read = columns_to_read(shards.columns, columns, augment.kind != "none", source)
     # Augmentation changes the text: the ids stored in the shards would be those of the original.
     use_stored_ids = augment.kind == "none" and _can_use_stored_ids(shards, tokenizer, max_length)
     layout = StreamLayout(shards, resolved_mode, seed, rank, world_size, workers, per_device_batch_size, shuffle_buffer)
-    dataset = _PieceDataset(layout, tokenizer, max_length, on_corrupt, use_stored_ids, pipe_timeout, augment)
+    dataset = _PieceDataset(layout, tokenizer, max_length, on_corrupt, use_stored_ids, pipe_timeout, augment, read)
     if augment.kind != "none":
         check_augmenter(augment)  # a missing WordNet or masked LM fails here, not in a worker
         logger.info("data: %s augmentation of %s of the words, %s view(s)", augment.kind, augment.fraction, augment.views)
     what = shards.text_file or f"{len(shards.urls)} shards ({shards.total_samples or 'unknown'} samples)"
     logger.info(
-        "data: %s, %s mode, rank %d of %d, %d workers, batch %d, max length %d%s",
+        "data: %s%s, %s mode, rank %d of %d, %d workers, batch %d, max length %d%s",
         what,
+        "" if read == SINGLE_TEXT else f", columns {', '.join(read)}",
         resolved_mode,
         rank,
         world_size,
@@ -599,4 +627,4 @@ def build_train_stream(
         max_length,
         ", token ids stored in the shards" if use_stored_ids else "",
     )
-    return TrainStream(dataset, num_workers, tokenizer.pad_token_id, getattr(tokenizer, "padding_side", "right"))
+    return TrainStream(dataset, num_workers, Padding.of(tokenizer))

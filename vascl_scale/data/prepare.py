@@ -1,19 +1,28 @@
 """``data prepare``: text inputs -> filtered, optionally shuffled WebDataset shards + manifest.
 
-Memory stays constant in the number of lines:
-- without ``--shuffle-seed`` lines stream into the current shard (one shard of text in memory);
-- ``--dedup`` keeps one 64-bit blake2b digest per kept line in a Python set of ints, about
-  70 bytes per unique line (10M lines ~ 0.7 GB). Two distinct lines collide with probability
-  about n^2 / 2^65 (1e-7 at 10M lines), which would drop one of them as a duplicate;
-- ``--shuffle-seed`` does a two-pass bucket scatter: pass 1 sends each kept line to one of
+A row is one text (``--text-field NAME``, or plain text) or several: ``--text-field A,P,N1,...``
+names the fields of the columns anchor, positive, negative_0, ... (:func:`vascl_scale.data.columns.columns_of`), and
+``--format nli`` builds (anchor, positive, negative_0) triplets from NLI data
+(:func:`~vascl_scale.data.inputs.pair_nli`). A row is dropped, and counted by reason in the
+manifest's ``dropped``, when any of its texts is malformed, missing, not UTF-8, empty, or
+outside ``--min-words`` / ``--max-chars``, and with ``--dedup`` when its anchor was seen before.
+Every input record is counted once: ``lines_read`` = samples written + the drops (+ with NLI
+JSONL, ``negative_lines``: the contradiction lines kept as another row's hard negative).
+
+Memory stays constant in the number of lines (NLI JSONL pairing aside, see ``pair_nli``):
+- without ``--shuffle-seed`` rows stream into the current shard (one shard of text in memory);
+- ``--dedup`` keeps one 64-bit blake2b digest per kept anchor in a Python set of ints, about
+  70 bytes per unique anchor (10M ~ 0.7 GB). Two distinct anchors collide with probability
+  about n^2 / 2^65 (1e-7 at 10M), which would drop one of them as a duplicate;
+- ``--shuffle-seed`` does a two-pass bucket scatter: pass 1 sends each kept row to one of
   ``SHUFFLE_BUCKETS`` temporary files chosen by a seeded RNG, pass 2 loads one bucket at a
-  time, shuffles it with the same seed and writes it out. A random bucket per line followed by
-  a uniform shuffle inside each bucket is a uniform random permutation of all lines; memory is
+  time, shuffles it with the same seed and writes it out. A random bucket per row followed by
+  a uniform shuffle inside each bucket is a uniform random permutation of all rows; memory is
   one bucket (total text / 256) and temporary disk equals the kept text.
 
-``--tokenizer DIR`` also stores each text's token ids (``ids``: little-endian int32, truncated
-to ``--max-length`` with special tokens) and the tokenizer's fingerprint in the manifest; the
-loader then skips tokenisation when its tokenizer and max length match.
+``--tokenizer DIR`` also stores each text's token ids (``ids``, one per column: little-endian
+int32, truncated to ``--max-length`` with special tokens) and the tokenizer's fingerprint in
+the manifest; the loader then skips tokenisation when its tokenizer and max length match.
 
 Output bytes depend only on the inputs and options (fixed tar metadata, seeded RNG), so the
 sha256 values in the manifest are reproducible.
@@ -40,7 +49,7 @@ import time
 import zlib
 from collections import Counter
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -48,7 +57,8 @@ import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from vascl_scale.data.inputs import MALFORMED, open_input
+from vascl_scale.data.columns import columns_of, written_fields
+from vascl_scale.data.inputs import NEGATIVE, NLI_DROP_REASONS, Drop, column_problem, open_input
 from vascl_scale.data.shards import (
     MANIFEST_FORMAT,
     MANIFEST_NAME,
@@ -62,10 +72,12 @@ from vascl_scale.log import console
 
 logger = logging.getLogger(__name__)
 
-DROP_REASONS = ("empty", "invalid_utf8", "malformed", "too_short", "too_long", "duplicate")
+# Why a row is dropped, every run; NLI JSONL inputs add inputs.NLI_DROP_REASONS.
+DROP_REASONS = ("empty", "invalid_utf8", "malformed", "missing_column", "too_short", "too_long", "duplicate")
+MAX_COLUMNS = 64  # an anchor, a positive and up to 62 hard negatives
 SHUFFLE_BUCKETS = 256
 STAGING_PREFIX = ".prepare-"  # the staging directories (and their locks) of runs writing into --output
-_LENGTH = struct.Struct("<I")  # bucket file records: little-endian uint32 byte length + UTF-8 text
+_LENGTH = struct.Struct("<I")  # bucket file records: per text of a row, little-endian uint32 byte length + UTF-8
 
 
 @dataclass(frozen=True)
@@ -74,7 +86,7 @@ class PrepareOptions:
 
     shard_size: int = 50_000
     fmt: str = "auto"
-    text_field: str = "text"
+    text_field: str = "text"  # comma-separated: the fields of anchor[, positive, negative_0, ...]
     dedup: bool = False
     min_words: int = 0
     max_chars: int | None = None
@@ -91,14 +103,38 @@ class PrepareOptions:
             raise ValueError(f"--max-chars must be >= 1; got {self.max_chars}")
         if self.max_length < 2:
             raise ValueError(f"--max-length must be >= 2; got {self.max_length}")
+        names = self.text_fields
+        if "" in names:
+            raise ValueError(
+                f"--text-field {self.text_field!r} has an empty name; pass names separated by single commas, "
+                "e.g. sent0,sent1,hard_neg"
+            )
+        twice = next((name for index, name in enumerate(names) if name in names[:index]), None)
+        if twice is not None:
+            raise ValueError(f"--text-field {self.text_field} names {twice!r} twice; give each column its own field")
+        if len(names) > MAX_COLUMNS:
+            raise ValueError(
+                f"--text-field names {len(names)} fields; at most {MAX_COLUMNS} (an anchor, a positive and "
+                f"{MAX_COLUMNS - 2} hard negatives)"
+            )
+        if self.fmt == "nli" and self.text_field != PrepareOptions.text_field:
+            raise ValueError(
+                f"--text-field {self.text_field} does not apply to --format nli, whose fields are fixed; leave it out"
+            )
+
+    @property
+    def text_fields(self) -> tuple[str, ...]:
+        return tuple(self.text_field.split(","))
 
 
 @dataclass
 class PrepareResult:
     output: Path
+    columns: tuple[str, ...]
     shards: list[dict]
     dropped: dict[str, int]
     lines_read: int
+    negative_lines: int | None  # None: no NLI JSONL input, which alone keeps lines as negatives
     seconds: float
 
     @property
@@ -106,33 +142,40 @@ class PrepareResult:
         return sum(shard["samples"] for shard in self.shards)
 
 
-class _LineFilter:
-    """Applies the options to one record: returns the kept text or counts the drop reason."""
+class _RowFilter:
+    """Applies the options to one input record: returns the kept row (texts stripped) or counts why not.
+
+    ``--min-words`` and ``--max-chars`` hold for every text of a row; ``--dedup`` looks at the
+    anchor only (rows sharing an anchor are false negatives of each other in a batch).
+    """
 
     def __init__(self, options: PrepareOptions) -> None:
         self.options = options
         self.dropped: Counter[str] = Counter()
+        self.negative_lines = 0
         self._seen: set[int] | None = set() if options.dedup else None
 
-    def __call__(self, record: object) -> str | None:
-        if record is MALFORMED:
-            return self._drop("malformed")
-        if record is None:
-            return self._drop("invalid_utf8")
-        assert isinstance(record, str)
-        text = record.strip()
-        if not text:
-            return self._drop("empty")
-        if self.options.min_words and len(text.split()) < self.options.min_words:
+    def __call__(self, record: object) -> tuple[str, ...] | None:
+        if record is NEGATIVE:
+            self.negative_lines += 1
+            return None
+        if isinstance(record, Drop):
+            return self._drop(record.reason)
+        assert isinstance(record, tuple), record
+        problem = column_problem(record)
+        if problem is not None:
+            return self._drop(problem)
+        row = tuple(value.strip() for value in record)  # type: ignore[union-attr]
+        if self.options.min_words and any(len(text.split()) < self.options.min_words for text in row):
             return self._drop("too_short")
-        if self.options.max_chars is not None and len(text) > self.options.max_chars:
+        if self.options.max_chars is not None and any(len(text) > self.options.max_chars for text in row):
             return self._drop("too_long")
         if self._seen is not None:
-            digest = int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+            digest = int.from_bytes(hashlib.blake2b(row[0].encode("utf-8"), digest_size=8).digest(), "little")
             if digest in self._seen:
                 return self._drop("duplicate")
             self._seen.add(digest)
-        return text
+        return row
 
     def _drop(self, reason: str) -> None:
         self.dropped[reason] += 1
@@ -142,17 +185,21 @@ class _LineFilter:
 class _ShardSink:
     """Fills ``shard-NNNNNN.tar`` files of ``shard_size`` samples; keys are global sample indices."""
 
-    def __init__(self, output: Path, shard_size: int, tokenizer=None, max_length: int = 32) -> None:
+    def __init__(
+        self, output: Path, columns: tuple[str, ...], shard_size: int, tokenizer=None, max_length: int = 32
+    ) -> None:
         self.output = output
+        self.fields = written_fields(columns)
         self.shard_size = shard_size
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.shards: list[dict] = []
-        self._pending: list[str] = []
+        self._pending: list[tuple[str, ...]] = []
         self._written = 0
 
-    def add(self, text: str) -> None:
-        self._pending.append(text)
+    def add(self, row: tuple[str, ...]) -> None:
+        assert len(row) == len(self.fields), (row, self.fields)
+        self._pending.append(row)
         if len(self._pending) == self.shard_size:
             self._flush()
 
@@ -163,13 +210,18 @@ class _ShardSink:
     def _flush(self) -> None:
         name = SHARD_PATTERN.format(index=len(self.shards))
         path = self.output / name
-        token_ids = self._token_ids(self._pending) if self.tokenizer is not None else None
+        # token_ids[column][row]: each column tokenised as a list of its own
+        token_ids = None
+        if self.tokenizer is not None:
+            token_ids = [self._token_ids([row[column] for row in self._pending]) for column in range(len(self.fields))]
 
         def samples() -> Iterator[tuple[str, dict[str, bytes]]]:
-            for offset, text in enumerate(self._pending):
-                fields = {"txt": text.encode("utf-8")}
-                if token_ids is not None:
-                    fields["ids"] = token_ids[offset]
+            for offset, row in enumerate(self._pending):
+                fields = {}
+                for column, (text_field, ids_field) in enumerate(self.fields):
+                    fields[text_field] = row[column].encode("utf-8")
+                    if token_ids is not None:
+                        fields[ids_field] = token_ids[column][offset]
                 yield f"{self._written + offset:012d}", fields
 
         write_shard(path, samples())
@@ -191,25 +243,26 @@ class _ShardSink:
         return token_ids
 
 
-def _scatter(kept: Iterable[str], bucket_dir: Path, seed: int) -> list[Path]:
-    """Pass 1 of the shuffle: append each text to a seeded-random bucket file."""
+def _scatter(kept: Iterable[tuple[str, ...]], bucket_dir: Path, seed: int) -> list[Path]:
+    """Pass 1 of the shuffle: append each row to a seeded-random bucket file."""
     rng = random.Random(seed)
     paths = [bucket_dir / f"bucket-{index:03d}.bin" for index in range(SHUFFLE_BUCKETS)]
     handles = [open(path, "wb", buffering=1 << 16) for path in paths]
     try:
-        for text in kept:
-            payload = text.encode("utf-8")
+        for row in kept:
             handle = handles[rng.randrange(SHUFFLE_BUCKETS)]
-            handle.write(_LENGTH.pack(len(payload)))
-            handle.write(payload)
+            for text in row:
+                payload = text.encode("utf-8")
+                handle.write(_LENGTH.pack(len(payload)))
+                handle.write(payload)
     finally:
         for handle in handles:
             handle.close()
     return paths
 
 
-def _gather(paths: list[Path], seed: int) -> Iterator[str]:
-    """Pass 2 of the shuffle: one bucket in memory at a time, shuffled, then deleted."""
+def _gather(paths: list[Path], columns: int, seed: int) -> Iterator[tuple[str, ...]]:
+    """Pass 2 of the shuffle: one bucket of ``columns``-text rows in memory at a time, shuffled, then deleted."""
     rng = random.Random(seed + 1)
     for path in paths:
         data = path.read_bytes()
@@ -221,8 +274,9 @@ def _gather(paths: list[Path], seed: int) -> Iterator[str]:
             texts.append(data[offset : offset + length].decode("utf-8"))
             offset += length
         path.unlink()
-        rng.shuffle(texts)
-        yield from texts
+        rows = [tuple(texts[start : start + columns]) for start in range(0, len(texts), columns)]
+        rng.shuffle(rows)
+        yield from rows
 
 
 def _check_output(output: Path, overwrite: bool) -> None:
@@ -327,7 +381,7 @@ def prepare_shards(
     """
     if not inputs:
         raise ValueError("pass at least one input file or directory")
-    readers = [open_input(Path(path), options.fmt, options.text_field) for path in inputs]
+    readers = [open_input(Path(path), options.fmt, options.text_fields) for path in inputs]
     _check_output(output, overwrite)
     tokenizer = _load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
     created = not output.exists()
@@ -346,13 +400,18 @@ def prepare_shards(
             ) from err
         raise
     logger.info("wrote %d shards to %s in %.1f s", len(result.shards), output, result.seconds)
-    return PrepareResult(output, result.shards, result.dropped, result.lines_read, result.seconds)
+    return replace(result, output=output)
 
 
 def _write_set(readers: list, stage: Path, options: PrepareOptions, tokenizer, show_progress: bool) -> PrepareResult:
     """Write the shards and ``manifest.json`` of :func:`prepare_shards` into ``stage``."""
-    line_filter = _LineFilter(options)
-    sink = _ShardSink(stage, options.shard_size, tokenizer, options.max_length)
+    counts = {reader.columns for reader in readers}
+    assert len(counts) == 1, counts  # one --format and --text-field for every input; txt refuses several
+    columns = columns_of(counts.pop())
+    pairs_nli = any(reader.pairs_nli for reader in readers)
+    reasons = DROP_REASONS + (NLI_DROP_REASONS if pairs_nli else ())
+    row_filter = _RowFilter(options)
+    sink = _ShardSink(stage, columns, options.shard_size, tokenizer, options.max_length)
     lines_read = 0
     start = time.perf_counter()
     progress = Progress(
@@ -364,7 +423,7 @@ def _write_set(readers: list, stage: Path, options: PrepareOptions, tokenizer, s
         disable=not show_progress,
     )
 
-    def kept_texts() -> Iterator[str]:
+    def kept_rows() -> Iterator[tuple[str, ...]]:
         nonlocal lines_read
         for reader in readers:
             task = progress.add_task(f"read {reader.path.name}", total=None, lines=0)
@@ -372,9 +431,9 @@ def _write_set(readers: list, stage: Path, options: PrepareOptions, tokenizer, s
             try:
                 for record in reader.records():
                     count += 1
-                    text = line_filter(record)
-                    if text is not None:
-                        yield text
+                    row = row_filter(record)
+                    if row is not None:
+                        yield row
                     if count % 16384 == 0:
                         progress.update(task, total=reader.total or None, completed=reader.position(), lines=count)
             except (OSError, EOFError, zlib.error) as err:  # a damaged file: truncated or corrupt gzip, I/O error
@@ -384,41 +443,49 @@ def _write_set(readers: list, stage: Path, options: PrepareOptions, tokenizer, s
 
     with progress:
         if options.shuffle_seed is None:
-            for text in kept_texts():
-                sink.add(text)
+            for row in kept_rows():
+                sink.add(row)
         else:
             with tempfile.TemporaryDirectory(prefix=".shuffle-", dir=stage) as bucket_dir:
-                buckets = _scatter(kept_texts(), Path(bucket_dir), options.shuffle_seed)
-                for text in _gather(buckets, options.shuffle_seed):
-                    sink.add(text)
+                buckets = _scatter(kept_rows(), Path(bucket_dir), options.shuffle_seed)
+                for row in _gather(buckets, len(columns), options.shuffle_seed):
+                    sink.add(row)
         sink.close()
     seconds = time.perf_counter() - start
-    dropped = {reason: line_filter.dropped.get(reason, 0) for reason in DROP_REASONS}
-    assert sum(dropped.values()) + sum(s["samples"] for s in sink.shards) == lines_read
+    assert set(row_filter.dropped) <= set(reasons), row_filter.dropped  # a reason not in the manifest is lost
+    dropped = {reason: row_filter.dropped.get(reason, 0) for reason in reasons}
+    samples = sum(s["samples"] for s in sink.shards)
+    assert sum(dropped.values()) + samples + row_filter.negative_lines == lines_read
+    negative_lines = row_filter.negative_lines if pairs_nli else None
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
-        "fields": ["txt"] + (["ids"] if tokenizer is not None else []),
+        "columns": list(columns),
+        "fields": [name for pair in sink.fields for name in (pair if tokenizer is not None else pair[:1])],
         "token_ids": None
         if tokenizer is None
         else {"fingerprint": tokenizer_fingerprint(tokenizer), "max_length": options.max_length, "dtype": "<i4"},
-        "total_samples": sum(shard["samples"] for shard in sink.shards),
+        "total_samples": samples,
         "lines_read": lines_read,
         "dropped": dropped,
-        "sources": [{"path": str(r.path), "format": r.fmt, "text_field": r.text_field} for r in readers],
+        **({} if negative_lines is None else {"negative_lines": negative_lines}),
+        "sources": [{"path": str(r.path), "format": r.fmt, "text_field": ",".join(r.fields)} for r in readers],
         "options": asdict(options),
         "shards": sink.shards,
     }
     (stage / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    return PrepareResult(stage, sink.shards, dropped, lines_read, seconds)
+    return PrepareResult(stage, columns, sink.shards, dropped, lines_read, negative_lines, seconds)
 
 
 def summary_table(result: PrepareResult) -> Table:
     table = Table(title=f"data prepare -> {result.output}")
     table.add_column("what")
     table.add_column("count", justify="right")
+    table.add_row("columns", ", ".join(result.columns))
     table.add_row("lines read", f"{result.lines_read:,}")
     table.add_row("samples written", f"{result.samples:,}")
+    if result.negative_lines is not None:
+        table.add_row("lines kept as hard negatives", f"{result.negative_lines:,}")
     for reason, count in result.dropped.items():
         table.add_row(f"dropped: {reason}", f"{count:,}")
     table.add_row("shards", f"{len(result.shards)}")

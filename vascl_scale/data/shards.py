@@ -3,9 +3,10 @@
 A shard is a plain POSIX tar file written by webdataset's ``TarWriter`` (:func:`write_shard`).
 Each sample is one member ``<key>.txt`` holding the UTF-8 sentence (plus ``<key>.ids``, int32
 token ids, from ``data prepare --tokenizer``), so ``webdataset.WebDataset`` reads the shards as
-samples ``{"__key__", "txt"[, "ids"]}``. Members carry fixed metadata (mtime 0, uid/gid 0, no
-user names, mode 0644) so the same sentences in the same order always give the same bytes and
-the same sha256.
+samples ``{"__key__", "txt"[, "ids"]}``; a sample of several columns has a member per column,
+``<key>.anchor.txt``, ``<key>.positive.txt``, ... (:mod:`vascl_scale.data.columns`). Members
+carry fixed metadata (mtime 0, uid/gid 0, no user names, mode 0644) so the same sentences in the
+same order always give the same bytes and the same sha256.
 
 Source strings follow webdataset's URL syntax (:func:`expand_urls`). A shard is opened by
 :class:`ShardStream` rather than webdataset's ``gopen``: for a ``pipe:`` URL, ``gopen`` waits
@@ -14,12 +15,14 @@ reader stops early; :class:`ShardStream` bounds both and checks the bytes agains
 manifest as they stream in. Its bytes are parsed by :func:`iter_tar_samples` (why not
 webdataset's parser: see there).
 
-The manifest (``manifest.json`` next to the shards) records every shard's file name, sample
-count, sha256 and byte size. Readers take only plain file names from it, resolved inside the
+The manifest (``manifest.json`` next to the shards) records the columns of the samples
+(``["anchor"]`` for single text) and every shard's file name, sample count, sha256 and byte
+size. Readers take only plain file names from it, resolved inside the
 manifest's directory: a manifest can never name a ``pipe:`` command or a path elsewhere. A
 :class:`ShardStream` opened with the shard's :class:`ShardCheck` hashes the bytes as they
 stream in and, once the shard is read to its end, raises :class:`ShardMismatchError` when they
 are not the bytes the manifest describes (a shard rewritten or damaged after ``data prepare``).
+Its ``columns`` (:func:`source_columns`; absent: single-text shards) name each sample's columns.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from pathlib import Path
 from typing import IO, Iterable, Iterator
 
 import webdataset as wds
+
+from vascl_scale.data.columns import SINGLE_TEXT, manifest_columns
 
 logger = logging.getLogger(__name__)
 
@@ -356,7 +361,7 @@ class ShardSource:
     ``counts[i]`` is None when unknown and 0 for a shard in ``missing`` (listed in the manifest,
     file absent); ``checks[i]`` is None when no manifest describes shard ``i``. ``token_ids`` is
     the manifest's record of token ids stored in the shards (tokenizer fingerprint and
-    truncation length), or None.
+    truncation length), or None. ``columns``: the columns of every sample (:func:`source_columns`).
     """
 
     urls: tuple[str, ...]
@@ -365,6 +370,7 @@ class ShardSource:
     text_file: str | None = None
     token_ids: dict | None = None
     missing: tuple[str, ...] = ()
+    columns: tuple[str, ...] = SINGLE_TEXT
 
     @property
     def total_samples(self) -> int | None:
@@ -417,15 +423,18 @@ def _shard_check(entry: dict) -> ShardCheck | None:
     return None if entry.get("sha256") is None else ShardCheck(entry["sha256"], entry.get("bytes"))
 
 
-def _manifest_entries_near(urls: list[str]) -> tuple[list[int | None], list[ShardCheck | None]]:
-    """Sample counts and checks of local shards listed in a manifest in their directory, else None."""
+def _manifest_entries_near(urls: list[str]) -> tuple[list[int | None], list[ShardCheck | None], tuple[str, ...]]:
+    """Sample counts and checks of local shards listed in a manifest in their directory, else
+    None; and the columns that the manifests of all their directories list (a directory without
+    one of ours holds single-text shards)."""
     counts: list[int | None] = [None] * len(urls)
     checks: list[ShardCheck | None] = [None] * len(urls)
     by_directory: dict[Path, dict[str, dict]] = {}
+    columns_of: dict[Path, tuple[str, ...]] = {}
     for index, url in enumerate(urls):
         directory = Path(url).parent
         if directory not in by_directory:
-            by_directory[directory] = {}
+            by_directory[directory], columns_of[directory] = {}, SINGLE_TEXT
             if (directory / MANIFEST_NAME).is_file():
                 try:
                     manifest = read_manifest(directory)
@@ -433,10 +442,13 @@ def _manifest_entries_near(urls: list[str]) -> tuple[list[int | None], list[Shar
                     logger.info("ignoring %s: %s", directory / MANIFEST_NAME, err)
                     continue
                 by_directory[directory] = {entry["name"]: entry for entry in manifest["shards"]}
+                columns_of[directory] = manifest_columns(manifest, str(directory / MANIFEST_NAME))
         entry = by_directory[directory].get(Path(url).name)
         if entry is not None:
             counts[index], checks[index] = entry["samples"], _shard_check(entry)
-    return counts, checks
+    first, *others = columns_of.values()
+    columns = tuple(column for column in first if all(column in other for other in others))
+    return counts, checks, columns
 
 
 def expand_urls(source: str) -> list[str]:
@@ -448,6 +460,26 @@ def expand_urls(source: str) -> list[str]:
             f"source {source!r} names an unset variable: webdataset replaces ${{NAME}} with the environment "
             "variable WDS_NAME; set it or write the value out"
         ) from None
+
+
+def source_columns(source: str) -> tuple[str, ...]:
+    """The columns every sample of ``source`` holds, from its manifests alone (no shard is read).
+
+    A directory: its manifest's. Listed shards: the columns that the manifests next to them all
+    list (shards without one of ours are single-text). A text file, ``pipe:`` commands (no
+    manifest describes them) and shards that do not exist (the loader says so):
+    :data:`~vascl_scale.data.columns.SINGLE_TEXT`. A manifest that is not one of ours raises
+    ``ValueError`` as the loader would.
+    """
+    if PIPE_PREFIX in source or source.endswith(TEXT_SUFFIXES):
+        return SINGLE_TEXT
+    path = Path(source)
+    if path.is_dir():
+        return manifest_columns(read_manifest(path), str(path / MANIFEST_NAME))
+    urls = expand_urls(source)
+    if not all(Path(url).is_file() for url in urls):
+        return SINGLE_TEXT
+    return _manifest_entries_near(urls)[2]
 
 
 def resolve_source(source: str, allow_pipe: bool = False) -> ShardSource:
@@ -485,6 +517,7 @@ def resolve_source(source: str, allow_pipe: bool = False) -> ShardSource:
             checks=tuple(_shard_check(shard) for shard in manifest["shards"]),
             token_ids=manifest.get("token_ids"),
             missing=missing,
+            columns=manifest_columns(manifest, str(path / MANIFEST_NAME)),
         )
     if source.endswith(TEXT_SUFFIXES):
         if not path.is_file():
@@ -497,5 +530,5 @@ def resolve_source(source: str, allow_pipe: bool = False) -> ShardSource:
             f"{len(missing)} of {len(urls)} shards in {source!r} do not exist (first: {missing[0]}); pass a "
             "directory with manifest.json, a list of existing .tar files, or a .txt/.txt.gz file"
         )
-    counts, checks = _manifest_entries_near(urls)
-    return ShardSource(urls=tuple(urls), counts=tuple(counts), checks=tuple(checks))
+    counts, checks, columns = _manifest_entries_near(urls)
+    return ShardSource(urls=tuple(urls), counts=tuple(counts), checks=tuple(checks), columns=columns)

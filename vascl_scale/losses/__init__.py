@@ -1,25 +1,43 @@
-"""Contrastive objectives: SimCSE (Eq. 1) and VaSCL (Eq. 6), over the global batch.
+"""Contrastive objectives: SimCSE (Eq. 1), supervised SimCSE and VaSCL (Eq. 6), over the global batch.
 
 Pure maths on tensors; all communication goes through :mod:`vascl_scale.distributed`.
-``build_objective(config.objective, config.loss)`` gives the configured one behind a single
-interface (:class:`ObjectiveOutput`); ``simcse_loss`` / ``vascl_loss`` are the functional API.
+``build_objective(config.objective, config.loss.model_dump())`` gives the configured one behind
+a single interface (:class:`Objective`, returning an :class:`ObjectiveOutput`); ``simcse_loss``,
+``simcse_sup_loss`` and ``vascl_loss`` are the functional API. :data:`OBJECTIVES` (:mod:`vascl_scale.losses.spec`) declares
+what each objective encodes and needs.
+
+Importing the package loads no torch (the config reads the declarations): each name below is
+imported from its module on first use.
 """
 
-from vascl_scale.losses.contrastive import neighbourhood_nll, nt_xent
-from vascl_scale.losses.objective import OBJECTIVES, Objective, ObjectiveOutput, build_objective
-from vascl_scale.losses.simcse import simcse_loss
-from vascl_scale.losses.vascl import VaSCLOutput, nearest_neighbours, vascl_loss, vascl_objective
+from importlib import import_module
 
-__all__ = [
-    "OBJECTIVES",
-    "Objective",
-    "ObjectiveOutput",
-    "VaSCLOutput",
-    "build_objective",
-    "nearest_neighbours",
-    "neighbourhood_nll",
-    "nt_xent",
-    "simcse_loss",
-    "vascl_loss",
-    "vascl_objective",
-]
+# Public name -> the module of this package that defines it.
+_EXPORTS = {
+    "OBJECTIVES": "spec",
+    "ObjectiveSpec": "spec",
+    "objective_spec": "spec",
+    "Objective": "objective",
+    "ObjectiveOutput": "objective",
+    "build_objective": "objective",
+    "neighbourhood_nll": "contrastive",
+    "nt_xent": "contrastive",
+    "simcse_loss": "simcse",
+    "simcse_sup_loss": "simcse",
+    "VaSCLOutput": "vascl",
+    "nearest_neighbours": "vascl",
+    "vascl_loss": "vascl",
+    "vascl_objective": "vascl",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -1,4 +1,4 @@
-"""Instance-discrimination maths shared by SimCSE (Eq. 1) and VaSCL (Eq. 2 and 5).
+"""Instance-discrimination maths shared by SimCSE (Eq. 1; supervised, Eq. 5 of Gao et al.) and VaSCL (Eq. 2 and 5).
 
 Pure tensor maths: no ranks, no communication. Callers pass the anchors held by this
 process and the candidates they are scored against (the gathered global batch), with
@@ -46,21 +46,42 @@ def check_features(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
 LOGITS_BLOCK_ELEMENTS = 1 << 24
 
 
-def _masked_logits(anchors: Tensor, candidates: Tensor, self_index: Tensor, temperature: float, dtype: torch.dtype) -> Tensor:
-    """sim / tau (A, C) in ``dtype``, each anchor's own column at -inf."""
+def _masked_logits(
+    anchors: Tensor,
+    candidates: Tensor,
+    self_index: Tensor | None,
+    temperature: float,
+    dtype: torch.dtype,
+    weighted_index: Tensor | None = None,
+    weight: float = 0.0,
+) -> Tensor:
+    """sim / tau (A, C) in ``dtype``, each anchor's own column (``self_index``) at -inf and
+    ``weight`` added to its ``weighted_index`` column (supervised SimCSE's hard negative)."""
     logits = anchors.to(dtype) @ candidates.to(dtype).T / temperature  # (A, C)
     rows = torch.arange(anchors.shape[0], device=anchors.device)
+    if weighted_index is not None:
+        bias = torch.zeros_like(logits)  # (A, C)
+        bias[rows, weighted_index] = weight
+        logits = logits + bias
+    if self_index is None:
+        return logits
     is_self = torch.zeros_like(logits, dtype=torch.bool)
     is_self[rows, self_index] = True
     return logits.masked_fill(is_self, float("-inf"))
 
 
 def _nt_xent_block_sum(
-    anchors: Tensor, candidates: Tensor, positive_index: Tensor, self_index: Tensor, temperature: float
+    anchors: Tensor,
+    candidates: Tensor,
+    positive_index: Tensor,
+    self_index: Tensor | None,
+    temperature: float,
+    weighted_index: Tensor | None,
+    weight: float,
 ) -> Tensor:
     """NT-Xent summed over one block of anchors (a, D) against all candidates (C, D)."""
     with full_precision(anchors) as dtype:
-        logits = _masked_logits(anchors, candidates, self_index, temperature, dtype)  # (a, C)
+        logits = _masked_logits(anchors, candidates, self_index, temperature, dtype, weighted_index, weight)  # (a, C)
         return F.cross_entropy(logits, positive_index, reduction="sum")
 
 
@@ -68,8 +89,10 @@ def nt_xent(
     anchors: Tensor,
     candidates: Tensor,
     positive_index: Tensor,
-    self_index: Tensor,
+    self_index: Tensor | None,
     temperature: float,
+    weighted_index: Tensor | None = None,
+    weight: float = 0.0,
 ) -> Tensor:
     """Mean NT-Xent over anchors; each anchor's own column is removed from its candidates.
 
@@ -77,27 +100,36 @@ def nt_xent(
     of Eq. 1. positive_index (A,) and self_index (A,) index candidates. Returns a scalar:
     mean over the A anchors of -log softmax(sim / tau)[positive], with the anchor itself
     masked out (the 2M - 1 candidates of Eq. 1 when C is the 2M features of the batch).
+    ``self_index`` None: the anchors are not among the candidates (supervised SimCSE), nothing
+    is masked. ``weighted_index`` (A,): a column per anchor whose logit gets ``weight`` added
+    (log space: its exponential is scaled by e^weight; SimCSE's hard_negative_weight).
     Past :data:`LOGITS_BLOCK_ELEMENTS` logits, blocks of anchor rows are summed and divided
     by A: the same value and gradient, with one block's logits alive at a time.
     """
     rows, columns = anchors.shape[0], candidates.shape[0]
     if rows * columns <= LOGITS_BLOCK_ELEMENTS:
         with full_precision(anchors) as dtype:
-            return F.cross_entropy(_masked_logits(anchors, candidates, self_index, temperature, dtype), positive_index)
+            logits = _masked_logits(anchors, candidates, self_index, temperature, dtype, weighted_index, weight)  # (A, C)
+            return F.cross_entropy(logits, positive_index)
     from torch.utils.checkpoint import checkpoint
 
-    block = max(1, LOGITS_BLOCK_ELEMENTS // columns)
+    def block(index: Tensor | None, start: int, stop: int) -> Tensor | None:
+        return None if index is None else index[start:stop]
+
+    size = max(1, LOGITS_BLOCK_ELEMENTS // columns)
     total = sum(
         checkpoint(
             _nt_xent_block_sum,
-            anchors[start : start + block],
+            anchors[start : start + size],
             candidates,
-            positive_index[start : start + block],
-            self_index[start : start + block],
+            positive_index[start : start + size],
+            block(self_index, start, start + size),
             temperature,
+            block(weighted_index, start, start + size),
+            weight,
             use_reentrant=False,
         )
-        for start in range(0, rows, block)
+        for start in range(0, rows, size)
     )
     return total / rows
 

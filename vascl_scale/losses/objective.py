@@ -1,26 +1,26 @@
 """One interface for the training objectives, each built from the ``loss`` config section.
 
-An objective is called with this rank's pooled embeddings of the two dropout views, e1 and
-e2 (b, d), the projection head h and the loss call's generator, and returns an
-:class:`ObjectiveOutput`. Both project through the head themselves, so a training step
-knows nothing of either. A third objective is a class with the same call and one line in
-:data:`OBJECTIVES` (plus its name in ``RunConfig.objective``).
+An objective is called with this rank's pooled embeddings of its declared inputs (``spec.inputs``,
+:mod:`vascl_scale.losses.spec`), one (b, d) tensor per input in that order, the projection head
+h, the loss call's generator and, for an objective that declares label columns, this rank's
+labels; it returns an :class:`ObjectiveOutput`. Each projects through the head itself, so a
+training step knows nothing of either. Another objective is a class with the same call, its
+declaration in :data:`vascl_scale.losses.spec.OBJECTIVES` and one entry in
+:data:`IMPLEMENTATIONS`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from vascl_scale.flops import head_forward_flops
-from vascl_scale.losses.simcse import simcse_loss
+from vascl_scale.losses.simcse import simcse_loss, simcse_sup_loss
+from vascl_scale.losses.spec import OBJECTIVES, ObjectiveSpec, Settings, objective_spec
 from vascl_scale.losses.vascl import Head, project, vascl_objective
-
-if TYPE_CHECKING:
-    from vascl_scale.config import LossConfig
 
 
 @dataclass
@@ -33,9 +33,19 @@ class ObjectiveOutput:
 
 
 class Objective(Protocol):
+    spec: ObjectiveSpec  # what it encodes (spec.inputs, the order of ``views``) and needs
+
     def __call__(
-        self, e1: Tensor, e2: Tensor, head: Head, generator: torch.Generator | None = None, with_stats: bool = False
-    ) -> ObjectiveOutput: ...
+        self,
+        views: list[Tensor],
+        head: Head,
+        generator: torch.Generator | None = None,
+        with_stats: bool = False,
+        labels: dict[str, Tensor] | None = None,
+    ) -> ObjectiveOutput:
+        """``views``: (b, d) embeddings of this rank's b rows, one per input in ``spec.inputs``
+        order; ``labels``: a (b,) tensor per column of ``spec.labels`` (None when it has none)."""
+        ...
 
     def model_flops(self, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
         """FLOPs of one loss call's head passes and similarity products on a rank of ``rows``
@@ -43,39 +53,92 @@ class Objective(Protocol):
         ...
 
 
-def _simcse_flops(rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
-    """Both views through the head (2b rows) and their (2b, 2B) logits, forward and backward."""
-    return 3 * (head_forward_flops(2 * rows, hidden, out_dim) + 2 * (2 * rows) * (2 * global_rows) * out_dim)
+def _contrastive_flops(projected: int, anchors: int, candidates: int, hidden: int, out_dim: int) -> int:
+    """``projected`` rows through the head and the (anchors, candidates) logits, forward and backward."""
+    return 3 * (head_forward_flops(projected, hidden, out_dim) + 2 * anchors * candidates * out_dim)
+
+
+def _one_term(loss: Tensor, name: str, with_stats: bool) -> ObjectiveOutput:
+    """The output of an objective whose loss is its one term ``name``."""
+    terms = {name: loss.detach()}
+    stats = {"loss": float(loss.detach()), name: float(loss.detach())} if with_stats else {}
+    return ObjectiveOutput(loss, terms, stats)
 
 
 class SimCSEObjective:
-    """Eq. 1 in both directions over the global batch (see :func:`simcse_loss`)."""
+    """Eq. 1 in both directions over the global batch (see :func:`simcse_loss`): each anchor
+    against its positive, the positive against its anchor."""
 
-    def __init__(self, loss: "LossConfig") -> None:
-        self.temperature = loss.temperature
+    spec = OBJECTIVES["simcse"]
+
+    def __init__(self, settings: Settings) -> None:
+        self.temperature = settings["temperature"]
 
     def __call__(
-        self, e1: Tensor, e2: Tensor, head: Head, generator: torch.Generator | None = None, with_stats: bool = False
+        self,
+        views: list[Tensor],
+        head: Head,
+        generator: torch.Generator | None = None,
+        with_stats: bool = False,
+        labels: dict[str, Tensor] | None = None,
     ) -> ObjectiveOutput:
-        loss = simcse_loss(project(head, e1), project(head, e2), temperature=self.temperature)  # z: (b, D) each
-        terms = {"simcse": loss.detach()}
-        stats = {"loss": float(loss.detach()), "simcse": float(loss.detach())} if with_stats else {}
-        return ObjectiveOutput(loss, terms, stats)
+        anchor, positive = views  # (b, d) each
+        loss = simcse_loss(project(head, anchor), project(head, positive), temperature=self.temperature)  # z: (b, D) each
+        return _one_term(loss, "simcse", with_stats)
 
     def model_flops(self, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
-        return _simcse_flops(rows, global_rows, hidden, out_dim)
+        """Both views through the head (2b rows), their (2b, 2B) logits."""
+        return _contrastive_flops(2 * rows, 2 * rows, 2 * global_rows, hidden, out_dim)
+
+
+class SupervisedSimCSEObjective:
+    """Supervised SimCSE (Gao et al. 2021, Eq. 5, see :func:`simcse_sup_loss`): each anchor
+    against its positive, every positive and every hard negative of the global batch its
+    candidates; ``hard_negative_weight`` the paper's alpha on its own hard negative."""
+
+    spec = OBJECTIVES["simcse_sup"]
+
+    def __init__(self, settings: Settings) -> None:
+        self.temperature = settings["temperature"]
+        self.hard_negative_weight = settings["hard_negative_weight"]
+
+    def __call__(
+        self,
+        views: list[Tensor],
+        head: Head,
+        generator: torch.Generator | None = None,
+        with_stats: bool = False,
+        labels: dict[str, Tensor] | None = None,
+    ) -> ObjectiveOutput:
+        anchor, positive, negative = views  # (b, d) each: h_i, h_i^+, h_i^- before the head
+        z = [project(head, view) for view in (anchor, positive, negative)]  # (b, D) each
+        loss = simcse_sup_loss(*z, temperature=self.temperature, hard_negative_weight=self.hard_negative_weight)
+        return _one_term(loss, "simcse_sup", with_stats)
+
+    def model_flops(self, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
+        """The three columns through the head (3b rows), the b anchors' (b, 2B) logits."""
+        return _contrastive_flops(3 * rows, rows, 2 * global_rows, hidden, out_dim)
 
 
 class VaSCLObjective:
-    """Eq. 6 over the global batch (see :func:`vascl_objective`)."""
+    """Eq. 6 over the global batch (see :func:`vascl_objective`), the positive as x_i'."""
 
-    def __init__(self, loss: "LossConfig") -> None:
-        self.settings = loss.model_dump()  # the section's keys are vascl_objective's keywords
+    spec = OBJECTIVES["vascl"]
+
+    def __init__(self, settings: Settings) -> None:
+        # The section's keys are vascl_objective's keywords, but supervised SimCSE's alpha.
+        self.settings = {key: value for key, value in settings.items() if key != "hard_negative_weight"}
 
     def __call__(
-        self, e1: Tensor, e2: Tensor, head: Head, generator: torch.Generator | None = None, with_stats: bool = False
+        self,
+        views: list[Tensor],
+        head: Head,
+        generator: torch.Generator | None = None,
+        with_stats: bool = False,
+        labels: dict[str, Tensor] | None = None,
     ) -> ObjectiveOutput:
-        out = vascl_objective(e1, e2, head, generator=generator, with_stats=with_stats, **self.settings)
+        anchor, positive = views  # (b, d) each: e1, e2 of the paper
+        out = vascl_objective(anchor, positive, head, generator=generator, with_stats=with_stats, **self.settings)
         terms = {"simcse": out.simcse.detach(), "neighbourhood": out.neighbourhood.detach()}
         return ObjectiveOutput(out.loss, terms, out.stats)
 
@@ -86,19 +149,15 @@ class VaSCLObjective:
         search = 2 * rows * global_rows * hidden
         power = self.settings["power_iters"] * 2 * head_forward_flops(rows, hidden, out_dim)
         augmented = 3 * head_forward_flops(rows, hidden, out_dim)
-        return _simcse_flops(rows, global_rows, hidden, out_dim) + search + power + augmented
+        return _contrastive_flops(2 * rows, 2 * rows, 2 * global_rows, hidden, out_dim) + search + power + augmented
 
 
-# The registry: ``objective`` in a config names one of these.
-OBJECTIVES: dict[str, type] = {"vascl": VaSCLObjective, "simcse": SimCSEObjective}
+# Each declared objective's implementation, by name.
+IMPLEMENTATIONS: dict[str, type] = {cls.spec.name: cls for cls in (VaSCLObjective, SimCSEObjective, SupervisedSimCSEObjective)}
+assert IMPLEMENTATIONS.keys() == OBJECTIVES.keys(), "every declared objective needs an implementation"
 
 
-def check_objective_name(name: str, key: str = "objective") -> None:
-    if name not in OBJECTIVES:
-        raise ValueError(f"{key} must be one of {', '.join(repr(n) for n in OBJECTIVES)}; got {name!r}")
-
-
-def build_objective(name: str, loss: "LossConfig") -> Objective:
-    """The objective ``name`` (``RunConfig.objective``) with the settings of ``loss``."""
-    check_objective_name(name)
-    return OBJECTIVES[name](loss)
+def build_objective(name: str, settings: Settings) -> Objective:
+    """The objective ``name`` (``RunConfig.objective``) with the ``loss`` section's values
+    ``settings`` (``config.loss.model_dump()``)."""
+    return IMPLEMENTATIONS[objective_spec(name).name](settings)

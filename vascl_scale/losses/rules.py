@@ -7,6 +7,8 @@ so a setting is accepted or refused, with the same message, whichever way it arr
 
 from __future__ import annotations
 
+import math
+
 SIMILARITIES = ("dot", "cosine")
 STRENGTH_MODES = ("absolute", "relative", "relative_instance")
 
@@ -18,6 +20,12 @@ def _is_int(value: object) -> bool:
 def check_temperature(temperature: float, prefix: str = "") -> None:
     if not temperature > 0:
         raise ValueError(f"{prefix}temperature must be > 0 (the paper uses 0.05); got {temperature}")
+
+
+def check_hard_negative_weight(weight: float, prefix: str = "") -> None:
+    """Supervised SimCSE's alpha, added to the logit of each anchor's own hard negative: any finite number."""
+    if not math.isfinite(weight):
+        raise ValueError(f"{prefix}hard_negative_weight must be a finite number (SimCSE's alpha, 0 by default); got {weight}")
 
 
 def check_vascl_settings(

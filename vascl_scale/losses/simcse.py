@@ -1,4 +1,5 @@
-"""SimCSE's objective (Eq. 1 of the VaSCL paper in both directions) over the global batch."""
+"""SimCSE's objectives over the global batch: unsupervised (Eq. 1 of the VaSCL paper in both
+directions) and supervised with hard negatives (Gao et al. 2021, Eq. 5)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,19 @@ from torch import Tensor
 
 from vascl_scale import distributed
 from vascl_scale.losses.contrastive import check_features, nt_xent
-from vascl_scale.losses.rules import check_temperature
+from vascl_scale.losses.rules import check_hard_negative_weight, check_temperature
 
 
 def simcse_indices(rows: int, rank: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """Candidate indices of this rank's 2b anchors in the gathered ``cat(z1, z2)`` blocks.
 
     Each rank contributes one block of 2b rows, [z1 (b); z2 (b)], so the gathered
-    candidates are (W * 2b, D) in rank order. Anchor order is [z1; z2] of this rank.
-    Returns (positive_index, self_index), both (2b,).
+    candidates are (W * 2b, D) laid out as :func:`vascl_scale.distributed.block_row` says.
+    Anchor order is [z1; z2] of this rank. Returns (positive_index, self_index), both (2b,).
     """
-    base = rank * 2 * rows
     local = torch.arange(rows, device=device)
-    view1, view2 = base + local, base + rows + local  # (b,) each
+    view1 = distributed.block_row(rank, 0, local, 2, rows)  # (b,)
+    view2 = distributed.block_row(rank, 1, local, 2, rows)  # (b,)
     positive_index = torch.cat([view2, view1])
     self_index = torch.cat([view1, view2])
     return positive_index, self_index
@@ -49,3 +50,48 @@ def simcse_loss(z1: Tensor, z2: Tensor, temperature: float = 0.05) -> Tensor:
     local = torch.cat([z1, z2], dim=0)  # (2b, D)
     gathered = distributed.all_gather_with_grad(local)  # (W * 2b, D)
     return simcse_from_gathered(local, gathered, rank, temperature)
+
+
+def simcse_sup_indices(rows: int, rank: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Candidate indices of this rank's b anchors in the gathered ``cat(z_positive, z_negative)`` blocks.
+
+    Each rank contributes one block of 2b candidate rows, [positives (b); hard negatives (b)],
+    so the gathered candidates are (W * 2b, D) laid out as :func:`vascl_scale.distributed.block_row`
+    says. Returns (positive_index, hard_negative_index), both (b,): anchor i's own positive
+    and its own hard negative.
+    """
+    local = torch.arange(rows, device=device)
+    positive_index = distributed.block_row(rank, 0, local, 2, rows)  # (b,)
+    hard_negative_index = distributed.block_row(rank, 1, local, 2, rows)  # (b,)
+    return positive_index, hard_negative_index
+
+
+def simcse_sup_loss(
+    z_anchor: Tensor, z_positive: Tensor, z_negative: Tensor, temperature: float = 0.05, hard_negative_weight: float = 0.0
+) -> Tensor:
+    """Supervised SimCSE (Gao et al. 2021, Eq. 5), mean over the B anchors of the global batch.
+
+    z_anchor, z_positive, z_negative: (b, D) L2-normalised features of this rank's b triplets
+    (h_i, h_i^+, h_i^-). Anchor i is scored against every positive and every hard negative of
+    the global batch (2B candidates; anchors are not candidates):
+
+        l_i = -log e^{sim(h_i, h_i^+) / tau}
+              / sum_j (e^{sim(h_i, h_j^+) / tau} + e^{sim(h_i, h_j^-) / tau + alpha [i = j]})
+
+    alpha = ``hard_negative_weight``, added in log space to the logit of the anchor's own hard
+    negative only, as ``cl_forward`` in princeton-nlp/SimCSE adds its ``hard_negative_weight``
+    to the diagonal of the hard-negative block (0: Eq. 5 as printed). Under torch.distributed
+    with W > 1 the candidates are all-gathered with gradient, one block per rank: the mean over
+    ranks of the returned value (what DDP's gradient averaging takes) equals the
+    single-process loss on the concatenated batch, as for :func:`simcse_loss`.
+    """
+    check_features("z_anchor", z_anchor, "z_positive", z_positive)
+    check_features("z_anchor", z_anchor, "z_negative", z_negative)
+    check_temperature(temperature)
+    check_hard_negative_weight(hard_negative_weight)
+    rank, _ = distributed.world()
+    rows = z_anchor.shape[0]
+    distributed.require_equal_rows(rows)
+    candidates = distributed.all_gather_with_grad(torch.cat([z_positive, z_negative], dim=0))  # (2b, D) -> (W * 2b, D)
+    positive_index, hard_negative_index = simcse_sup_indices(rows, rank, z_anchor.device)
+    return nt_xent(z_anchor, candidates, positive_index, None, temperature, hard_negative_index, hard_negative_weight)

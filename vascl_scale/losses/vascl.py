@@ -208,8 +208,8 @@ def vascl_objective(
     neighbours = nearest_neighbours(e1.detach(), global_embeddings, k, offset, similarity)  # (b, k) in [0, B)
     xi_abs = _strength(xi, xi_mode, e1, global_embeddings)  # number or (b, 1)
     eps_abs = _strength(eps, eps_mode, e1, global_embeddings)  # number or (b, 1)
-    # Global row g sits in rank g // b's block [z1; z2] at position g % b of its z1 half.
-    view1_rows = (neighbours // rows) * (2 * rows) + neighbours % rows  # (b, k)
+    # Global row g is row g % b of rank g // b, whose gathered block is [z1; z2].
+    view1_rows = distributed.block_row(neighbours // rows, 0, neighbours % rows, 2, rows)  # (b, k)
 
     z_clean = local_features[:rows]  # (b, D)
     neighbour_clean = gathered_features[view1_rows]  # (b, k, D)

@@ -1,25 +1,29 @@
 """One training step, written once: what ``vascl-scale train`` runs and every benchmark measures.
 
-A loss call: this rank's b sentences enter the encoder twice in one forward, the batch stacked
-on itself ((2b, L) -> (2b, d); dropout gives the two views; with ``data.augment`` the second
-half is the augmented text, ``view2_*`` in the batch), and the configured objective
-(:func:`vascl_scale.losses.build_objective`) runs on the two halves, both under the run's
-autocast (:mod:`vascl_scale.precision`), its gathers spanning every rank. An optimiser step:
-``grad_accum_steps`` loss calls, each checked finite on every rank before its backward, then
-clipping (outside DeepSpeed, which clips itself) and the update.
+A loss call: the configured objective (:func:`vascl_scale.losses.build_objective`) declares its
+inputs, n data columns (``spec.inputs``, :mod:`vascl_scale.losses.spec`); the batch holds this
+rank's b rows of each column (:mod:`vascl_scale.data.columns`), and an input the data lacks is
+encoded from its stand-in (SimCSE's and VaSCL's positive: the anchor again, so that dropout
+gives the second view; with ``data.augment`` the loader made the positive). The n views are
+padded to one width L and enter the encoder in one forward, stacked ((n b, L) -> (n b, d): one
+forward, because ZeRO-3 gathers the parameters for each), and the objective runs on the n
+blocks of b, all under the run's autocast (:mod:`vascl_scale.precision`), its gathers spanning
+every rank. An optimiser step: ``grad_accum_steps`` loss calls, each checked finite on every
+rank before its backward, then clipping (outside DeepSpeed, which clips itself) and the update.
 
 The cached loss call (``chunk_size`` c > 0; GradCache, Gao et al. 2021, for a neighbourhood
-objective) holds the activations of c sentences at a time instead of 2b:
+objective) holds the activations of c sentences at a time instead of n b:
 
-1. each view's b sentences go through the encoder in chunks of c without gradient, the RNG
+1. each view's b rows go through the encoder in chunks of c without gradient, the RNG
    state before every (view, chunk) forward kept (the chunk boundaries are fixed first);
 2. the objective runs on the whole global batch of these embeddings, made leaves (float32 or
    wider), and ``autograd.grad`` gives d loss / d e (the gathers' backward already sums what
    every rank's loss sends to this rank's rows);
 3. each (view, chunk) is encoded again with gradient, its RNG state replayed (the same dropout
-   masks, and different ones per view), and the surrogate sum(e_chunk * d loss / d e_chunk),
-   whose gradient is the chunk's share of d loss / d theta, back-propagated like a loss; the
-   first of these backwards also carries the loss itself, for the head's gradient.
+   masks, and different ones per view, also where two views encode one column), and the
+   surrogate sum(e_chunk * d loss / d e_chunk), whose gradient is the chunk's share of
+   d loss / d theta, back-propagated like a loss; the first of these backwards also carries
+   the loss itself, for the head's gradient.
 
 Step 3 gives the parameters exactly the gradient of the one-forward step whose forwards draw
 these masks. Each backward is scaled as a loss is (accumulation, fp16 loss scale). Gradient
@@ -27,7 +31,7 @@ reduction happens once per optimiser step: under DDP every backward but the step
 in ``no_sync``; under DeepSpeed each backward is one of the engine's (ZeRO-2/3 reset their
 gradient hooks per backward) and only the step's last is its accumulation boundary. ZeRO-2/3
 still reduce-scatter the gradients of every backward (their design: a rank keeps only its
-partition), so a cached step moves 2n times the gradient bytes of an uncached one there, n
+partition), so a cached step moves n m times the gradient bytes of an uncached one there, m
 chunks per view (``vascl-scale bench comm``).
 
 Randomness is a function of (seed, loss call, rank): the dropout masks are seeded per loss
@@ -46,12 +50,13 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
-from vascl_scale.data.loader import VIEW2_PREFIX
+from vascl_scale.data.columns import TOKEN_KEYS
+from vascl_scale.data.loader import Padding, widen
 from vascl_scale.flops import EncoderShape
 from vascl_scale.losses import Objective, ObjectiveOutput
 from vascl_scale.precision import autocast
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+MODEL_INPUTS = TOKEN_KEYS  # what the encoder's forward takes of a column's tensors
 
 
 class NonFiniteLossError(RuntimeError):
@@ -69,9 +74,9 @@ def chunk_spans(rows: int, chunk_size: int) -> list[tuple[int, int]]:
     return [(start, min(start + chunk_size, rows)) for start in range(0, rows, chunk_size)]
 
 
-def rows_per_forward(per_device_batch: int, chunk_size: int) -> int:
-    """Sentences one encoder forward holds activations for: both views (2b) or one chunk (c)."""
-    return chunk_size if chunk_size else 2 * per_device_batch
+def rows_per_forward(per_device_batch: int, chunk_size: int, views: int) -> int:
+    """Rows one encoder forward holds activations for: every view (n b) or one chunk (c)."""
+    return chunk_size if chunk_size else views * per_device_batch
 
 
 class RngState:
@@ -130,15 +135,19 @@ class TrainingStep:
         # gradient for every parameter in the backward that reduces: the head's came in the
         # cached loss call's first backward, so the last one touches it with zero.
         self.ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-        self.encoder_shape = EncoderShape.of(accelerator.unwrap_model(model).encoder.config)
+        module = accelerator.unwrap_model(model)
+        self.encoder_shape = EncoderShape.of(module.encoder.config)
+        # Views of different widths are padded to one as the tokenizer pads; a model without a
+        # tokenizer (the benchmarks', the tests') is right-padded with id 0.
+        self.padding = Padding.of(module.tokenizer) if module.tokenizer is not None else Padding()
 
     def loss_call_flops(self, tokens: int) -> int:
-        """Model FLOPs of one loss call on this device, inputs (b, tokens): the encoder's forward
-        and backward of both views and the objective's head passes (vascl_scale.flops)."""
+        """Model FLOPs of one loss call on this device, every view (b, tokens): the encoder's
+        forward and backward of the n views and the objective's head passes (vascl_scale.flops)."""
         if self.encoder_shape is None:
             return 0
-        rows, head = self.per_device_batch, self.head
-        encoder = 3 * self.encoder_shape.forward_flops(2 * rows, tokens)
+        rows, head, views = self.per_device_batch, self.head, len(self.objective.spec.inputs)
+        encoder = 3 * self.encoder_shape.forward_flops(views * rows, tokens)
         return encoder + self.objective.model_flops(rows, rows * self.accelerator.num_processes, head.hidden_size, head.out_dim)
 
     @property
@@ -153,53 +162,68 @@ class TrainingStep:
             return autocast("cpu", self.precision)
         return self.accelerator.autocast()
 
-    def _inputs(self, batch: dict[str, Tensor], loss_call: int) -> tuple[list[dict[str, Tensor]], torch.Generator]:
-        """This rank's (b, L) model inputs of both views on the device (the same tensors twice
-        unless the batch holds an augmented second view), the global RNG seeded for the loss
-        call's dropout masks, and the generator of its initial directions."""
+    def view_width(self, batch: dict[str, dict[str, Tensor]]) -> int:
+        """L, the width every view of ``batch`` is encoded at: the longest of its columns encoded."""
+        return max(batch[column]["input_ids"].shape[1] for column in self.objective.spec.encoded_columns(batch))
+
+    def _inputs(
+        self, batch: dict[str, dict[str, Tensor]], loss_call: int
+    ) -> tuple[list[dict[str, Tensor]], torch.Generator]:
+        """This rank's model inputs of each of the objective's inputs, in order, on the device and
+        at one width, (b, L) each (an input encoded from its stand-in is the same tensors again),
+        the global RNG seeded for the loss call's dropout masks, and the generator of its
+        initial directions."""
         acc = self.accelerator
-        first = {k: v.to(acc.device) for k, v in batch.items() if k in MODEL_INPUTS}  # (b, L)
-        second = {k[len(VIEW2_PREFIX) :]: v.to(acc.device) for k, v in batch.items() if k.startswith(VIEW2_PREFIX)}
-        rows = first["input_ids"].shape[0]
-        if rows != self.per_device_batch:
-            raise RuntimeError(f"the data stream gave {rows} rows; expected the per-device batch {self.per_device_batch}")
+        columns = self.objective.spec.encoded_columns(batch)
+        width = self.view_width(batch)
+        on_device = {}
+        for column in dict.fromkeys(columns):
+            tensors = {k: v.to(acc.device) for k, v in batch[column].items() if k in MODEL_INPUTS}  # (b, L_column)
+            rows = tensors["input_ids"].shape[0]
+            if rows != self.per_device_batch:
+                raise RuntimeError(
+                    f"the data stream gave {rows} rows of {column}; expected the per-device batch {self.per_device_batch}"
+                )
+            on_device[column] = tensors if tensors["input_ids"].shape[1] == width else widen(tensors, width, self.padding)
         torch.manual_seed(loss_call_seed(self.seed, loss_call, acc.process_index))  # dropout masks
         generator = torch.Generator(device=acc.device).manual_seed(loss_call_seed(self.seed, loss_call, 0))
-        return [first, second or first], generator
+        return [on_device[column] for column in columns], generator
 
-    def loss_call(self, batch: dict[str, Tensor], loss_call: int, with_stats: bool = False) -> ObjectiveOutput:
-        """The objective on one batch of this rank's b sentences (tokenised, (b, L) tensors).
-
-        View 1 is the first half of the stacked forward: the neighbourhood search reads it."""
-        (first, second), generator = self._inputs(batch, loss_call)
+    def loss_call(self, batch: dict[str, dict[str, Tensor]], loss_call: int, with_stats: bool = False) -> ObjectiveOutput:
+        """The objective on one batch of this rank's b rows (tokenised columns, (b, L) tensors)."""
+        views, generator = self._inputs(batch, loss_call)
         rows = self.per_device_batch
+        stacked = {key: torch.cat([view[key] for view in views]) for key in views[0]}  # (n b, L)
         with self._autocast():
-            embeddings = self.model(**{k: torch.cat([v, second[k]]) for k, v in first.items()})  # (2b, d)
-            return self.objective(embeddings[:rows], embeddings[rows:], self.head, generator, with_stats)
+            embeddings = self.model(**stacked)  # (n b, d), view v in rows [v b, (v + 1) b)
+            blocks = [embeddings[view * rows : (view + 1) * rows] for view in range(len(views))]  # (b, d) each
+            return self.objective(blocks, self.head, generator, with_stats)
 
     def cached_loss_call(
-        self, batch: dict[str, Tensor], loss_call: int, step: int, with_stats: bool = False
+        self, batch: dict[str, dict[str, Tensor]], loss_call: int, step: int, with_stats: bool = False
     ) -> ObjectiveOutput:
         """The loss call in chunks of ``chunk_size`` (module doc), its backwards included.
 
         Returns the objective's output with the loss detached; the gradients are in place.
         """
         views, generator = self._inputs(batch, loss_call)
-        spans = [(view, start, stop) for view in (0, 1) for start, stop in chunk_spans(self.per_device_batch, self.chunk_size)]
+        chunks = chunk_spans(self.per_device_batch, self.chunk_size)
+        spans = [(view, start, stop) for view in range(len(views)) for start, stop in chunks]
         states, pieces = [], []
         with torch.no_grad(), self._autocast():
             for view, start, stop in spans:
                 states.append(RngState(self.accelerator.device))
                 pieces.append(self.model(**{k: v[start:stop] for k, v in views[view].items()}))  # (c, d)
         leaf_dtype = torch.promote_types(pieces[0].dtype, torch.float32)
-        half = len(spans) // 2
-        e1 = torch.cat(pieces[:half]).to(leaf_dtype).requires_grad_(True)  # (b, d)
-        e2 = torch.cat(pieces[half:]).to(leaf_dtype).requires_grad_(True)  # (b, d)
+        leaves = [  # (b, d) per view, its chunks in order
+            torch.cat(pieces[view * len(chunks) : (view + 1) * len(chunks)]).to(leaf_dtype).requires_grad_(True)
+            for view in range(len(views))
+        ]
         with self._autocast():
-            out = self.objective(e1, e2, self.head, generator, with_stats)
+            out = self.objective(leaves, self.head, generator, with_stats)
         self._require_finite(out.loss, step)
-        # d loss / d e (2b, d), rows in span order; the graph stays for the head's gradient.
-        cached = torch.cat(torch.autograd.grad(out.loss, [e1, e2], retain_graph=True))
+        # d loss / d e (n b, d), rows in span order; the graph stays for the head's gradient.
+        cached = torch.cat(torch.autograd.grad(out.loss, leaves, retain_graph=True))
         final_span = len(spans) - 1
         row = 0
         for index, ((view, start, stop), state) in enumerate(zip(spans, states)):
@@ -234,7 +258,7 @@ class TrainingStep:
         if self.accelerator.reduce(bad, reduction="sum").item() > 0:
             raise NonFiniteLossError(f"non-finite loss at step {step + 1}; the update was not applied")
 
-    def __call__(self, batches: Iterator[dict[str, Tensor]], step: int, with_stats: bool = False) -> StepResult:
+    def __call__(self, batches: Iterator[dict[str, dict[str, Tensor]]], step: int, with_stats: bool = False) -> StepResult:
         """Optimiser step ``step`` (0-based): ``grad_accum_steps`` loss calls and one update."""
         acc = self.accelerator
         accum = self.grad_accum_steps
@@ -246,7 +270,7 @@ class TrainingStep:
             with acc.accumulate(self.model), self.model.no_sync() if self.ddp and not acc.sync_gradients else nullcontext():
                 call = step * accum + micro
                 batch = next(batches)
-                flops += self.loss_call_flops(batch["input_ids"].shape[1])
+                flops += self.loss_call_flops(self.view_width(batch))
                 if self.chunk_size:
                     out = self.cached_loss_call(batch, call, step, with_stats)
                 else:

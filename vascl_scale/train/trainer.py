@@ -27,8 +27,9 @@ import transformers
 from torch import Tensor
 
 from vascl_scale.config import RunConfig, save_config
-from vascl_scale.losses import build_objective
 from vascl_scale.flops import tflops_and_mfu
+from vascl_scale.losses import build_objective
+from vascl_scale.losses.spec import objective_spec
 from vascl_scale.model import SentenceEncoder
 from vascl_scale.precision import train_precision
 from vascl_scale.train.atomic import replace_directory, staging_directory
@@ -188,7 +189,7 @@ def lock_run_dir(accelerator, run_dir: Path) -> RunDirectoryLock | None:
 
 
 def build_stream(config: RunConfig, tokenizer, rank: int, world_size: int, per_device_batch: int):
-    """This rank's training stream, from the ``data`` section."""
+    """This rank's training stream, from the ``data`` section: the columns the objective reads."""
     from vascl_scale.data.loader import build_train_stream
 
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
@@ -200,6 +201,7 @@ def build_stream(config: RunConfig, tokenizer, rank: int, world_size: int, per_d
         world_size=world_size,
         seed=config.train.seed,
         num_nodes=max(1, world_size // local_world),
+        columns=objective_spec(config.objective).columns,
     )
 
 
@@ -254,7 +256,7 @@ def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume
         acc,
         prepared_model,
         prepared_optimizer,
-        build_objective(config.objective, config.loss),
+        build_objective(config.objective, config.loss.model_dump()),
         seed=config.train.seed,
         per_device_batch=per_device_batch,
         grad_accum_steps=config.train.grad_accum_steps,
@@ -282,22 +284,27 @@ def _log_batch_arithmetic(config: RunConfig, world_size: int, per_device_batch: 
         else f"gradient accumulation x{cfg.grad_accum_steps}: {cfg.global_batch_size * cfg.grad_accum_steps} "
         f"sentences per update, but each loss still sees only {cfg.global_batch_size} (accumulation adds no negatives)",
     )
-    rows = rows_per_forward(per_device_batch, cfg.chunk_size)
+    views = len(objective_spec(config.objective).inputs)
+    rows = rows_per_forward(per_device_batch, cfg.chunk_size, views)
     if cfg.chunk_size == 0:
-        logger.info("one encoder forward per loss call holds the activations of %d sentences (both views)", rows)
+        logger.info(
+            "one encoder forward per loss call holds the activations of %d sentences (%d views of %d)", rows, views, per_device_batch
+        )
         return
     chunks = len(chunk_spans(per_device_batch, cfg.chunk_size))
     logger.info(
-        "cached step: %d chunks of up to %d sentences per view and device (2 x %d forwards without gradient, "
-        "2 x %d again with it); activations of %d sentences at a time instead of %d, about %.0f%% less "
+        "cached step: %d chunks of up to %d sentences per view and device (%d x %d forwards without gradient, "
+        "%d x %d again with it); activations of %d sentences at a time instead of %d, about %.0f%% less "
         "activation memory; the loss, its negatives and neighbours still span all %d sentences",
         chunks,
         cfg.chunk_size,
+        views,
         chunks,
+        views,
         chunks,
         rows,
-        2 * per_device_batch,
-        100 * (1 - rows / (2 * per_device_batch)),
+        views * per_device_batch,
+        100 * (1 - rows / (views * per_device_batch)),
         cfg.global_batch_size,
     )
 

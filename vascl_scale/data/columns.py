@@ -1,0 +1,92 @@
+"""The named columns of a training sample: what shards store, a batch holds and objectives encode.
+
+A sample holds one text per column: ``anchor`` (every sample has one), ``positive``, then hard
+negatives ``negative_0``, ``negative_1``, ... In a shard each column is a tar member
+``<key>.<column>.txt`` (UTF-8), with ``<key>.<column>.ids`` (int32 token ids) when ``data prepare
+--tokenizer`` stored them; the single-text members ``<key>.txt`` / ``<key>.ids`` (shards written
+before columns existed) are the anchor. ``manifest.json`` lists the columns under ``"columns"``;
+a manifest without the list describes single-text shards, ``["anchor"]``.
+
+A batch of the training stream (:mod:`vascl_scale.data.loader`) maps each column it holds to the
+tokenizer's tensors, ``{column: {"input_ids", "attention_mask"[, "token_type_ids"]}}``, each
+(b, L_column): every column padded to its own longest row. Which columns an objective encodes,
+and what stands in for a column the data lacks, is its declaration
+(:mod:`vascl_scale.losses.spec`).
+
+No torch: the config and the objectives' declarations import it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Collection, Sequence
+
+from vascl_scale.log import shown
+
+ANCHOR = "anchor"
+POSITIVE = "positive"
+# The columns of a single-text sample: one sentence, which every objective reads as its anchor.
+SINGLE_TEXT = (ANCHOR,)
+# The columns that data.augment makes from each anchor.
+AUGMENTED = (POSITIVE,)
+TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+# What a column's name may be: it is also a tar member's name part, between two dots.
+_COLUMN_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def negative(index: int) -> str:
+    """The name of hard negative ``index`` (0-based): ``negative_0``, ``negative_1``, ..."""
+    return f"negative_{index}"
+
+
+def columns_of(count: int) -> tuple[str, ...]:
+    """The columns of samples with ``count`` texts, in order: ``anchor``, ``positive``, ``negative_0``, ..."""
+    assert count >= 1, count
+    return (ANCHOR, POSITIVE, *(negative(index) for index in range(count - 2)))[:count]
+
+
+def written_fields(columns: Sequence[str]) -> list[tuple[str, str]]:
+    """The (text, token ids) sample fields ``data prepare`` writes for each column, in column
+    order: a single-text sample keeps ``txt`` / ``ids``, so its shards stay the bytes they were
+    before columns existed (a reader takes them as the anchor, :func:`sample_fields`)."""
+    if tuple(columns) == SINGLE_TEXT:
+        return [("txt", "ids")]
+    return [(f"{column}.txt", f"{column}.ids") for column in columns]
+
+
+def sample_fields(column: str, kind: str) -> tuple[str, ...]:
+    """The fields of a tar sample (``iter_tar_samples``) that hold ``column``'s ``kind``, ``"txt"``
+    or ``"ids"``, in the order they are looked up: ``anchor.txt``, then the single-text ``txt``."""
+    own = f"{column}.{kind}"
+    return (own, kind) if column == ANCHOR else (own,)
+
+
+def columns_to_read(available: Sequence[str], wanted: Collection[str] | None, augmented: bool, where: str) -> tuple[str, ...]:
+    """The columns a training stream reads of those the data has (``available``, in its order):
+    the ``wanted`` ones, or all when None. ``data.augment`` (``augmented``) makes each positive
+    from its anchor, so data with a positive of its own to read is refused, ``where`` named."""
+    read = tuple(column for column in available if wanted is None or column in wanted)
+    if augmented and POSITIVE in read:
+        raise ValueError(
+            f"data.augment makes each sample's {POSITIVE} from its {ANCHOR}, and {where} has a {POSITIVE} "
+            f"column of its own; set data.augment to none to train on the data's {POSITIVE}s"
+        )
+    return read
+
+
+def manifest_columns(manifest: dict[str, Any], where: str) -> tuple[str, ...]:
+    """The columns a shard manifest lists (``SINGLE_TEXT`` without the list); ``where`` names the
+    manifest in the error."""
+    columns = manifest.get("columns", list(SINGLE_TEXT))
+    valid = (
+        isinstance(columns, list)
+        and all(isinstance(column, str) and _COLUMN_NAME.fullmatch(column) for column in columns)
+        and len(set(columns)) == len(columns)
+        and ANCHOR in columns
+    )
+    if not valid:
+        raise ValueError(
+            f"{where}: columns {shown(columns)} must be a list of distinct column names (lower-case letters, digits, "
+            f"'_') that holds {ANCHOR!r}; write the shards again with `vascl-scale data prepare`"
+        )
+    return tuple(columns)
