@@ -30,7 +30,7 @@ def _on_cpu(value):
     return value
 
 
-def same_masks_on_the_device(step, batch: dict[str, torch.Tensor], loss_call: int):
+def same_masks_on_the_device(step, batch: dict[str, dict[str, torch.Tensor]], loss_call: int):
     """tests/test_cached_step.py's same_mask_reference on the step's device: the chunks encoded
     with gradient under the RNG states the cached step seeds, and VaSCL's directions drawn from a
     generator on that device, as the step draws them (a CPU generator would draw others)."""
@@ -39,10 +39,10 @@ def same_masks_on_the_device(step, batch: dict[str, torch.Tensor], loss_call: in
     device = step.accelerator.device
     torch.manual_seed(loss_call_seed(step.seed, loss_call, step.accelerator.process_index))  # CPU and CUDA
     generator = torch.Generator(device=device).manual_seed(loss_call_seed(step.seed, loss_call, 0))
-    batch = {k: v.to(device) for k, v in batch.items()}
+    anchor = {k: v.to(device) for k, v in batch["anchor"].items()}  # single text: the anchor is both views
     spans = chunk_spans(step.per_device_batch, step.chunk_size)
-    views = [torch.cat([step.model(**{k: v[a:b] for k, v in batch.items()}) for a, b in spans]) for _ in range(2)]  # 2 x (b, d)
-    out = step.objective(views[0], views[1], step.head, generator)
+    views = [torch.cat([step.model(**{k: v[a:b] for k, v in anchor.items()}) for a, b in spans]) for _ in range(2)]  # 2 x (b, d)
+    out = step.objective(views, step.head, generator)
     step.accelerator.backward(out.loss)
     return out
 
@@ -107,7 +107,7 @@ def bf16_steps(rank: int, world_size: int) -> dict:
             accelerator = accelerator or build_accelerator(config, None)  # one accelerator per process
             prepared, optimizer = prepare_for_training(accelerator, model, build_optimizer(model, config), config)
             step = TrainingStep(
-                accelerator, prepared, optimizer, build_objective(objective, config.loss), seed=5, per_device_batch=8,
+                accelerator, prepared, optimizer, build_objective(objective, config.loss.model_dump()), seed=5, per_device_batch=8,
                 chunk_size=chunk, precision="bf16",
             )  # fmt: skip
             result = step(iter([_own_batch(rank, world_size)]), 0)
