@@ -97,7 +97,7 @@ def test_bench_step_grid_runs_each_cell_alone_and_skips_what_would_not_fit(tiny_
 
 def test_bench_step_rejects_bad_objective(tiny_config: Path) -> None:
     result = CliRunner().invoke(app, ["bench", "step", "--model", str(tiny_config), "--objective", "simclr"])
-    assert result.exit_code != 0 and "vascl and/or simcse" in " ".join(result.output.split())
+    assert result.exit_code == 2 and "--objective must be one of 'vascl', 'simcse', 'simcse_sup'; got 'simclr'" in " ".join(result.output.split())
 
 
 @pytest.mark.parametrize("chunk_size", [0, 3])

@@ -62,7 +62,7 @@ class RecordingObjective:
         self.spec = self.inner.spec
         self.calls: list[dict[str, torch.Tensor]] = []
 
-    def __call__(self, views, head, generator=None, with_stats=False, labels=None):
+    def __call__(self, views, head, generator=None, with_stats=False):
         from vascl_scale.losses import ObjectiveOutput
         from vascl_scale.losses.vascl import vascl_objective
 
@@ -143,6 +143,15 @@ def same_mask_reference(step, batch: dict[str, torch.Tensor], loss_call: int):
     return out
 
 
+def _call_and_backward(step, batch, mode: str):
+    """Loss call 0 and its backward, "uncached" (one backward) or "cached" (the chunked step's own)."""
+    if mode == "cached":
+        return step.cached_loss_call(batch, 0, 0)
+    out = step.loss_call(batch, 0)
+    step._backward(out.loss, final=True)
+    return out
+
+
 def one_loss_call(
     rank: int, world_size: int, objective: str, loss: dict, dropout: float, mode: str, augmented: bool = False
 ) -> dict:
@@ -151,13 +160,7 @@ def one_loss_call(
     forwards: list[tuple[bool, torch.Tensor]] = []
     model.register_forward_hook(lambda module, args, output: forwards.append((torch.is_grad_enabled(), output.detach().clone())))
     batch = _own_batch(rank, world_size, augmented=augmented)
-    if mode == "uncached":
-        out = step.loss_call(batch, 0)
-        step._backward(out.loss, final=True)
-    elif mode == "cached":
-        out = step.cached_loss_call(batch, 0, 0)
-    else:
-        out = same_mask_reference(step, batch, 0)
+    out = same_mask_reference(step, batch, 0) if mode == "same_masks" else _call_and_backward(step, batch, mode)
     return {"loss": out.loss.detach(), "gradients": _gradients(model), "recorded": recorder.calls, "forwards": forwards}
 
 
@@ -219,11 +222,7 @@ def narrow_positive_calls(rank: int, world_size: int) -> dict:
                 if width == "widened":  # right padding with id 0: what a model without a tokenizer gets
                     ids, mask = F.pad(ids, (0, 2)), F.pad(mask, (0, 2))
                 batch["positive"] = {"input_ids": ids[own], "attention_mask": mask[own]}
-                if mode == "uncached":
-                    out = step.loss_call(batch, 0)
-                    step._backward(out.loss, final=True)
-                else:
-                    out = step.cached_loss_call(batch, 0, 0)
+                out = _call_and_backward(step, batch, mode)
                 results[objective, mode, width] = {"loss": out.loss.detach(), "gradients": _gradients(model)}
     return _portable(results)
 
@@ -270,11 +269,7 @@ def simcse_sup_calls(rank: int, world_size: int) -> dict:
             batch = _own_batch(rank, world_size, augmented=True)
             ids, mask = token_batch(GLOBAL_BATCH, SEQ_LEN - 1, seed=30)
             batch["negative_0"] = {"input_ids": ids[own], "attention_mask": mask[own]}
-            if mode == "uncached":
-                out = step.loss_call(batch, 0)
-                step._backward(out.loss, final=True)
-            else:
-                out = step.cached_loss_call(batch, 0, 0)
+            out = _call_and_backward(step, batch, mode)
             results[alpha, mode] = {"loss": out.loss.detach(), "gradients": _gradients(model), "recorded": [], "forwards": forwards}
     return _portable(results)
 

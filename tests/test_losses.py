@@ -517,10 +517,9 @@ def test_declarations_stand_the_anchor_in_for_a_missing_positive_and_name_what_i
         assert OBJECTIVES[name].inputs == ("anchor", "positive")
         assert OBJECTIVES[name].encoded_columns(("anchor",)) == ("anchor", "anchor")  # a second dropout view
         assert OBJECTIVES[name].encoded_columns(("positive", "anchor")) == ("anchor", "positive")
-    triplets = ObjectiveSpec("triplets", ("anchor", "positive", "negative_0"), labels=("label",))
-    assert triplets.columns == ("anchor", "positive", "negative_0", "label")
-    assert triplets.missing_columns(("anchor", "positive", "negative_0", "label")) == ()
-    with pytest.raises(ValueError, match=r"objective 'triplets' needs the column\(s\) positive, negative_0, label, which the batch lacks \(its columns: anchor\)"):
+    triplets = ObjectiveSpec("triplets", ("anchor", "positive", "negative_0"))
+    assert triplets.missing_columns(("anchor", "positive", "negative_0")) == ()
+    with pytest.raises(ValueError, match=r"objective 'triplets' needs the column\(s\) positive, negative_0, which the batch lacks \(its columns: anchor\)"):
         triplets.encoded_columns(("anchor",))
 
 
@@ -607,7 +606,7 @@ def test_simcse_sup_declares_a_triplet_without_stand_ins_and_counts_its_flops() 
     from vascl_scale.losses import OBJECTIVES, build_objective
 
     spec = OBJECTIVES["simcse_sup"]
-    assert spec.inputs == ("anchor", "positive", "negative_0") and not spec.stand_ins and spec.labels == ()
+    assert spec.inputs == ("anchor", "positive", "negative_0") and not spec.stand_ins
     assert spec.encoded_columns(("anchor", "positive", "negative_0")) == spec.inputs
     for data, missing in ((("anchor",), "positive, negative_0"), (("anchor", "positive"), "negative_0")):
         with pytest.raises(ValueError, match=rf"objective 'simcse_sup' needs the column\(s\) {missing}, which the batch lacks"):

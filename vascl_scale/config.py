@@ -465,7 +465,7 @@ def resolve_paths(config: RunConfig, expanded: dict[str, str] | None = None) -> 
     """
     written = config.as_written()
     launcher = expanded is None
-    if expanded is None:
+    if launcher:
         expanded = {key: expand_path(_value(written, key), key) for key in PATH_KEYS if key != "eval.stsb_dev"}
         expanded["eval.stsb_dev"] = _dev_set(written)
         model = written.model

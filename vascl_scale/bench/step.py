@@ -44,7 +44,7 @@ from vascl_scale.flops import tflops_and_mfu
 from vascl_scale.data.columns import ANCHOR
 from vascl_scale.figures import save_figure
 from vascl_scale.hub import locate_model
-from vascl_scale.losses.spec import OBJECTIVES, ObjectiveSpec
+from vascl_scale.losses.spec import OBJECTIVES, ObjectiveSpec, objective_spec
 from vascl_scale.model import SentenceEncoder
 from vascl_scale.train.step import rows_per_forward
 
@@ -67,10 +67,9 @@ def build_bench_model(model: str, head_dim: int) -> SentenceEncoder:
 
 def bench_objectives(names: list[str]) -> list[ObjectiveSpec]:
     """The declarations of the objectives ``--objective`` names; ValueError for an unknown one."""
-    unknown = [name for name in names if name not in OBJECTIVES]
-    if unknown or not names:
-        raise ValueError(f"--objective takes {' and/or '.join(OBJECTIVES)}, comma separated; got {names}")
-    return [OBJECTIVES[name] for name in names]
+    if not names:
+        raise ValueError(f"--objective takes {', '.join(OBJECTIVES)}, comma separated; got none")
+    return [objective_spec(name, "--objective") for name in names]
 
 
 def synthetic_batch(specs: list[ObjectiveSpec], rows: int, tokens: int, vocab: int, generator: torch.Generator) -> dict:

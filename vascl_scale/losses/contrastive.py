@@ -59,10 +59,8 @@ def _masked_logits(
     ``weight`` added to its ``weighted_index`` column (supervised SimCSE's hard negative)."""
     logits = anchors.to(dtype) @ candidates.to(dtype).T / temperature  # (A, C)
     rows = torch.arange(anchors.shape[0], device=anchors.device)
-    if weighted_index is not None:
-        bias = torch.zeros_like(logits)  # (A, C)
-        bias[rows, weighted_index] = weight
-        logits = logits + bias
+    if weighted_index is not None and weight != 0.0:
+        logits = logits.index_put((rows, weighted_index), logits[rows, weighted_index] + weight)  # out of place: autograd
     if self_index is None:
         return logits
     is_self = torch.zeros_like(logits, dtype=torch.bool)

@@ -2,8 +2,7 @@
 
 An objective is called with this rank's pooled embeddings of its declared inputs (``spec.inputs``,
 :mod:`vascl_scale.losses.spec`), one (b, d) tensor per input in that order, the projection head
-h, the loss call's generator and, for an objective that declares label columns, this rank's
-labels; it returns an :class:`ObjectiveOutput`. Each projects through the head itself, so a
+h and the loss call's generator; it returns an :class:`ObjectiveOutput`. Each projects through the head itself, so a
 training step knows nothing of either. Another objective is a class with the same call, its
 declaration in :data:`vascl_scale.losses.spec.OBJECTIVES` and one entry in
 :data:`IMPLEMENTATIONS`.
@@ -41,10 +40,8 @@ class Objective(Protocol):
         head: Head,
         generator: torch.Generator | None = None,
         with_stats: bool = False,
-        labels: dict[str, Tensor] | None = None,
     ) -> ObjectiveOutput:
-        """``views``: (b, d) embeddings of this rank's b rows, one per input in ``spec.inputs``
-        order; ``labels``: a (b,) tensor per column of ``spec.labels`` (None when it has none)."""
+        """``views``: (b, d) embeddings of this rank's b rows, one per input in ``spec.inputs`` order."""
         ...
 
     def model_flops(self, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
@@ -80,7 +77,6 @@ class SimCSEObjective:
         head: Head,
         generator: torch.Generator | None = None,
         with_stats: bool = False,
-        labels: dict[str, Tensor] | None = None,
     ) -> ObjectiveOutput:
         anchor, positive = views  # (b, d) each
         loss = simcse_loss(project(head, anchor), project(head, positive), temperature=self.temperature)  # z: (b, D) each
@@ -108,7 +104,6 @@ class SupervisedSimCSEObjective:
         head: Head,
         generator: torch.Generator | None = None,
         with_stats: bool = False,
-        labels: dict[str, Tensor] | None = None,
     ) -> ObjectiveOutput:
         anchor, positive, negative = views  # (b, d) each: h_i, h_i^+, h_i^- before the head
         z = [project(head, view) for view in (anchor, positive, negative)]  # (b, D) each
@@ -135,7 +130,6 @@ class VaSCLObjective:
         head: Head,
         generator: torch.Generator | None = None,
         with_stats: bool = False,
-        labels: dict[str, Tensor] | None = None,
     ) -> ObjectiveOutput:
         anchor, positive = views  # (b, d) each: e1, e2 of the paper
         out = vascl_objective(anchor, positive, head, generator=generator, with_stats=with_stats, **self.settings)

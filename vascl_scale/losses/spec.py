@@ -2,7 +2,7 @@
 
 Each entry of :data:`OBJECTIVES` says which data columns (:mod:`vascl_scale.data.columns`) the
 objective encodes, in order (its ``inputs``: the views it is called with, see
-:class:`vascl_scale.losses.objective.Objective`), which label columns it reads, what stands in
+:class:`vascl_scale.losses.objective.Objective`), what stands in
 for an input the data lacks, and the rules its settings obey beyond each key's own. The config
 validates a run with it (:mod:`vascl_scale.config`: a known name, the rules), the launcher checks
 the data's columns against it before any worker starts, the training stream reads the columns
@@ -43,15 +43,14 @@ class ObjectiveSpec:
 
     name: str
     inputs: tuple[str, ...]  # the columns encoded, in order: the objective's views
-    labels: tuple[str, ...] = ()  # label columns it reads (one (b,) tensor each)
     stand_ins: Mapping[str, str] = field(default_factory=dict)  # input -> the column encoded when the data lacks it
     # Rules on the settings and the global batch that no single key's check can make (ValueError).
     rules: Callable[[Settings, int], None] = _no_rules
 
     @property
     def columns(self) -> tuple[str, ...]:
-        """Every column the objective reads from the data when it is there: inputs, then labels."""
-        return self.inputs + self.labels
+        """Every column the objective reads from the data when it is there."""
+        return self.inputs
 
     def missing_columns(self, available: Collection[str]) -> tuple[str, ...]:
         """The columns it needs that ``available`` has neither of nor a stand-in for."""
