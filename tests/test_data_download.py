@@ -81,7 +81,20 @@ ORIGINALS = {
     "intent/seq.in": "hello there \nwhat\u2028time\n".encode(),
     "intent/label": b"greet\ntime\n",
     "corpus/wiki.txt": b"First sentence here.\nSecond one.\n",
+    # SimCSE's nli_for_simcse.csv: quoted fields (a comma, doubled quotes) and a row without a
+    # hard negative, which the conversion drops and counts.
+    "corpus/nli_for_simcse.csv": b'sent0,sent1,hard_neg\n"A man, a plan, a canal.",A plan.,No plan at all.\n'
+    b'The cat sat.,A cat sits.,A dog stands.\nan anchor,a positive,\n'
+    b'"She said ""hi"".",She spoke.,She was silent.\nTwo birds fly.,Birds fly.,Nothing flies.\n',
 }
+# The rows of that CSV the conversion keeps, as (anchor, positive, negative_0).
+NLI_TRIPLETS = [
+    ("A man, a plan, a canal.", "A plan.", "No plan at all."),
+    ("The cat sat.", "A cat sits.", "A dog stands."),
+    ('She said "hi".', "She spoke.", "She was silent."),
+    ("Two birds fly.", "Birds fly.", "Nothing flies."),
+]
+NLI_SHARD_SIZE = 3
 EXPECTED = {
     "sts/s12/test.tsv": 'sentence1\tsentence2\tscore\tsubset\nA b.\t"C ""d""."\t4.4\tMSRpar\nx y\tz\u00e9\t5.0\tOnWN\n'.encode(),
     "sts/b/train.tsv": b'sentence1\tsentence2\tscore\nA plane.\tAn air plane.\t5.0\n"One ""q"\tTwo\t0.5\n',
@@ -163,6 +176,13 @@ family = "corpus"
 {common}converter = "gzip_text"
 sources = [{source("corpus/wiki.txt")}]
 outputs = {{ "corpus/wiki.txt.gz" = "" }}
+
+[datasets.nli]
+family = "corpus"
+{common}converter = "nli_shards"
+options = {{ shard_size = {NLI_SHARD_SIZE}, shuffle_seed = 0 }}
+sources = [{source("corpus/nli_for_simcse.csv")}]
+outputs = {{ "corpus/nli/manifest.json" = "", "corpus/nli/shard-000000.tar" = "", "corpus/nli/shard-000001.tar" = "" }}
 """
 
 
@@ -269,13 +289,13 @@ def test_converters_turn_each_original_format_into_the_layout(tmp_path: Path) ->
             assert (tmp_path / "data" / relative).read_bytes() == data, relative
         corpus = (tmp_path / "data" / "corpus" / "wiki.txt.gz").read_bytes()
         assert gzip.decompress(corpus) == ORIGINALS["corpus/wiki.txt"]
-        assert "8 converted" in result.output and "not pinned" in result.output
-        assert sha256(corpus) in result.output  # the unpinned digest is reported
+        assert "9 converted" in result.output and "not pinned" in result.output
+        assert sha256(ORIGINALS["corpus/wiki.txt"]) in flat(result.output)  # the unpinned original's digest
 
         # Everything present: nothing is fetched again.
         count = len(mirror.requests)
         again = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url)
-        assert again.exit_code == 0 and "8 present" in again.output and len(mirror.requests) == count
+        assert again.exit_code == 0 and "9 present" in again.output and len(mirror.requests) == count
         # --force converts again, from the downloaded originals re-fetched.
         forced = CliRunner().invoke(app, ["data", "download", "t", "--to", str(tmp_path / "data"), "--mirror",
                                           mirror.url, "--registry", str(tmp_path / "registry.toml"), "--force"])
@@ -294,7 +314,7 @@ def test_a_converted_file_that_differs_from_its_checksum_fails_clearly_and_is_no
     expected, actual = sha256(EXPECTED["clustering/t.tsv"]), sha256(EXPECTED["clustering/t.tsv"].replace(b"foo", b"fOo"))
     flat = " ".join(result.output.split())
     assert "checksum" in flat and "clustering/t.tsv" in flat, result.output
-    assert "--force" in flat and "1 failed" in flat and "7 converted" in flat  # the others went on
+    assert "--force" in flat and "1 failed" in flat and "8 converted" in flat  # the others went on
     failure = download_datasets(load_registry(tmp_path / "registry.toml").select(["t"]), tmp_path / "data",
                                 mirror=str(tmp_path / "data" / ".downloads"), show_progress=False)[0]
     assert failure.status == "failed" and failure.reason.startswith("checksum:")
@@ -684,3 +704,80 @@ def test_a_second_download_into_the_same_directory_is_refused_naming_the_first(t
     assert second.exit_code == 2 and len(second.output.strip().splitlines()) == 1, second.output
     assert f"--to {tmp_path / 'data'}" in second.output and f"pid {os.getpid()}" in second.output
     assert [outcome.status for outcome in outcomes] == ["converted"]
+
+
+# SimCSE's NLI triplets (issue 26): the CSV through `data prepare --format nli` into triplet shards.
+
+
+def nli_manifest(data: Path) -> dict:
+    return json.loads((data / "corpus" / "nli" / "manifest.json").read_text())
+
+
+def test_nli_becomes_triplet_shards_as_data_prepare_writes_them_and_prints_the_originals_digest(tmp_path: Path) -> None:
+    from tests.data_helpers import shard_rows
+    from vascl_scale.data.prepare import PrepareOptions, prepare_shards
+
+    csv_bytes = ORIGINALS["corpus/nli_for_simcse.csv"]
+    (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
+    with Mirror(ORIGINALS) as mirror:
+        result = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url, "nli")
+        assert result.exit_code == 0 and "1 converted" in result.output, result.output
+        assert f"nli_for_simcse.csv: sha256 {sha256(csv_bytes)} (not pinned)" in flat(result.output)
+        assert "4 triplets of 5 rows in 2 shards; rows dropped: empty 1 (counted in corpus/nli/manifest.json)" in result.output
+        manifest = nli_manifest(tmp_path / "data")
+        assert manifest["columns"] == ["anchor", "positive", "negative_0"]
+        assert manifest["lines_read"] == 5 and manifest["total_samples"] == 4 and manifest["dropped"]["empty"] == 1
+        assert sum(manifest["dropped"].values()) == 1
+        assert [shard["samples"] for shard in manifest["shards"]] == [NLI_SHARD_SIZE, 1]
+        assert sorted(shard_rows(tmp_path / "data" / "corpus" / "nli")) == sorted(NLI_TRIPLETS)
+        # The same shards as `data prepare --format nli` with the entry's options, byte for byte.
+        (tmp_path / "nli_for_simcse.csv").write_bytes(csv_bytes)
+        options = PrepareOptions(fmt="nli", shard_size=NLI_SHARD_SIZE, shuffle_seed=0)
+        prepared = prepare_shards([tmp_path / "nli_for_simcse.csv"], tmp_path / "prepared", options, show_progress=False)
+        assert [shard["sha256"] for shard in manifest["shards"]] == [shard["sha256"] for shard in prepared.shards]
+        assert manifest["options"] == json.loads((tmp_path / "prepared" / "manifest.json").read_text())["options"]
+        # Present: nothing is fetched or converted again.
+        count = len(mirror.requests)
+        again = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url, "nli")
+        assert again.exit_code == 0 and "1 present" in again.output and len(mirror.requests) == count, again.output
+
+
+def test_an_nli_original_that_is_no_such_csv_is_deleted_and_a_full_disk_keeps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from vascl_scale.data import prepare
+
+    (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
+    original = tmp_path / "data" / ".downloads" / HOST / "corpus" / "nli_for_simcse.csv"
+    datasets = load_registry(tmp_path / "registry.toml").select(["nli"])
+    with Mirror({"corpus/nli_for_simcse.csv": b"<html>Service unavailable</html>\n"}) as mirror:
+        page = download_datasets(datasets, tmp_path / "data", mirror=mirror.url, show_progress=False)[0]
+        assert page.status == "failed" and page.reason.startswith("conversion: converting nli_for_simcse.csv")
+        assert "no column 'sent0'" in page.reason and "deleted" in page.reason and not original.exists()
+        mirror.files[f"/{HOST}/corpus/nli_for_simcse.csv"] = ORIGINALS["corpus/nli_for_simcse.csv"]
+
+        def full_disk(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(prepare, "write_shard", full_disk)
+        full = download_datasets(datasets, tmp_path / "data", mirror=mirror.url, show_progress=False)[0]
+    assert full.status == "failed" and full.reason == "filesystem: [Errno 28] No space left on device", full.reason
+    assert original.read_bytes() == ORIGINALS["corpus/nli_for_simcse.csv"]  # kept: the next run converts it
+    assert not (tmp_path / "data" / "corpus" / "nli").exists() and not list((tmp_path / "data").glob(".staging-*"))
+    monkeypatch.undo()
+    (tmp_path / "empty-mirror").mkdir()
+    done = download_datasets(datasets, tmp_path / "data", mirror=str(tmp_path / "empty-mirror"), show_progress=False)[0]
+    assert done.status == "converted" and done.reused == [original] and not done.fetched
+    assert nli_manifest(tmp_path / "data")["total_samples"] == len(NLI_TRIPLETS)
+
+
+def test_the_shipped_nli_entry_lists_the_shards_its_rows_make() -> None:
+    from vascl_scale.data.shards import MANIFEST_NAME, SHARD_PATTERN
+
+    (nli,) = load_registry().select(["nli"])
+    assert nli.description.startswith("275,601 ")  # the triplets the file holds (issue 26)
+    shards = -(-275_601 // nli.options["shard_size"])
+    expected = [f"corpus/nli/{MANIFEST_NAME}"] + [f"corpus/nli/{SHARD_PATTERN.format(index=index)}" for index in range(shards)]
+    assert list(nli.outputs) == expected and not any(nli.outputs.values())

@@ -68,7 +68,7 @@ def prepare(
 @app.command("download")
 def download(
     names: List[str] = typer.Argument(
-        None, help="Datasets (wiki1m, sts12, stsb, agnews, banking77, ...), families (corpus, sts, sts_senteval, "
+        None, help="Datasets (wiki1m, nli, sts12, stsb, agnews, banking77, ...), families (corpus, sts, sts_senteval, "
         "clustering, intent) or all (the default). `data download --list` names them."
     ),
     to: Optional[Path] = typer.Option(None, "--to", help="The data directory to fill (default $VASCL_DATA)."),

@@ -6,8 +6,9 @@ the entry's converted files in registry order; it writes them under ``stage`` (p
 the data directory). Every ``.tsv`` is
 written by :func:`write_tsv` (UTF-8, header row, tab-separated, minimal quoting, ``\\n`` line
 ends): the layout :func:`vascl_scale.eval.tables.read_tsv` reads. Rows keep the original order;
-nothing is deduplicated (these are fixed benchmarks). Which originals each one was checked on is
-in the registry's ``checked`` field.
+nothing is deduplicated (these are fixed benchmarks). The training sets are the exceptions: the
+corpus is gzipped as it is, and the NLI triplets become shuffled shards (:func:`nli_shards`).
+Which originals each one was checked on is in the registry's ``checked`` field.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import logging
 import shutil
 import tarfile
 import zipfile
@@ -22,6 +24,8 @@ from pathlib import Path
 from typing import IO, Callable, Iterable, Sequence
 
 Converter = Callable[[list[Path], dict, Path], None]
+
+logger = logging.getLogger(__name__)
 
 
 def write_tsv(path: Path, header: Sequence[str], rows: Iterable[Sequence[str]]) -> int:
@@ -276,6 +280,34 @@ def sick_semeval(originals: list[Path], options: dict, stage: Path) -> None:
         write_tsv(stage / output, ("sentence1", "sentence2", "score"), rows)
 
 
+def nli_shards(originals: list[Path], options: dict, stage: Path) -> None:
+    """SimCSE's ``nli_for_simcse.csv`` (sent0, sent1, hard_neg) as triplet shards (anchor,
+    positive, negative_0) with their manifest, written by ``data prepare --format nli`` itself
+    (:func:`vascl_scale.data.prepare.prepare_shards`) into the folder of the entry's outputs:
+    ``options.shard_size`` samples a shard, rows shuffled once with ``options.shuffle_seed`` (the
+    loader shuffles shard order and within a buffer only, so a shard should draw on the whole
+    file). A row with an empty text is dropped and counted in the manifest's ``dropped``."""
+    from vascl_scale.data.prepare import PrepareOptions, prepare_shards  # webdataset: kept out of the registry
+
+    (original,) = originals
+    folders = {Path(output).parent for output in options["outputs"]}
+    if len(folders) != 1:
+        raise ValueError(f"the outputs of a shard set lie in one folder; the registry entry names {len(folders)}")
+    settings = PrepareOptions(fmt="nli", shard_size=options["shard_size"], shuffle_seed=options["shuffle_seed"])
+    folder = folders.pop()
+    try:
+        result = prepare_shards([original], stage / folder, settings, show_progress=False)  # the download's bars are live
+    except ValueError as err:
+        if isinstance(err.__cause__, OSError):
+            raise err.__cause__  # the disk under --to (full, read-only): a filesystem failure, the original is kept
+        raise
+    dropped = ", ".join(f"{reason} {count:,}" for reason, count in result.dropped.items() if count) or "none"
+    logger.info(
+        "%s: %s triplets of %s rows in %d shards; rows dropped: %s (counted in %s/manifest.json)",
+        original.name, f"{result.samples:,}", f"{result.lines_read:,}", len(result.shards), dropped, folder,
+    )
+
+
 CONVERTERS: dict[str, Converter] = {
     "gzip_text": gzip_text,
     "label_tab_text": label_tab_text,
@@ -285,4 +317,5 @@ CONVERTERS: dict[str, Converter] = {
     "senteval_sts": senteval_sts,
     "stsb_csv": stsb_csv,
     "sick_semeval": sick_semeval,
+    "nli_shards": nli_shards,
 }

@@ -15,6 +15,8 @@ Per dataset (:mod:`vascl_scale.data.registry`):
    digest, then move the files into place. A mismatch keeps the old files and names the file,
    both digests and what to do. Originals a converter fails on (a cut or damaged archive, an
    error page, a body shorter than the file) are deleted, so the next run fetches them again.
+   Where the registry pins no digest for a converted file (the training sets), the summary
+   prints the sha256 of each unpinned original it came from.
 
 A failure of one dataset (network, checksum, source, conversion, filesystem) is reported and the
 others go on; the summary lists what was fetched, converted, skipped as present, and failed, and
@@ -71,7 +73,7 @@ class Outcome:
     fetched: list[Path] = field(default_factory=list)  # originals transferred in this run
     reused: list[Path] = field(default_factory=list)  # originals already complete in .downloads
     reason: str = ""  # "<kind>: <message>" of a failure
-    remarks: list[str] = field(default_factory=list)  # withheld parts, unpinned digests
+    remarks: list[str] = field(default_factory=list)  # withheld parts, digests of unpinned originals
 
 
 def _check_digest(path: Path, expected: str, what: str, fix: str) -> None:
@@ -290,8 +292,13 @@ def obtain(dataset: Dataset, to: Path, fetcher: Fetcher, force: bool) -> Outcome
                     "damaged transfer); if it persists, the source has changed since the registry was "
                     "written: use an existing copy of the data or report it",
                 )
-            else:
-                outcome.remarks.append(f"{relative}: sha256 {file_sha256(stage / relative)} (not pinned)")
+        if not all(dataset.outputs.values()):
+            # Converted files no digest vouches for are named by their original's digest: one however
+            # many files it became, and comparable with any other copy of it (a gzip's or tar's bytes
+            # may differ with the zlib or Python that wrote them).
+            for source, path in zip(dataset.sources, originals):
+                if source.sha256 is None:
+                    outcome.remarks.append(f"{path.name}: sha256 {file_sha256(path)} (not pinned)")
         for relative in dataset.outputs:
             (to / relative).parent.mkdir(parents=True, exist_ok=True)
             os.replace(stage / relative, to / relative)
