@@ -37,18 +37,31 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from vascl_scale.data.augment import AUGMENTATIONS, DEFAULT_WORDNET, AugmentSpec, check_augmenter
 from vascl_scale.data.columns import AUGMENTED, columns_to_read
+from vascl_scale.data.mix_plan import MIX_MODES, check_same_columns, check_source_name, sample_quotas, source_names
 from vascl_scale.hub import PACKAGE_PREFIX, locate_model, package_directory
 from vascl_scale.log import shown
 from vascl_scale.losses.spec import check_loss_settings, objective_spec
 
 logger = logging.getLogger(__name__)
 
-# Every key that names a file or directory and is always used: expanded by resolve_paths,
-# nowhere else (which also expands data.augment_model / augment_wordnet when an augmentation uses them).
+# Every key that names a file or directory and is always used (data.train: each source of a
+# list): expanded by resolve_paths, nowhere else (which also expands data.augment_model /
+# augment_wordnet when an augmentation uses them).
 PATH_KEYS = ("model.path", "data.train", "train.output_dir", "eval.stsb_dev")
 # Values a config document may hold once its YAML aliases are expanded. A real config holds a
 # few hundred; a "billion laughs" document (aliases of lists of aliases) turns a few lines into
@@ -73,10 +86,14 @@ Number = Annotated[float, BeforeValidator(_number)]  # an int or a numeric strin
 NonEmpty = Annotated[str, Field(min_length=1)]
 
 
-class _Strict(BaseModel):
+class _StrictFields(BaseModel):
     """Unknown keys are errors, no type is coerced (but see :data:`Number`), no number is infinite."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, validate_default=True, allow_inf_nan=False)
+
+
+class _Strict(_StrictFields):
+    """A section: its errors are ValueErrors with the messages of a config file."""
 
     def __init__(self, **values: Any) -> None:
         # Built in Python (a test, a benchmark), a section fails with the messages of a config file.
@@ -101,12 +118,52 @@ class ModelConfig(_Strict):
     trust_remote_code: bool = False  # never run a model repository's code unless asked
 
 
+class MixSource(_StrictFields):
+    """One source of a mixed ``data.train`` (:mod:`vascl_scale.data.mix_plan`). Validated as a
+    part of its section, whose errors name it (``data.train[1].weight``)."""
+
+    source: NonEmpty  # what a plain data.train holds: a shard directory, a shard list, pipe: or a text file
+    weight: Number = Field(gt=0)  # relative: weights need not sum to 1
+    # Names the source in the metrics (data/samples/<name>) and the saved stream state; by
+    # default the source's last path part without .tar/.txt/.gz ("/data/nli" -> "nli").
+    name: str | None = None
+    num_workers: int | None = Field(None, ge=0)  # this source's loader workers per rank; None: data.num_workers
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str | None) -> str | None:
+        if name is not None:
+            check_source_name(name)
+        return name
+
+
+# data.train: one source (a string), or a list of sources. The tags name the branch in a
+# validation error's location; _first_error leaves them out of the key.
+_PATH_TAG, _SOURCES_TAG = "<path>", "<sources>"
+
+
+def _train_kind(value: Any) -> str:
+    # A mapping is a source written without its list: the list branch says "must be a list".
+    return _SOURCES_TAG if isinstance(value, (list, dict)) else _PATH_TAG
+
+
+_TrainSources = Annotated[
+    Annotated[NonEmpty, Tag(_PATH_TAG)] | Annotated[list[MixSource], Field(min_length=1), Tag(_SOURCES_TAG)],
+    Discriminator(_train_kind),
+]
+
+
 class DataConfig(_Strict):
-    """Training text, read by :func:`vascl_scale.data.loader.build_train_stream`."""
+    """Training text, read by :func:`vascl_scale.data.loader.build_train_stream` (one source)
+    or :func:`vascl_scale.data.mix.build_mixed_stream` (a list)."""
 
     # A shard directory with a manifest, a brace-expanded shard list, a ``pipe:`` URL
-    # (only with allow_pipe) or a plain ``.txt`` / ``.txt.gz`` file, one sentence per line.
-    train: NonEmpty
+    # (only with allow_pipe) or a plain ``.txt`` / ``.txt.gz`` file, one sentence per line;
+    # or a list of such sources with weights, mixed as data.mix says.
+    train: _TrainSources
+    # A list data.train: each global batch from one source drawn by weight ("per_batch"), or
+    # fixed rows of every source in each device batch ("per_sample"); see mix_plan.
+    mix: Literal[MIX_MODES] = "per_batch"
     max_length: int = Field(32, ge=2)  # tokens per sentence after truncation
     num_workers: int = Field(2, ge=0)  # data-loader worker processes per rank (0: in the trainer's process)
     mode: Literal["auto", "exact", "resampled"] = "auto"
@@ -131,6 +188,28 @@ class DataConfig(_Strict):
         if self.augment == "ctxt" and not self.augment_model:
             raise ValueError("data.augment = ctxt needs data.augment_model: a masked language model directory or hub id")
         return self
+
+    @model_validator(mode="after")
+    def _mix(self) -> "DataConfig":
+        # per_batch is what one source does anyway (and what a saved config.yaml holds).
+        if not self.mixed and self.mix == "per_sample":
+            raise ValueError(f"data.mix = per_sample mixes a list of sources, and data.train is one ({shown(self.train)}); remove data.mix")
+        if self.mixed:
+            self.source_names()  # distinct
+        return self
+
+    @property
+    def mixed(self) -> bool:
+        """Whether ``train`` is a list of sources."""
+        return isinstance(self.train, list)
+
+    def source_names(self) -> tuple[str, ...]:
+        """A mixed ``train``'s source names, in order (given, or the defaults of mix_plan)."""
+        return source_names([(source.source, source.name) for source in self.train])
+
+    def sample_quotas(self, rows: int) -> tuple[int, ...]:
+        """Each source's rows in a device batch of ``rows`` (``mix: per_sample``)."""
+        return sample_quotas([source.weight for source in self.train], self.source_names(), rows)
 
     def augment_spec(self) -> AugmentSpec:
         """What the loader's workers build their augmenter from."""
@@ -256,6 +335,8 @@ class RunConfig(_Strict):
                 f"world size among {divisors}"
             )
         rows = batch // world_size
+        if self.data.mixed and self.data.mix == "per_sample":
+            self.data.sample_quotas(rows)  # every source gets a row of each device batch
         chunk = self.train.chunk_size
         if chunk > rows:
             raise ValueError(
@@ -280,6 +361,7 @@ _TYPES = {
     "list_type": "must be a list",
     "finite_number": "must be a finite number",
     "string_too_short": "must not be empty",
+    "too_short": "must not be empty",
 }
 _BOUNDS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
 
@@ -292,11 +374,15 @@ def _first_error(err: ValidationError, model: type[BaseModel]) -> str:
     names = [sections[model]] if model in sections else []
     owner, field = model, None  # the model and the field (None: the model itself) at loc
     for part in loc:
-        names[-1:] = [f"{names[-1]}[{part}]"] if isinstance(part, int) else [*names, part]
-        if isinstance(part, str) and part in owner.model_fields:
-            field = owner.model_fields[part]
-            if field.annotation in sections:
-                owner, field = field.annotation, None
+        if isinstance(part, int):
+            names[-1] = f"{names[-1]}[{part}]"
+        elif part not in (_PATH_TAG, _SOURCES_TAG):
+            names.append(part)
+            if part in owner.model_fields:
+                field = owner.model_fields[part]
+                inner = _model_in(field.annotation)
+                if inner is not None:  # a section, or the sources of a mixed data.train
+                    owner, field = inner, None
     key = ".".join(names)
     if kind == "missing":
         return f"missing key {key} (required)"
@@ -318,6 +404,13 @@ def _first_error(err: ValidationError, model: type[BaseModel]) -> str:
         limit = error["ctx"][bound]
         return f"{key} must be {_BOUNDS[bound]} {f'{limit:g}' if isinstance(limit, float) else limit}; got {shown(value)}"
     return f"{key or 'the config'}: {error['msg']}; got {shown(value)}"
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The config model an annotation holds (itself, or inside a list or a union), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((model for arg in typing.get_args(annotation) if (model := _model_in(arg)) is not None), None)
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
@@ -466,7 +559,7 @@ def resolve_paths(config: RunConfig, expanded: dict[str, str] | None = None) -> 
     written = config.as_written()
     launcher = expanded is None
     if launcher:
-        expanded = {key: expand_path(_value(written, key), key) for key in PATH_KEYS if key != "eval.stsb_dev"}
+        expanded = {key: _expanded(written, key) for key in PATH_KEYS if key != "eval.stsb_dev"}
         expanded["eval.stsb_dev"] = _dev_set(written)
         model = written.model
         location = locate_model(expanded["model.path"], "model.path", model.revision, model.trust_remote_code)
@@ -483,10 +576,10 @@ def resolve_paths(config: RunConfig, expanded: dict[str, str] | None = None) -> 
         # Pin the commit loaded, so the saved config.yaml reloads exactly this model.
         pinned = written.model.model_copy(update={"revision": expanded["model.revision"]})
         written = written.model_copy(update={"model": pinned})
-    changes: dict[str, dict[str, str]] = {}
+    changes: dict[str, dict[str, Any]] = {}
     for key, value in expanded.items():
         section, name = key.split(".")
-        changes.setdefault(section, {})[name] = value
+        changes.setdefault(section, {})[name] = [MixSource(**source) for source in value] if isinstance(value, list) else value
     resolved = written.model_copy(update={s: getattr(written, s).model_copy(update=v) for s, v in changes.items()})
     resolved._written = written
     if launcher:  # what the loader's workers will need: refused here, once, before any starts
@@ -496,22 +589,34 @@ def resolve_paths(config: RunConfig, expanded: dict[str, str] | None = None) -> 
 
 
 def check_data_columns(config: RunConfig) -> None:
-    """ValueError, naming the objective and the columns, when ``data.train`` lacks a column the
-    objective needs and has nothing to stand in for it, or has a positive of its own under
-    ``data.augment``. Reads the manifests only (:func:`vascl_scale.data.shards.source_columns`)."""
+    """ValueError, naming the objective and the columns, when ``data.train`` (each of its
+    sources, named) lacks a column the objective needs and has nothing to stand in for it, or
+    has a positive of its own under ``data.augment``; or when the sources of a mixed
+    ``data.train`` give the objective different columns. Reads the manifests only
+    (:func:`vascl_scale.data.shards.source_columns`)."""
     from vascl_scale.data.shards import source_columns  # webdataset: kept out of `--help`
 
     data, spec = config.data, objective_spec(config.objective)
-    where = f"data.train {data.train}"
-    available = source_columns(data.train)
+    if data.mixed:
+        sources = {f"data.train[{i}] ({name}: {s.source})": s.source for i, (s, name) in enumerate(zip(data.train, data.source_names()))}
+    else:
+        sources = {f"data.train {data.train}": data.train}
     augmented = data.augment != "none"
-    columns_to_read(available, spec.columns, augmented, where)
-    spec.check_columns(available + (AUGMENTED if augmented else ()), where)
+    made = AUGMENTED if augmented else ()
+    given = {}  # where -> the columns its batches hold
+    for where, source in sources.items():
+        available = source_columns(source)
+        given[where] = columns_to_read(available, spec.columns, augmented, where) + made
+        spec.check_columns(available + made, where)
+    check_same_columns(given)
 
 
-def path_values(config: RunConfig) -> dict[str, str]:
-    """The values of :data:`PATH_KEYS` in ``config``, by dotted key, and the pinned ``model.revision``."""
-    values = {key: _value(config, key) for key in PATH_KEYS}
+def path_values(config: RunConfig) -> dict[str, Any]:
+    """The values of :data:`PATH_KEYS` in ``config``, by dotted key (a mixed ``data.train``: its
+    sources as mappings), and the pinned ``model.revision``: JSON for a launcher's workers."""
+    values: dict[str, Any] = {key: _value(config, key) for key in PATH_KEYS}
+    if config.data.mixed:
+        values["data.train"] = [source.model_dump() for source in config.data.train]
     if config.model.revision is not None:
         values["model.revision"] = config.model.revision
     for key, value in (("data.augment_model", config.data.augment_model), ("data.augment_wordnet", config.data.augment_wordnet)):
@@ -520,9 +625,21 @@ def path_values(config: RunConfig) -> dict[str, str]:
     return values
 
 
-def _value(config: RunConfig, dotted: str) -> str:
+def _value(config: RunConfig, dotted: str) -> Any:
     section, name = dotted.split(".")
     return getattr(getattr(config, section), name)
+
+
+def _expanded(config: RunConfig, key: str) -> str | list[dict[str, Any]]:
+    """The value of ``key`` with :func:`expand_path` applied; a mixed ``data.train``: each
+    source's (as a mapping), its name fixed from the source as written."""
+    if key != "data.train" or not config.data.mixed:
+        return expand_path(_value(config, key), key)
+    names = config.data.source_names()
+    return [
+        {**source.model_dump(), "source": expand_path(source.source, f"data.train[{index}].source"), "name": names[index]}
+        for index, source in enumerate(config.data.train)
+    ]
 
 
 def _dev_set(config: RunConfig) -> str:

@@ -189,11 +189,14 @@ def lock_run_dir(accelerator, run_dir: Path) -> RunDirectoryLock | None:
 
 
 def build_stream(config: RunConfig, tokenizer, rank: int, world_size: int, per_device_batch: int):
-    """This rank's training stream, from the ``data`` section: the columns the objective reads."""
+    """This rank's training stream, from the ``data`` section (one source, or a mix of several):
+    the columns the objective reads."""
     from vascl_scale.data.loader import build_train_stream
+    from vascl_scale.data.mix import build_mixed_stream
 
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    return build_train_stream(
+    build = build_mixed_stream if config.data.mixed else build_train_stream
+    return build(
         config.data,
         tokenizer=tokenizer,
         per_device_batch_size=per_device_batch,
@@ -482,11 +485,12 @@ class Trainer:
             "lr/encoder": self.scheduler.get_last_lr()[0],
             "lr/head": self.scheduler.get_last_lr()[1],
         }
-        # Data counters (samples read, corrupt shards skipped, ...) summed over ranks, so that
-        # nothing the stream drops goes unreported; the epoch is the mean over ranks.
+        # Data counters (samples read, per source of a mix too, corrupt shards skipped, ...)
+        # summed over ranks, so that nothing the stream drops goes unreported; the epochs (a
+        # mix's: data_epoch/<source>) are the mean over ranks.
         data = self._mean_over_ranks({k: float(v) for k, v in self.stream.stats().items()})
         for name, value in data.items():
-            values[f"data/{name.removeprefix('data_')}"] = value if name == "data_epoch" else value * self.world_size
+            values[f"data/{name.removeprefix('data_')}"] = value if name.startswith("data_epoch") else value * self.world_size
         if window.flops:  # rank 0's device; every rank runs the same shapes but its own padding
             values["tflops_per_device"], mfu = tflops_and_mfu(window.flops, window.seconds, self.config.train.peak_tflops)
             if mfu is not None:
