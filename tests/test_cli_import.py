@@ -21,7 +21,9 @@ def _heavy_modules_after(code: str) -> list[str]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("args", [["--help"], ["train", "--help"], ["eval", "--help"], ["data", "download", "--help"], ["sweep"]])
+@pytest.mark.parametrize(
+    "args", [["--help"], ["train", "--help"], ["eval", "--help"], ["data", "download", "--help"], ["data", "mine", "--help"], ["sweep"]]
+)
 def test_help_imports_no_heavy_library(args: list[str]) -> None:
     code = f"from vascl_scale.cli import app\ntry:\n    app({args!r}, prog_name='vascl-scale')\nexcept SystemExit:\n    pass\n"
     assert _heavy_modules_after(code) == []

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 
+from vascl_scale.eval.cli import BATCH, CACHE, DEVICE, MAX_LENGTH, NO_CACHE, POOLING, PRECISION, embedding_cache
 from vascl_scale.log import fail, print_table
 
 app = typer.Typer(help="Data: download the datasets; prepare WebDataset shards for training.", no_args_is_help=True)
@@ -60,6 +61,92 @@ def prepare(
             max_length=max_length,
         )
         result = prepare_shards(list(inputs), output, options, overwrite=overwrite)
+    except ValueError as err:
+        fail(err)
+    print_table(summary_table(result))
+
+
+@app.command("mine")
+def mine(
+    inputs: List[Path] = typer.Argument(
+        ..., metavar="INPUTS...", help="(anchor, positive) pairs: JSONL, CSV/TSV, Parquet files or datasets directories."
+    ),
+    model: str = typer.Option(
+        ..., "--model", help="The encoder that scores candidates: run dir (best/, else final/), HF or sentence-transformers "
+        "dir, package:MODULE/SUBDIR or a hub id, as the eval commands take it."
+    ),
+    text_field: str = typer.Option(..., "--text-field", metavar="A,P", help="The anchor's and the positive's fields."),
+    output: Path = typer.Option(..., "--output", "-o", help="Directory for the paired shards and manifest.json."),
+    negatives: int = typer.Option(1, "--negatives", help="Hard negatives per row: columns negative_0 .. negative_{N-1}."),
+    rank_range: str = typer.Option(
+        "0:50", "--range", metavar="LO:HI", help="Candidates ranked LO+1 .. HI by similarity (positives and copies of "
+        "the row's texts left out first): 10:50 skips the 10 most similar and keeps the next 40, as "
+        "sentence-transformers' range_min=10, range_max=50."
+    ),
+    margin: str = typer.Option(
+        "0.95", "--margin", help="Skip a candidate scoring above MARGIN x the cosine of the row's anchor and positive "
+        "(sentence-transformers' relative_margin = 1 - MARGIN; applied after --range); none for no margin."
+    ),
+    sampling: str = typer.Option(
+        "top", "--sampling", help="top: the most similar survivors; random: a draw seeded by --seed and the row."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seeds --sampling random."),
+    pool: Optional[List[Path]] = typer.Option(
+        None, "--pool", help="More candidates besides the inputs' positives (the default pool): text, one a line, or "
+        "the input formats (repeatable)."
+    ),
+    pool_field: str = typer.Option(
+        "text", "--pool-field", metavar="F[,G,...]", help="The --pool fields whose texts are candidates (not for txt)."
+    ),
+    fmt: str = typer.Option("auto", "--format", help="auto, jsonl, csv, parquet or hf: the inputs' format."),
+    search: str = typer.Option("auto", "--search", help="auto (faiss when installed, else exact), exact or faiss."),
+    chunk_size: int = typer.Option(
+        1024, "--chunk-size", help="Anchors and pool rows per block of the exact search (memory ~ 40 x this squared bytes)."
+    ),
+    shard_size: int = typer.Option(50_000, "--shard-size", help="Samples per shard."),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace the shards in --output, once the new set is complete."
+    ),
+    batch_size: int = BATCH,
+    max_length: Optional[int] = MAX_LENGTH,
+    pooling: Optional[str] = POOLING,
+    device: Optional[str] = DEVICE,
+    cache_dir: Optional[Path] = CACHE,
+    no_cache: bool = NO_CACHE,
+    precision: str = PRECISION,
+) -> None:
+    """Add hard negatives to (anchor, positive) pairs, mined with an encoder: paired shards and a manifest."""
+    from vascl_scale.data.mine import MineOptions, mine_shards, parse_margin, parse_range, summary_table
+    from vascl_scale.eval.embed import Embedder, model_fingerprint, resolve_model
+
+    try:
+        range_min, range_max = parse_range(rank_range)
+        options = MineOptions(
+            negatives=negatives,
+            range_min=range_min,
+            range_max=range_max,
+            margin=parse_margin(margin),
+            sampling=sampling,
+            seed=seed,
+            chunk_size=chunk_size,
+            search=search,
+            shard_size=shard_size,
+            fmt=fmt,
+            text_field=text_field,
+            pool_field=pool_field,
+        )
+        spec = resolve_model(model, pooling, max_length)
+        cache = embedding_cache(cache_dir, no_cache)
+        embedder = Embedder(spec, batch_size=batch_size, cache_dir=cache, device=device, precision=precision)
+        miner = {
+            "model": spec.describe(),
+            "fingerprint": model_fingerprint(spec),
+            "precision": embedder.stats.precision,
+            "device": embedder.device,
+        }
+        result = mine_shards(
+            list(inputs), output, options, lambda texts: embedder.embed(texts)(texts), miner, list(pool or []), overwrite
+        )
     except ValueError as err:
         fail(err)
     print_table(summary_table(result))

@@ -51,7 +51,7 @@ from collections import Counter
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -77,6 +77,7 @@ DROP_REASONS = ("empty", "invalid_utf8", "malformed", "missing_column", "too_sho
 MAX_COLUMNS = 64  # an anchor, a positive and up to 62 hard negatives
 SHUFFLE_BUCKETS = 256
 STAGING_PREFIX = ".prepare-"  # the staging directories (and their locks) of runs writing into --output
+Written = TypeVar("Written")  # what the writer of a shard set returns
 _LENGTH = struct.Struct("<I")  # bucket file records: per text of a row, little-endian uint32 byte length + UTF-8
 
 
@@ -382,13 +383,28 @@ def prepare_shards(
     if not inputs:
         raise ValueError("pass at least one input file or directory")
     readers = [open_input(Path(path), options.fmt, options.text_fields) for path in inputs]
+
+    def write(stage: Path) -> PrepareResult:
+        tokenizer = _load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
+        return _write_set(readers, stage, options, tokenizer, show_progress)
+
+    result = write_shard_set(output, overwrite, write)
+    logger.info("wrote %d shards to %s in %.1f s", len(result.shards), output, result.seconds)
+    return replace(result, output=output)
+
+
+def write_shard_set(output: Path, overwrite: bool, write: Callable[[Path], Written]) -> Written:
+    """Check ``output`` (a shard set in it needs ``overwrite``), then ``write(stage)`` fills a
+    staging directory inside it with shards and ``manifest.json``; the complete set replaces the
+    one in ``output`` (:func:`_swap_in`) and ``write``'s result is returned. On any failure
+    ``output`` is left as it was (removed when this call made it), and an ``OSError`` of the
+    output side becomes a ``ValueError`` naming ``--output``."""
     _check_output(output, overwrite)
-    tokenizer = _load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
     created = not output.exists()
     try:
         output.mkdir(parents=True, exist_ok=True)
         with _staging_directory(output) as staging:
-            result = _write_set(readers, staging, options, tokenizer, show_progress)
+            result = write(staging)
             _swap_in(staging, output)
     except BaseException as err:
         if created:  # made by this call: nothing of the user's is in it
@@ -399,8 +415,7 @@ def prepare_shards(
                 "writable or pass another --output (nothing in it was changed)"
             ) from err
         raise
-    logger.info("wrote %d shards to %s in %.1f s", len(result.shards), output, result.seconds)
-    return replace(result, output=output)
+    return result
 
 
 def _write_set(readers: list, stage: Path, options: PrepareOptions, tokenizer, show_progress: bool) -> PrepareResult:

