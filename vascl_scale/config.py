@@ -505,7 +505,7 @@ def check_data_columns(config: RunConfig) -> None:
     where = f"data.train {data.train}"
     available = source_columns(data.train)
     augmented = data.augment != "none"
-    columns_to_read(available, spec.columns, augmented, where)
+    columns_to_read(available, spec.columns_read(available), augmented, where)
     spec.check_columns(available + (AUGMENTED if augmented else ()), where)
 
 
