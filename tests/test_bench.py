@@ -54,6 +54,22 @@ def test_bench_step_reports_medians_and_the_ratio(tiny_config: Path, tmp_path: P
     assert "VaSCL / SimCSE median step time" in " ".join(result.output.split())
 
 
+def test_bench_step_gives_simcse_sup_n_hard_negative_columns_and_counts_their_flops(tiny_config: Path, tmp_path: Path) -> None:
+    result, report = _bench_step(
+        tmp_path / "step.json", "--model", str(tiny_config), "--objective", "simcse_sup", "--negatives", "2",
+        "--global-batch", "8", "--steps", "1", "--warmup", "0", "--max-length", "8",
+    )  # fmt: skip
+    assert report["negatives"] == 2 and report["rows_per_forward"] == 4 * 8  # anchor, positive, 2 negatives
+    # d 32, f 64, 1 layer, T 8, b = B = 8, head 32 -> 128: the encoder's 3 passes over 4b sequences,
+    # 4b rows through the head and the b anchors' (b, 3B) logits, forward and backward.
+    encoder = 3 * 4 * 8 * (8 * 8 * 32**2 + 4 * 8 * 32 * 64 + 4 * 8**2 * 32)
+    head = 3 * (2 * 4 * 8 * (32 * 32 + 32 * 128) + 2 * 8 * 3 * 8 * 128)
+    assert report["objectives"]["simcse_sup"]["model_flops_per_device"] == encoder + head
+    assert "2 hard negatives" in " ".join(result.output.split())
+    refused = CliRunner().invoke(app, ["bench", "step", "--model", str(tiny_config), "--objective", "simcse_sup", "--negatives", "0"])
+    assert refused.exit_code != 0 and "--negatives must be >= 1: simcse_sup encodes" in " ".join(refused.output.split())
+
+
 def test_bench_step_compares_with_sentence_transformers_in_the_same_rounds(tmp_path: Path) -> None:
     from tests.test_eval_cli import save_tiny_bert
 

@@ -97,15 +97,19 @@ def _parts(objective: str, loss: dict, chunk_size: int, dropout: float, grad_acc
     return accelerator, model, step, recorder
 
 
-def _own_batch(rank: int, world_size: int, seed: int = 10, augmented: bool = False) -> dict[str, dict[str, torch.Tensor]]:
-    """This rank's rows of the global batch; ``augmented``: with a positive column of other tokens."""
+def _own_batch(rank: int, world_size: int, seed: int = 10, positive: bool = False, negatives: int = 0) -> dict[str, dict[str, torch.Tensor]]:
+    """This rank's rows of the global batch; ``positive``: with a positive column of other tokens
+    (a labelled pair's, or data.augment's); ``negatives``: with that many hard-negative columns,
+    negative_j of other tokens and j + 1 tokens narrower than the anchor (each column padded to
+    its own longest, as the loader pads)."""
     rows = GLOBAL_BATCH // world_size
-    ids, mask = token_batch(GLOBAL_BATCH, SEQ_LEN, seed=seed)  # the same global batch everywhere
     own = slice(rank * rows, (rank + 1) * rows)
-    batch = {"anchor": {"input_ids": ids[own], "attention_mask": mask[own]}}
-    if augmented:
-        other_ids, other_mask = token_batch(GLOBAL_BATCH, SEQ_LEN, seed=seed + 1)
-        batch["positive"] = {"input_ids": other_ids[own], "attention_mask": other_mask[own]}
+    widths = {"anchor": SEQ_LEN, **({"positive": SEQ_LEN} if positive else {})}
+    widths.update({f"negative_{j}": SEQ_LEN - 1 - j for j in range(negatives)})
+    batch = {}
+    for offset, (column, width) in enumerate(widths.items()):
+        ids, mask = token_batch(GLOBAL_BATCH, width, seed=seed + 20 * offset)  # the same global batch everywhere
+        batch[column] = {"input_ids": ids[own], "attention_mask": mask[own]}
     return batch
 
 
@@ -153,21 +157,21 @@ def _call_and_backward(step, batch, mode: str):
 
 
 def one_loss_call(
-    rank: int, world_size: int, objective: str, loss: dict, dropout: float, mode: str, augmented: bool = False
+    rank: int, world_size: int, objective: str, loss: dict, dropout: float, mode: str, positive: bool = False
 ) -> dict:
     """One loss call and its backward on this rank: "uncached", "cached" or "same_masks"."""
     accelerator, model, step, recorder = _parts(objective, loss, 0 if mode == "uncached" else CHUNK, dropout)
     forwards: list[tuple[bool, torch.Tensor]] = []
     model.register_forward_hook(lambda module, args, output: forwards.append((torch.is_grad_enabled(), output.detach().clone())))
-    batch = _own_batch(rank, world_size, augmented=augmented)
+    batch = _own_batch(rank, world_size, positive=positive)
     out = same_mask_reference(step, batch, 0) if mode == "same_masks" else _call_and_backward(step, batch, mode)
     return {"loss": out.loss.detach(), "gradients": _gradients(model), "recorded": recorder.calls, "forwards": forwards}
 
 
-def loss_calls(rank: int, world_size: int, dropout: float, modes: tuple[str, ...], augmented: bool = False) -> list[dict]:
+def loss_calls(rank: int, world_size: int, dropout: float, modes: tuple[str, ...], positive: bool = False) -> list[dict]:
     """:func:`one_loss_call` for every case and mode in one process (starting ranks is what costs)."""
     results = [
-        {mode: one_loss_call(rank, world_size, o, loss, dropout, mode, augmented) for mode in modes} for o, loss in CASES
+        {mode: one_loss_call(rank, world_size, o, loss, dropout, mode, positive) for mode in modes} for o, loss in CASES
     ]
     return _portable(results)
 
@@ -194,12 +198,13 @@ def test_without_dropout_the_cached_call_is_the_one_forward_call() -> None:
         _assert_same_call(result["cached"], result["uncached"], case_id)
 
 
-def test_with_an_augmented_second_view_the_cached_call_is_the_one_forward_call() -> None:
-    """data.augment gives the positive other tokens: each path encodes them as view 2."""
-    (augmented,) = run_as_launched(loss_calls, 1, 0.0, ("uncached", "cached"), True)
+def test_with_a_positive_column_the_cached_call_is_the_one_forward_call() -> None:
+    """A positive of other tokens (a labelled pair's: VaSCL and SimCSE on pairs; or data.augment's):
+    each path encodes it as view 2, x_i' of VaSCL."""
+    (paired,) = run_as_launched(loss_calls, 1, 0.0, ("uncached", "cached"), True)
     (plain,) = run_as_launched(loss_calls, 1, 0.0, ("uncached",))
-    for case_id, result, same_text in zip(CASE_IDS, augmented, plain):
-        _assert_same_call(result["cached"], result["uncached"], f"{case_id}, augmented")
+    for case_id, result, same_text in zip(CASE_IDS, paired, plain):
+        _assert_same_call(result["cached"], result["uncached"], f"{case_id}, with a positive column")
         assert abs(result["uncached"]["loss"] - same_text["uncached"]["loss"]) > 1e-6, case_id
 
 
@@ -256,37 +261,83 @@ def test_with_dropout_the_cached_call_replays_the_masks_of_its_chunks() -> None:
 
 
 def simcse_sup_calls(rank: int, world_size: int) -> dict:
-    """Supervised SimCSE, uncached and cached, on triplets whose hard negative is a column one
-    token narrower than the others (each column padded to its own longest), dropout off."""
-    rows = GLOBAL_BATCH // world_size
-    own = slice(rank * rows, (rank + 1) * rows)
+    """Supervised SimCSE, uncached and cached, on tuples of N = 1 and 2 hard negatives, each
+    negative column narrower than the others (each column padded to its own longest), dropout off."""
     results = {}
-    for alpha in (0.0, 1.5):
-        for mode in ("uncached", "cached"):
-            _, model, step, _ = _parts("simcse_sup", {"hard_negative_weight": alpha}, 0 if mode == "uncached" else CHUNK, 0.0)
-            forwards: list[bool] = []
-            model.register_forward_hook(lambda module, args, output: forwards.append(torch.is_grad_enabled()))
-            batch = _own_batch(rank, world_size, augmented=True)
-            ids, mask = token_batch(GLOBAL_BATCH, SEQ_LEN - 1, seed=30)
-            batch["negative_0"] = {"input_ids": ids[own], "attention_mask": mask[own]}
-            out = _call_and_backward(step, batch, mode)
-            results[alpha, mode] = {"loss": out.loss.detach(), "gradients": _gradients(model), "recorded": [], "forwards": forwards}
+    for negatives in (1, 2):
+        for alpha in (0.0, 1.5):
+            for mode in ("uncached", "cached"):
+                _, model, step, _ = _parts("simcse_sup", {"hard_negative_weight": alpha}, 0 if mode == "uncached" else CHUNK, 0.0)
+                forwards: list[bool] = []
+                model.register_forward_hook(lambda module, args, output: forwards.append(torch.is_grad_enabled()))
+                batch = _own_batch(rank, world_size, positive=True, negatives=negatives)
+                out = _call_and_backward(step, batch, mode)
+                results[negatives, alpha, mode] = {"loss": out.loss.detach(), "gradients": _gradients(model), "recorded": [], "forwards": forwards}
     return _portable(results)
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_without_dropout_the_cached_simcse_sup_call_is_the_one_forward_call(world_size: int) -> None:
-    """On every rank; the gathers of the cached call span the ranks as the uncached one's do."""
+    """On every rank, with 1 and 2 hard negatives; the gathers of the cached call span the ranks
+    as the uncached one's do."""
     from vascl_scale.train.step import chunk_spans
 
-    spans = 3 * len(chunk_spans(GLOBAL_BATCH // world_size, CHUNK))  # 3 columns x chunks of 3, 3, 2 (W = 1) or 3, 1
+    chunks = len(chunk_spans(GLOBAL_BATCH // world_size, CHUNK))  # chunks of 3, 3, 2 (W = 1) or 3, 1
     for rank, results in enumerate(run_as_launched(simcse_sup_calls, world_size)):
-        for alpha in (0.0, 1.5):
-            what = f"simcse_sup, alpha {alpha}, rank {rank} of {world_size}"
-            _assert_same_call(results[alpha, "cached"], results[alpha, "uncached"], what)
-            assert results[alpha, "uncached"]["forwards"] == [True], what  # the three columns in one forward
-            assert results[alpha, "cached"]["forwards"] == [False] * spans + [True] * spans, what
-        assert abs(results[0.0, "uncached"]["loss"] - results[1.5, "uncached"]["loss"]) > 1e-6
+        for negatives in (1, 2):
+            spans = (2 + negatives) * chunks  # every column in chunks
+            for alpha in (0.0, 1.5):
+                what = f"simcse_sup, N {negatives}, alpha {alpha}, rank {rank} of {world_size}"
+                _assert_same_call(results[negatives, alpha, "cached"], results[negatives, alpha, "uncached"], what)
+                assert results[negatives, alpha, "uncached"]["forwards"] == [True], what  # every column in one forward
+                assert results[negatives, alpha, "cached"]["forwards"] == [False] * spans + [True] * spans, what
+            assert abs(results[negatives, 0.0, "uncached"]["loss"] - results[negatives, 1.5, "uncached"]["loss"]) > 1e-6
+        assert abs(results[1, 1.5, "uncached"]["loss"] - results[2, 1.5, "uncached"]["loss"]) > 1e-6  # the second negative counts
+
+
+# VaSCL on pairs (the data's positive as x_i'), in both gradient modes, and supervised SimCSE on
+# two hard negatives: (objective, loss overrides, hard-negative columns).
+PAIRED_CASES = {
+    "vascl": ("vascl", {}, 0),
+    "vascl-no-detach": ("vascl", {"detach": False}, 0),
+    "simcse_sup-2-negatives": ("simcse_sup", {"hard_negative_weight": 1.5}, 2),
+}
+
+
+def paired_calls(rank: int, world_size: int) -> dict:
+    """Per paired case and path (uncached, cached): one loss call and its backward on this rank's
+    rows of a batch with a positive column, dropout off; DDP averages the gradients over ranks."""
+    results = {}
+    for case_id, (objective, loss, negatives) in PAIRED_CASES.items():
+        for mode in ("uncached", "cached"):
+            _, model, step, recorder = _parts(objective, loss, 0 if mode == "uncached" else CHUNK, 0.0)
+            out = _call_and_backward(step, _own_batch(rank, world_size, positive=True, negatives=negatives), mode)
+            results[case_id, mode] = {"loss": out.loss.detach(), "gradients": _gradients(model), "recorded": recorder.calls}
+    return _portable(results)
+
+
+def test_on_pairs_two_ranks_equal_one_process_uncached_and_cached() -> None:
+    """Through the training step: the rank-mean loss, the averaged gradients and VaSCL's
+    neighbours and perturbations of 2 gloo ranks, each holding half the pairs, are those of one
+    process on all of them; on one process the cached call is the uncached one."""
+    (reference,) = run_as_launched(paired_calls, 1)
+    per_rank = run_as_launched(paired_calls, 2)
+    for (case_id, mode), expected in reference.items():
+        what = f"{case_id}, {mode}"
+        if mode == "cached":
+            _assert_same_call(expected, reference[case_id, "uncached"], f"{what} against uncached, one process")
+        _assert_close(sum(_tensor(got[case_id, mode]["loss"]) for got in per_rank) / 2, expected["loss"], f"{what}, mean loss")
+        for got in per_rank:
+            for name, gradient in expected["gradients"].items():
+                _assert_close(got[case_id, mode]["gradients"][name], gradient, f"{what}, gradient of {name}")
+        for index, call in enumerate(expected["recorded"]):  # VaSCL: this rank's rows of the global batch's
+            neighbours = torch.cat([_tensor(got[case_id, mode]["recorded"][index]["neighbours"]) for got in per_rank])
+            assert torch.equal(neighbours, _tensor(call["neighbours"])), what
+            rows = GLOBAL_BATCH // 2  # the check means something only if neighbourhoods span both ranks' rows
+            assert (neighbours // rows != torch.arange(GLOBAL_BATCH)[:, None] // rows).any(), what
+            delta = torch.cat([_tensor(got[case_id, mode]["recorded"][index]["delta"]) for got in per_rank])
+            _assert_close(delta, call["delta"], f"{what}, delta")
+        assert len(expected["recorded"]) == (1 if case_id.startswith("vascl") else 0), what
 
 
 def optimiser_steps(rank: int, world_size: int, grad_accum_steps: int) -> dict:

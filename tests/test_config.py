@@ -400,8 +400,9 @@ def test_the_launcher_refuses_data_without_the_columns_of_the_objective_naming_b
 
 
 def test_simcse_sup_takes_a_hard_negative_weight_and_refuses_data_without_triplets(tmp_path: Path) -> None:
-    """alpha is 0 (Eq. 5) unless set, any finite number; the launcher refuses single-text and
-    pair data for supervised SimCSE (no stand-ins), naming the objective and the columns."""
+    """alpha is 0 (Eq. 5) unless set, any finite number; the launcher takes data with one or more
+    hard negatives and refuses single-text and pair data for supervised SimCSE (no stand-ins),
+    naming the objective and the columns."""
     from tests.data_helpers import make_paired_shards, paired_rows
 
     assert config_from_dict(minimal(objective="simcse_sup")).loss.hard_negative_weight == 0.0
@@ -416,6 +417,8 @@ def test_simcse_sup_takes_a_hard_negative_weight_and_refuses_data_without_triple
         return resolve_paths(config_from_dict({**data, "eval": {"every_steps": 0}}))
 
     assert resolved(triplets).objective == "simcse_sup"
+    with_three_negatives = make_paired_shards(tmp_path / "quintuples", paired_rows(8, negatives=3), shard_size=8)
+    assert resolved(with_three_negatives).objective == "simcse_sup"  # any number of hard-negative columns
     for source, missing, columns in ((text, "positive, negative_0", "anchor"), (pairs, "negative_0", "anchor, positive")):
         message = rf"objective 'simcse_sup' needs the column\(s\) {missing}, which data.train {re.escape(str(source))} lacks \(its columns: {columns}\)"
         with pytest.raises(ValueError, match=message):

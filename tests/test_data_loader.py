@@ -133,10 +133,13 @@ def test_truncated_and_corrupt_shards_are_skipped_and_counted(tmp_path, tokenize
     _truncate(shards / "shard-000002.tar", 5 * 1024)
     (shards / "shard-000003.tar").write_bytes(b"\x00\x01 not a tar at all" * 100)
     stream = _stream(shards, tokenizer, num_workers=2, shuffle_buffer=0)
-    rows = _texts(stream, tokenizer, 7)  # 16 + 3 + 4 + 0 = 23 rows per epoch: into the third epoch
-    assert len(set(rows[:23])) == 23 and sorted(rows[:23]) == sorted(rows[23:46])
-    # Both finished epochs reported their 3 bad shards; the third may have reported some already.
-    assert 6 <= stream.corrupt_shards_skipped <= 9
+    # 16 + 3 + 4 + 0 = 23 rows per epoch: 2 batches, and 7 rows dropped; 7 batches reach the fourth epoch.
+    rows = _texts(stream, tokenizer, 7)
+    epochs = [rows[start : start + 16] for start in (0, 16, 32)]
+    assert all(len(set(epoch)) == 16 for epoch in epochs) and len(set(rows)) <= 23
+    assert stream.samples_dropped == 3 * 7
+    # The three finished epochs reported their 3 bad shards each; the fourth may have reported some already.
+    assert 9 <= stream.corrupt_shards_skipped <= 12
     assert sorted(set(stream.corrupt_shards)) == [str(shards / f"shard-00000{i}.tar") for i in (1, 2, 3)]
 
 
@@ -211,6 +214,46 @@ def test_resume_text_file_and_changed_layout(tmp_path, tokenizer, caplog):
     with captured_warnings(caplog):
         _stream(path, tokenizer, num_workers=1).load_state_dict(older_state)
     assert "layout changed (webdataset)" in caplog.text
+
+
+@pytest.mark.parametrize("cut", [2, 5])
+def test_the_rows_left_at_the_end_of_an_epoch_are_dropped_counted_and_resumed_past(tmp_path, tokenizer, cut):
+    """Never a short batch, never a batch of two epochs; resumed from its own state or from
+    rank 0's (the position follows from the batch count, drops included) the stream goes on
+    exactly. ``cut`` 2: just after epoch 0's last batch, its drop not yet seen; 5: inside epoch 2."""
+    texts = sentences(36)
+    shards = make_shards(tmp_path, texts, shard_size=6)  # 6 shards: 3 per rank, 18 rows = 2 batches and 2 dropped per epoch
+    shard_of = {text: index // 6 for index, text in enumerate(texts)}
+    options = dict(mode="exact", num_workers=0, shuffle_buffer=4)
+    reference_stream = _stream(shards, tokenizer, 1, 2, **options)
+    reference = _batches(reference_stream, 7)
+    assert reference_stream.samples_dropped == 6 and reference_stream.first_drop == (0, 2)  # 7 batches: 3 epochs ended
+    assert reference_stream.stats()["data_samples_dropped"] == 6
+    rows = [decode_rows(tokenizer, batch) for batch in reference]
+    assert all(len(batch) == BATCH for batch in rows)
+    for epoch in range(3):
+        own = set(reference_stream.layout.rank_shards(epoch))
+        seen = rows[2 * epoch] + rows[2 * epoch + 1]
+        assert len(set(seen)) == 16 and {shard_of[text] for text in seen} <= own, f"epoch {epoch}"
+    first = _stream(shards, tokenizer, 1, 2, **options)
+    _batches(first, cut)
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["samples_dropped"] == {2: 0, 5: 4}[cut]  # 2 per epoch ended so far
+    resumed = _stream(shards, tokenizer, 1, 2, **options)
+    resumed.load_state_dict(state)
+    _assert_same_batches(_batches(resumed, 7 - cut), reference[cut:])
+    assert resumed.samples_dropped == 6
+    rank0 = _stream(shards, tokenizer, 0, 2, **options)
+    _batches(rank0, cut)
+    from_rank0 = _stream(shards, tokenizer, 1, 2, **options)
+    from_rank0.load_state_dict(rank0.state_dict())
+    _assert_same_batches(_batches(from_rank0, 7 - cut), reference[cut:])
+
+
+def test_passes_with_fewer_rows_than_a_batch_stop_the_stream_naming_the_batch(tmp_path, tokenizer):
+    shards = make_shards(tmp_path, sentences(6), shard_size=3)  # 6 rows per epoch, batch 8: all dropped
+    with pytest.raises(ValueError, match="read 6 samples in data epoch 9, fewer than its per-device batch of 8"):
+        _texts(_stream(shards, tokenizer, num_workers=0), tokenizer, 1)
 
 
 def test_sources_and_options_are_validated(tmp_path, tokenizer):
@@ -350,6 +393,31 @@ def test_paired_shards_stream_the_asked_columns_row_by_row_each_padded_to_its_ow
     # Not asked for columns: every column the data has.
     everything = _batches(_stream(shards, tokenizer, num_workers=0), 1)[0]
     assert set(everything) == {"anchor", "positive", "negative_0"}
+
+
+def test_shards_prepared_with_two_hard_negatives_stream_every_column_row_by_row(tmp_path, tokenizer):
+    """`data prepare --text-field A,P,N1,N2` to supervised SimCSE's columns: all four read, the
+    texts of one sample on one row of each column."""
+    from vascl_scale.data.prepare import PrepareOptions, prepare_shards
+    from vascl_scale.data.shards import source_columns
+    from vascl_scale.losses import OBJECTIVES
+
+    rows = paired_rows(24, negatives=2)
+    fields = ("query", "pos", "neg_a", "neg_b")
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps(dict(zip(fields, row.values()))) + "\n" for row in rows))
+    prepare_shards([path], tmp_path / "shards", PrepareOptions(shard_size=6, text_field=",".join(fields)), show_progress=False)
+    columns = ("anchor", "positive", "negative_0", "negative_1")
+    assert OBJECTIVES["simcse_sup"].columns_read(source_columns(str(tmp_path / "shards"))) == columns
+    stream = _stream(tmp_path / "shards", tokenizer, columns=OBJECTIVES["simcse_sup"].columns_read(columns))
+    by_anchor = {row["anchor"]: tuple(text.strip() for text in row.values()) for row in rows}
+    seen = []
+    for batch in _batches(stream, 3):  # one epoch
+        assert set(batch) == set(columns)
+        texts = list(zip(*(decode_rows(tokenizer, batch, column) for column in columns)))
+        assert all(by_anchor[row[0]] == row for row in texts)
+        seen += [row[0] for row in texts]
+    assert sorted(seen) == sorted(by_anchor)
 
 
 def test_paired_streams_resume_exactly_and_stored_ids_give_the_same_batches(tmp_path, tokenizer):

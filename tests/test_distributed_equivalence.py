@@ -4,7 +4,8 @@ One fixed global batch of 12 sentences is split across ranks; each rank pads its
 its own longest sentence (as dynamic padding does), so the slices differ in shape and
 content. Loss (mean over ranks), neighbour indices, perturbations and rank-averaged
 parameter gradients must equal one process on the whole batch, in float64. Supervised SimCSE
-gets triplets (three columns, each trimmed per slice), with and without its hard-negative weight.
+gets tuples of 2 + N columns (N = 1 and 2 hard negatives, each column trimmed per slice), with and
+without its hard-negative weight.
 """
 
 from __future__ import annotations
@@ -179,42 +180,48 @@ def test_the_gather_backward_reduce_scatters_on_nccl() -> None:
         assert result["collectives"] == ["all_gather", "reduce_scatter"]
 
 
-SUP_ALPHAS = (0.0, 1.5)  # supervised SimCSE's hard_negative_weight: the paper's Eq. 5, and a weighted hard negative
+SUP_ALPHAS = (0.0, 1.5)  # supervised SimCSE's hard_negative_weight: the paper's Eq. 5, and weighted hard negatives
+SUP_NEGATIVES = (1, 2)  # hard-negative columns: SimCSE's triplets, and MNRL's n-tuples
 
 
-def simcse_sup_on_slice(rank: int, world_size: int) -> dict[float, dict[str, np.ndarray]]:
-    """Supervised SimCSE on this rank's triplets, each column trimmed to this slice's own longest
-    row; world_size 1 (no process group) is the reference."""
+def simcse_sup_on_slice(rank: int, world_size: int) -> dict[tuple[int, float], dict[str, np.ndarray]]:
+    """Supervised SimCSE on this rank's tuples of 2 + N columns, each trimmed to this slice's own
+    longest row, for N = 1 and 2; world_size 1 (no process group) is the reference."""
     from vascl_scale.config import LossConfig
     from vascl_scale.losses import build_objective
 
     model = tiny_encoder(seed=0)
-    columns = [token_batch(GLOBAL_BATCH, SEQ_LEN, seed=seed) for seed in (1, 2, 4)]  # anchor, positive, negative_0
+    # anchor, positive, negative_0, negative_1: other tokens in each column
+    columns = [token_batch(GLOBAL_BATCH, SEQ_LEN, seed=seed) for seed in (1, 2, 4, 5)]
     rows = GLOBAL_BATCH // world_size
     own = slice(rank * rows, (rank + 1) * rows)
     results = {}
-    for alpha in SUP_ALPHAS:
-        objective = build_objective("simcse_sup", LossConfig(temperature=0.1, hard_negative_weight=alpha).model_dump())
-        model.zero_grad(set_to_none=False)
-        views = [model(*_slice_batch(ids[own], mask[own])) for ids, mask in columns]  # (b, d) each
-        loss = objective(views, model.head).loss
-        loss.backward()
-        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])
-        mean_loss = loss.detach().clone()
-        if world_size > 1:  # DDP's averaging of the parameter gradients over ranks
-            dist.all_reduce(grads)
-            dist.all_reduce(mean_loss)
-            grads /= world_size
-            mean_loss /= world_size
-        results[alpha] = {"loss": mean_loss.numpy(), "grads": grads.numpy()}
+    for negatives in SUP_NEGATIVES:
+        for alpha in SUP_ALPHAS:
+            objective = build_objective("simcse_sup", LossConfig(temperature=0.1, hard_negative_weight=alpha).model_dump())
+            model.zero_grad(set_to_none=False)
+            views = [model(*_slice_batch(ids[own], mask[own])) for ids, mask in columns[: 2 + negatives]]  # (b, d) each
+            loss = objective(views, model.head).loss
+            loss.backward()
+            grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])
+            mean_loss = loss.detach().clone()
+            if world_size > 1:  # DDP's averaging of the parameter gradients over ranks
+                dist.all_reduce(grads)
+                dist.all_reduce(mean_loss)
+                grads /= world_size
+                mean_loss /= world_size
+            results[negatives, alpha] = {"loss": mean_loss.numpy(), "grads": grads.numpy()}
     return results
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_simcse_sup_many_ranks_equal_one_process(world_size: int) -> None:
     reference = simcse_sup_on_slice(rank=0, world_size=1)
-    assert not np.allclose(reference[SUP_ALPHAS[0]]["loss"], reference[SUP_ALPHAS[1]]["loss"])  # alpha matters
+    for negatives in SUP_NEGATIVES:  # alpha matters, and so does the second hard negative
+        assert not np.allclose(reference[negatives, SUP_ALPHAS[0]]["loss"], reference[negatives, SUP_ALPHAS[1]]["loss"])
+    assert not np.allclose(reference[1, SUP_ALPHAS[1]]["grads"], reference[2, SUP_ALPHAS[1]]["grads"])
     for rank, got in enumerate(run_on_ranks(simcse_sup_on_slice, world_size)):
-        for alpha in SUP_ALPHAS:
-            torch.testing.assert_close(torch.from_numpy(got[alpha]["loss"]), torch.from_numpy(reference[alpha]["loss"]))
-            torch.testing.assert_close(torch.from_numpy(got[alpha]["grads"]), torch.from_numpy(reference[alpha]["grads"]))
+        for case, expected in reference.items():
+            for key in ("loss", "grads"):
+                what = f"{key}, (N, alpha) = {case}, rank {rank} of {world_size}"
+                torch.testing.assert_close(torch.from_numpy(got[case][key]), torch.from_numpy(expected[key]), msg=lambda m: f"{what}: {m}")

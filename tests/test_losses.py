@@ -541,11 +541,13 @@ def test_the_objective_is_called_with_its_views_in_declared_order() -> None:
         build_objective("simclr", settings)
 
 
-def reference_simcse_sup(anchor, positive, negative, head, temperature, alpha):
-    """Supervised SimCSE written from Gao et al. 2021, Eq. 5, one anchor and one candidate at a
-    time: h = head(e), sim the cosine, every positive and every hard negative of the batch in
-    the denominator, alpha added to the logit of the anchor's own hard negative."""
-    h, h_pos, h_neg = head(anchor), head(positive), head(negative)  # (B, D) each
+def reference_simcse_sup(anchor, positive, negatives, head, temperature, alpha):
+    """Supervised SimCSE written from Gao et al. 2021, Eq. 5, with N hard negatives per anchor,
+    one anchor and one candidate at a time: h = head(e), sim the cosine, every positive and
+    every hard negative of the batch in the denominator, alpha added to the logits of the
+    anchor's own N hard negatives."""
+    h, h_pos = head(anchor), head(positive)  # (B, D) each
+    h_negs = [head(negative) for negative in negatives]  # N x (B, D)
     rows = h.shape[0]
 
     def sim(a, b):
@@ -554,78 +556,104 @@ def reference_simcse_sup(anchor, positive, negative, head, temperature, alpha):
     losses = []
     for i in range(rows):
         logits = [sim(h[i], h_pos[j]) / temperature for j in range(rows)]
-        logits += [sim(h[i], h_neg[j]) / temperature + (alpha if j == i else 0.0) for j in range(rows)]
+        for h_neg in h_negs:
+            logits += [sim(h[i], h_neg[j]) / temperature + (alpha if j == i else 0.0) for j in range(rows)]
         losses.append(torch.logsumexp(torch.stack(logits), dim=0) - logits[i])
     return torch.stack(losses).mean()
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("alpha", [0.0, 1.5, -0.7])
-def test_simcse_sup_matches_the_loop_reference_in_value_and_gradient(seed: int, alpha: float) -> None:
+@pytest.mark.parametrize("negatives", [1, 2, 3])
+def test_simcse_sup_matches_the_loop_reference_in_value_and_gradient(seed: int, alpha: float, negatives: int) -> None:
     from vascl_scale.config import LossConfig
     from vascl_scale.losses import build_objective
 
     torch.manual_seed(seed)
     head = ProjectionHead(6, 4)
-    views = [torch.randn(5, 6, requires_grad=True) for _ in range(3)]  # anchor, positive, negative
+    views = [torch.randn(5, 6, requires_grad=True) for _ in range(2 + negatives)]  # anchor, positive, N negatives
     objective = build_objective("simcse_sup", LossConfig(temperature=0.1, hard_negative_weight=alpha).model_dump())
     got = objective(views, head).loss
     got_grads = torch.autograd.grad(got, [*views, *head.parameters()])
-    expected = reference_simcse_sup(*views, head, 0.1, alpha)
+    expected = reference_simcse_sup(views[0], views[1], views[2:], head, 0.1, alpha)
     expected_grads = torch.autograd.grad(expected, [*views, *head.parameters()])
     torch.testing.assert_close(got, expected)
     for ours, theirs in zip(got_grads, expected_grads):
+        assert ours.abs().max() > 0  # every view, every negative column among them, gets a gradient
         torch.testing.assert_close(ours, theirs)
 
 
-def test_simcse_sup_weight_is_on_the_own_hard_negative_only_and_blocks_equal_one_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
-    """alpha changes the loss; alpha -> -inf removes each anchor's own hard negative only (its
-    row of candidates then lacks that one column); the blocked path is the one-matrix path."""
+def test_simcse_sup_weight_is_on_the_own_hard_negatives_only_and_blocks_equal_one_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """alpha changes the loss; alpha -> -inf removes each anchor's own N = 2 hard negatives only
+    (its row of candidates then lacks those two columns); the blocked path is the one-matrix path."""
     import vascl_scale.losses.contrastive as contrastive
     from vascl_scale.losses.simcse import simcse_sup_loss
 
-    z = [_unit(torch.randn(6, 4, requires_grad=True)) for _ in range(3)]
+    z = [_unit(torch.randn(6, 4, requires_grad=True)) for _ in range(4)]  # anchor, positive, 2 negatives
     plain = simcse_sup_loss(*z, temperature=0.5)
     assert simcse_sup_loss(*z, temperature=0.5, hard_negative_weight=2.0) > plain
     without_own = simcse_sup_loss(*z, temperature=0.5, hard_negative_weight=-1e4)
     expected = []
     for i in range(6):
-        others = torch.cat([z[2][:i], z[2][i + 1 :]])
+        others = torch.cat([torch.cat([negative[:i], negative[i + 1 :]]) for negative in z[2:]])  # (2 (B - 1), D)
         logits = torch.cat([z[1] @ z[0][i], others @ z[0][i]]) / 0.5
         expected.append(torch.logsumexp(logits, dim=0) - logits[i])
     torch.testing.assert_close(without_own, torch.stack(expected).mean())
-    monkeypatch.setattr(contrastive, "LOGITS_BLOCK_ELEMENTS", 20)  # blocks of 1 anchor row (12 candidates)
+    monkeypatch.setattr(contrastive, "LOGITS_BLOCK_ELEMENTS", 20)  # blocks of 1 anchor row (18 candidates)
     blocked = simcse_sup_loss(*z, temperature=0.5, hard_negative_weight=2.0)
     monkeypatch.undo()
     torch.testing.assert_close(blocked, simcse_sup_loss(*z, temperature=0.5, hard_negative_weight=2.0))
 
 
-def test_simcse_sup_declares_a_triplet_without_stand_ins_and_counts_its_flops() -> None:
+def test_simcse_sup_encodes_every_hard_negative_of_the_data_and_counts_its_flops() -> None:
     from vascl_scale.config import LossConfig
     from vascl_scale.flops import head_forward_flops
     from vascl_scale.losses import OBJECTIVES, build_objective
 
     spec = OBJECTIVES["simcse_sup"]
-    assert spec.inputs == ("anchor", "positive", "negative_0") and not spec.stand_ins
-    assert spec.encoded_columns(("anchor", "positive", "negative_0")) == spec.inputs
-    for data, missing in ((("anchor",), "positive, negative_0"), (("anchor", "positive"), "negative_0")):
+    assert spec.inputs == ("anchor", "positive") and spec.hard_negatives and not spec.stand_ins
+    triplets, quintuples = ("anchor", "positive", "negative_0"), ("negative_2", "anchor", "negative_0", "positive", "negative_1")
+    assert spec.encoded_columns(triplets) == triplets
+    assert spec.encoded_columns(quintuples) == ("anchor", "positive", "negative_0", "negative_1", "negative_2")
+    assert spec.columns_read(quintuples) == quintuples and spec.unread_columns(quintuples) == ()
+    # Numbered from 0 without gaps: a negative after a gap is not one of the N.
+    assert spec.encoded_columns(("anchor", "positive", "negative_0", "negative_2")) == triplets
+    assert spec.unread_columns(("anchor", "positive", "negative_0", "negative_2")) == ("negative_2",)
+    for data, missing in ((("anchor",), "positive, negative_0"), (("anchor", "positive"), "negative_0"), (("anchor", "positive", "negative_1"), "negative_0")):
         with pytest.raises(ValueError, match=rf"objective 'simcse_sup' needs the column\(s\) {missing}, which the batch lacks"):
             spec.encoded_columns(data)
     settings = LossConfig().model_dump()
     rows, global_rows, hidden, out_dim = 4, 16, 32, 8
-    # 3b rows through the head; b anchors against 2B candidates; forward and backward (x 3).
-    expected = 3 * (head_forward_flops(3 * rows, hidden, out_dim) + 2 * rows * 2 * global_rows * out_dim)
-    assert build_objective("simcse_sup", settings).model_flops(rows, global_rows, hidden, out_dim) == expected
-    # The unsupervised one is unchanged: 2b rows through the head, (2b, 2B) logits.
+    for negatives in (1, 3):
+        views = 2 + negatives
+        # (2 + N) b rows through the head; b anchors against (1 + N) B candidates; forward and backward (x 3).
+        expected = 3 * (head_forward_flops(views * rows, hidden, out_dim) + 2 * rows * (1 + negatives) * global_rows * out_dim)
+        assert build_objective("simcse_sup", settings).model_flops(views, rows, global_rows, hidden, out_dim) == expected
+    # The unsupervised one: 2b rows through the head, (2b, 2B) logits.
     unsupervised = 3 * (head_forward_flops(2 * rows, hidden, out_dim) + 2 * (2 * rows) * (2 * global_rows) * out_dim)
-    assert build_objective("simcse", settings).model_flops(rows, global_rows, hidden, out_dim) == unsupervised
+    assert build_objective("simcse", settings).model_flops(2, rows, global_rows, hidden, out_dim) == unsupervised
+
+
+def test_the_unsupervised_objectives_leave_hard_negatives_unread_and_name_who_reads_them() -> None:
+    from vascl_scale.losses import OBJECTIVES
+    from vascl_scale.losses.spec import objectives_reading_all
+
+    quadruples = ("anchor", "positive", "negative_0", "negative_1")
+    for name in ("simcse", "vascl"):
+        assert OBJECTIVES[name].columns_read(quadruples) == ("anchor", "positive")
+        assert OBJECTIVES[name].unread_columns(quadruples) == ("negative_0", "negative_1")
+        assert OBJECTIVES[name].unread_columns(("anchor",)) == ()
+    assert objectives_reading_all(quadruples) == ("simcse_sup",)
+    assert objectives_reading_all(("anchor", "positive")) == ("vascl", "simcse")
 
 
 def test_simcse_sup_refuses_bad_input() -> None:
     from vascl_scale.losses.simcse import simcse_sup_loss
 
     z = _unit(torch.randn(4, 3))
-    with pytest.raises(ValueError, match="z_anchor and z_negative must have the same shape"):
-        simcse_sup_loss(z, z, z[:3])
+    with pytest.raises(ValueError, match=r"z_anchor and z_negatives\[1\] must have the same shape"):
+        simcse_sup_loss(z, z, z, z[:3])
+    with pytest.raises(ValueError, match="needs at least one hard negative per anchor"):
+        simcse_sup_loss(z, z)
     with pytest.raises(ValueError, match="hard_negative_weight must be a finite number"):
         simcse_sup_loss(z, z, z, hard_negative_weight=float("nan"))

@@ -574,6 +574,55 @@ def test_non_finite_loss_stops_before_the_update_and_keeps_the_last_good_checkpo
 # --- checkpoint safety and completeness (no training: a stand-in for accelerate's state) ---
 
 
+def test_the_log_names_unread_columns_and_the_first_dropped_partial_batch_once(
+    workspace: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Shards with two hard negatives: SimCSE reads anchor and positive, and the log says the
+    negatives are ignored; 40 rows per epoch at batch 16 drop 8 at each epoch's end, logged the
+    first time only; supervised SimCSE then trains on all four columns."""
+    import logging
+
+    from accelerate.state import AcceleratorState
+
+    from tests.data_helpers import make_paired_shards, paired_rows
+    from vascl_scale.config import load_config
+    from vascl_scale.train import trainer as trainer_module
+
+    shards = make_paired_shards(tmp_path / "quads", paired_rows(40, negatives=2), shard_size=10)
+    config_path = write_config(workspace, tmp_path / "config.yaml", data={"train": str(shards)}, eval={"every_steps": 0},
+                               train={"log_every": 1}, checkpoint={"every_steps": 0})  # fmt: skip
+    logger = logging.getLogger("vascl_scale")
+    captured = not logger.propagate  # the CLI's setup makes it non-propagating: hand caplog the records
+    if captured:
+        logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="vascl_scale"):
+            for objective, steps in (("simcse", 5), ("simcse_sup", 2)):
+                overrides = [f"objective={objective}", f"train.max_steps={steps}", f"train.output_dir={tmp_path / objective}"]
+                trainer_module.build_trainer(load_config(config_path, overrides)).fit()
+                AcceleratorState._reset_state(True)
+    finally:
+        if captured:
+            logger.removeHandler(caplog.handler)
+        AcceleratorState._reset_state(True)
+    lines = [" ".join(record.getMessage().split()) for record in caplog.records]
+    unread = [line for line in lines if "does not read" in line]
+    assert unread == [
+        "data: data.train has the column(s) negative_0, negative_1, which objective 'simcse' does not read: they are "
+        "ignored (it reads anchor, positive); every column is read by 'simcse_sup'"
+    ]
+    drops = [line for line in lines if "samples dropped" in line]
+    assert len(drops) == 1 and drops[0].startswith(
+        "data: 8 samples dropped by step 3; rank 0 dropped 8 at the end of data epoch 0: the rows left at the end of a data "
+        "epoch that do not fill a per-device batch of 16 are not trained on"
+    ), drops
+    records = [json.loads(line) for line in (tmp_path / "simcse" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["data/samples_dropped"] for r in records] == [0, 0, 8, 8, 16]  # epochs 0 and 1 ended by step 5
+    assert "one encoder forward per loss call holds the activations of 64 sentences (4 views of 16)" in lines
+    supervised = [json.loads(line) for line in (tmp_path / "simcse_sup" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in supervised] == [1, 2] and all(math.isfinite(r["loss/simcse_sup"]) for r in supervised)
+
+
 class _OneProcessAccelerator:
     """What save_checkpoint needs of an Accelerator: one process writing model-like files."""
 

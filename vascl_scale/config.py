@@ -606,7 +606,7 @@ def check_data_columns(config: RunConfig) -> None:
     given = {}  # where -> the columns its batches hold
     for where, source in sources.items():
         available = source_columns(source)
-        given[where] = columns_to_read(available, spec.columns, augmented, where) + made
+        given[where] = columns_to_read(available, spec.columns_read(available), augmented, where) + made
         spec.check_columns(available + made, where)
     check_same_columns(given)
 

@@ -11,13 +11,14 @@ hidden size d and feed-forward size f (BERT, RoBERTa, MiniLM: :class:`EncoderSha
     attention scores and values      4 T^2 d
 
 A backward pass costs twice its forward (gradients of inputs and of weights), so a training
-step's encoder work is 3x the forward of both views, 2b sequences per device and loss call.
+step's encoder work is 3x the forward of its n views, n b sequences per device and loss call
+(n = 2 for SimCSE and VaSCL, 2 + N for supervised SimCSE on N hard-negative columns).
 The cached step's extra forward without gradient is recomputation and is not counted (as in
 MFU's usual definition), so its MFU is lower than an uncached step's for the same speed.
 
 Head passes (h: d -> d -> D, :class:`vascl_scale.model.ProjectionHead`) cost 2 (d^2 + d D)
 per row forward; each objective counts its own passes and similarity products (its
-``model_flops``).
+``model_flops``, which takes the number of views).
 """
 
 from __future__ import annotations

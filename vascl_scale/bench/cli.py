@@ -67,6 +67,7 @@ def step(
     steps: int = typer.Option(10, "--steps", help="Timed steps per objective."),
     warmup: int = typer.Option(2, "--warmup", help="Untimed steps per objective first."),
     max_length: int = typer.Option(32, "--max-length", help="Tokens per sentence (every sentence is this long)."),
+    negatives: int = typer.Option(1, "--negatives", help="Hard-negative columns of the synthetic batch, for simcse_sup (N >= 1)."),
     k: int = typer.Option(16, "--k", help="VaSCL neighbours."),
     eps: float = typer.Option(15.0, "--eps", help="VaSCL perturbation norm (and xi)."),
     precision: str = typer.Option("auto", "--precision", help="auto, no, bf16 or fp16 (as train.precision)."),
@@ -85,7 +86,7 @@ def step(
     """Median / p10 / p90 time, model TFLOP/s per device (MFU with --peak-tflops) and peak memory of full training steps, uncached or cached; a
     grid over global batches and chunk sizes runs each cell as its own process."""
     from vascl_scale.bench import save_result
-    from vascl_scale.bench.step import bench_objectives, grid_cells, grid_table, plot_grid, run_grid, run_step_bench, step_table
+    from vascl_scale.bench.step import bench_objectives, bench_views, grid_cells, grid_table, plot_grid, run_grid, run_step_bench, step_table
     from vascl_scale.log import console, fail, print_table
     from vascl_scale.train.launch import LaunchPlan, become_single_rank, exit_with_parent, in_distributed_worker, launch_workers
 
@@ -93,12 +94,13 @@ def step(
     try:
         batches, chunks = _integers(global_batch, "--global-batch"), _integers(chunk_size, "--chunk-size")
         _check_outputs(output=output, plot=plot)
-        views = max(len(spec.inputs) for spec in bench_objectives(objectives))
+        views = bench_views(bench_objectives(objectives), negatives)
     except ValueError as err:
         fail(err)
     if len(batches) * len(chunks) > 1:
         cell_argv = ["bench", "step", "--model", model, "--objective", objective, "--steps", str(steps), "--warmup", str(warmup)]
-        cell_argv += ["--max-length", str(max_length), "--k", str(k), "--eps", str(eps), "--precision", precision]
+        cell_argv += ["--max-length", str(max_length), "--negatives", str(negatives), "--k", str(k), "--eps", str(eps)]
+        cell_argv += ["--precision", precision]
         cell_argv += ["--peak-tflops", str(peak_tflops)] + (["--compare", compare] if compare else [])
         cell_argv += ["--num-processes", str(num_processes)] + (["--deepspeed", str(deepspeed)] if deepspeed else [])
         cells = run_grid(cell_argv, grid_cells(batches, chunks, num_processes, max_rows_per_forward, views))
@@ -133,6 +135,7 @@ def step(
             chunk_size=chunks[0],
             peak_tflops=peak_tflops,
             compare=compare,
+            negatives=negatives,
         )
     except ValueError as err:
         fail(err)

@@ -6,7 +6,8 @@ A step is exactly what ``vascl-scale train`` runs per optimiser step: the one
 forward, the objective with its gathers, the finiteness check, backward, the update), built
 with the trainer's own factories (accelerator, optimiser groups, objective). The batch is
 synthetic, random token ids of the full max length in each column the objective encodes and
-cannot stand in for (SimCSE and VaSCL: the anchor, encoded twice as on single-text data), so
+cannot stand in for (SimCSE and VaSCL: the anchor, encoded twice as on single-text data;
+supervised SimCSE: anchor, positive and ``--negatives`` N hard-negative columns), so
 the data loader is not measured here (``bench data`` does that). Objectives alternate in rounds
 (A B A B ...) so that drift of a shared machine hits both alike; the first ``warmup``
 steps of each objective are dropped. Reported per objective: median, p10 and p90 step time,
@@ -41,7 +42,7 @@ import torch
 
 from vascl_scale.config import RunConfig, config_from_dict
 from vascl_scale.flops import tflops_and_mfu
-from vascl_scale.data.columns import ANCHOR
+from vascl_scale.data.columns import ANCHOR, negative
 from vascl_scale.figures import save_figure
 from vascl_scale.hub import locate_model
 from vascl_scale.losses.spec import OBJECTIVES, ObjectiveSpec, objective_spec
@@ -72,12 +73,30 @@ def bench_objectives(names: list[str]) -> list[ObjectiveSpec]:
     return [objective_spec(name, "--objective") for name in names]
 
 
-def synthetic_batch(specs: list[ObjectiveSpec], rows: int, tokens: int, vocab: int, generator: torch.Generator) -> dict:
-    """Random ids (rows, tokens) and a full mask in each column that one of ``specs`` encodes and
-    cannot stand in for, drawn in that order from ``generator``."""
-    columns = dict.fromkeys(column for spec in specs for column in spec.inputs if column not in spec.stand_ins)
+def synthetic_columns(specs: list[ObjectiveSpec], negatives: int) -> tuple[str, ...]:
+    """The columns that one of ``specs`` encodes and cannot stand in for, with ``negatives``
+    hard-negative columns where one takes them (``--negatives``; ValueError below 1 there)."""
+    if negatives < 1 and any(spec.hard_negatives for spec in specs):
+        taking = ", ".join(spec.name for spec in specs if spec.hard_negatives)
+        raise ValueError(f"--negatives must be >= 1: {taking} encodes at least one hard-negative column; got {negatives}")
+    hard = tuple(negative(index) for index in range(negatives))
+    wanted = (column for spec in specs for column in (*spec.inputs, *(hard if spec.hard_negatives else ())) if column not in spec.stand_ins)
+    return tuple(dict.fromkeys(wanted))
+
+
+def bench_views(specs: list[ObjectiveSpec], negatives: int) -> int:
+    """The most views an objective of ``specs`` encodes on the synthetic batch (what its forward holds)."""
+    columns = synthetic_columns(specs, negatives)
+    return max(len(spec.encoded_columns(columns)) for spec in specs)
+
+
+def synthetic_batch(
+    specs: list[ObjectiveSpec], rows: int, tokens: int, vocab: int, generator: torch.Generator, negatives: int = 1
+) -> dict:
+    """Random ids (rows, tokens) and a full mask in each of :func:`synthetic_columns`, drawn in
+    that order from ``generator``."""
     batch = {}
-    for column in columns:
+    for column in synthetic_columns(specs, negatives):
         ids = torch.randint(min(1000, vocab - 1), vocab, (rows, tokens), generator=generator)
         batch[column] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}  # (b, L)
     return batch
@@ -113,10 +132,12 @@ def run_step_bench(
     chunk_size: int = 0,
     peak_tflops: float = 0.0,
     compare: str | None = None,
+    negatives: int = 1,
 ) -> dict[str, Any]:
     """Time ``steps`` steps per objective (after ``warmup``) on this rank; every rank returns.
     ``peak_tflops``: the device's peak, for MFU (0: none). ``compare``: a peer
-    (:data:`vascl_scale.bench.peer.PEERS`) timed in the same rounds, on one process only."""
+    (:data:`vascl_scale.bench.peer.PEERS`) timed in the same rounds, on one process only.
+    ``negatives``: the hard-negative columns of the batch of an objective that takes them."""
     from vascl_scale.bench.peer import PEERS, sentence_transformers_step
     from vascl_scale.losses import build_objective
     from vascl_scale.precision import train_precision
@@ -124,6 +145,7 @@ def run_step_bench(
     from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
 
     specs = bench_objectives(objectives)
+    views = bench_views(specs, negatives)
     if steps < 1 or warmup < 0:
         raise ValueError(f"--steps must be >= 1 and --warmup >= 0; got {steps} and {warmup}")
     configs = {o: bench_config(o, model, global_batch, max_length, k, eps, precision, chunk_size) for o in objectives}
@@ -166,7 +188,7 @@ def run_step_bench(
 
     vocab = int(encoder.encoder.config.vocab_size)
     generator = torch.Generator().manual_seed(seed + rank)
-    batches = itertools.repeat(synthetic_batch(specs, rows, max_length, vocab, generator))  # every step
+    batches = itertools.repeat(synthetic_batch(specs, rows, max_length, vocab, generator, negatives))  # every step
 
     times: dict[str, list[float]] = {o: [] for o in timed}
     flops: dict[str, int] = {}
@@ -203,7 +225,8 @@ def run_step_bench(
         "warmup": warmup,
         "chunk_size": chunk_size,
         "peak_tflops": peak_tflops,
-        "rows_per_forward": rows_per_forward(rows, chunk_size, max(len(spec.inputs) for spec in specs)),
+        "negatives": negatives if any(spec.hard_negatives for spec in specs) else 0,
+        "rows_per_forward": rows_per_forward(rows, chunk_size, views),
         "peak_rss_mb": sum(rank_peaks_mb),
         "peak_rss_mb_per_rank": rank_peaks_mb,
     }
@@ -244,6 +267,8 @@ def step_table(result: dict[str, Any]):
     from rich.table import Table
 
     cached = f"cached, chunks of {result['chunk_size']}" if result["chunk_size"] else "uncached"
+    if result["negatives"]:
+        cached += f", {result['negatives']} hard negatives"
     title = (
         f"bench step: global batch {result['global_batch']} = {result['world_size']} x {result['per_device_batch']}, "
         f"{cached}, max length {result['max_length']}, {result['device']}, precision {result['precision']}, {result['steps']} steps after "
@@ -272,7 +297,7 @@ def grid_cells(
     global_batches: list[int], chunk_sizes: list[int], world_size: int, max_rows_per_forward: int, views: int
 ) -> list[tuple[int, int, str | None]]:
     """(global batch, chunk size, why it is skipped or None) of every cell, batch-major;
-    ``views``: the most inputs an objective of the bench encodes."""
+    ``views``: the most views (columns encoded) an objective of the bench encodes."""
     cells = []
     for global_batch, chunk_size in itertools.product(global_batches, chunk_sizes):
         reason = None

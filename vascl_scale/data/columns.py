@@ -39,6 +39,15 @@ def negative(index: int) -> str:
     return f"negative_{index}"
 
 
+def negative_columns(available: Collection[str]) -> tuple[str, ...]:
+    """The hard-negative columns of ``available``, in order: ``negative_0``, ``negative_1``, ... up
+    to the first one it lacks (``data prepare`` numbers them from 0 without gaps)."""
+    count = 0
+    while negative(count) in available:
+        count += 1
+    return tuple(negative(index) for index in range(count))
+
+
 def columns_of(count: int) -> tuple[str, ...]:
     """The columns of samples with ``count`` texts, in order: ``anchor``, ``positive``, ``negative_0``, ..."""
     assert count >= 1, count

@@ -23,7 +23,10 @@ Resume: the stream is a deterministic function of the layout (source, mode, seed
 per-device batch, shuffle buffer, and the webdataset version, whose shard lists and shuffle
 fix the order: a state saved under another version, or by vascl-scale before webdataset
 ordered the stream, resumes as a changed layout). The position is the pass and the rows of it
-already yielded on this rank, plus the batches yielded, which are equal on every rank.
+already yielded on this rank, plus the batches yielded, which are equal on every rank. A pass
+gives only full batches (the rows left at its end, fewer than a batch, are dropped: see
+:mod:`vascl_scale.data.loader`), so a rank's position follows from the batch count and its
+passes' row counts.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ from torch.utils.data import get_worker_info
 from vascl_scale.data.shards import ShardSource
 
 logger = logging.getLogger(__name__)
+
+# Consecutive passes without a full batch before a rank gives up (instead of spinning).
+MAX_PASSES_WITHOUT_BATCH = 10
 
 
 def seed_of(*parts: object) -> int:
@@ -152,17 +158,22 @@ class StreamLayout:
         return sum(counts[i] for worker in range(self.workers) for i in self.drawn_shards(epoch, worker))  # type: ignore[misc]
 
     def _position_from_batches(self) -> tuple[int, int] | None:
-        """This rank's (epoch, rows into it) after ``batches_yielded``, from the shared batch count."""
-        remaining = (self.batches_yielded - self.origin_batches) * self.batch_size
-        epoch = self.origin_epoch
-        while True:
+        """This rank's (epoch, rows into it) after ``batches_yielded``, from the shared batch count:
+        a pass of R rows gives floor(R / b) batches (its last R mod b rows are dropped). None when
+        the counts are unknown, or when no pass in reach gives a batch (no stream got there)."""
+        remaining = self.batches_yielded - self.origin_batches  # batches
+        epoch, without_batch = self.origin_epoch, 0
+        while without_batch < MAX_PASSES_WITHOUT_BATCH:  # the stream itself stops there
             rows = self.rows_per_epoch(epoch)
             if rows is None:
                 return None
-            if remaining < rows or rows == 0:
-                return epoch, remaining
-            remaining -= rows
+            batches = rows // self.batch_size
+            if remaining <= batches:
+                return epoch, remaining * self.batch_size
+            remaining -= batches
+            without_batch = without_batch + 1 if batches == 0 else 0
             epoch += 1
+        return None
 
     def state_dict(self) -> dict:
         """The position and the layout key (JSON-serialisable)."""

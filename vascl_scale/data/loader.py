@@ -9,10 +9,14 @@ How the work is split
     generator is seeded with (seed, e, r, w) -- so a pass is the same on every run --, cuts them
     into pieces of ``per_device_batch_size`` samples and tokenises each column of a piece with
     one batched call of the fast tokenizer, padded to the piece's longest text in that column.
-    The main process re-cuts pieces into batches of exactly ``per_device_batch_size`` rows,
-    carrying the rows left at the end of a pass into the next one, so no sample is dropped and
-    every batch is full. A rank never runs dry: passes follow each other forever, and the
-    trainer stops at its step budget.
+    The main process re-cuts pieces into batches of exactly ``per_device_batch_size`` rows. The
+    rows left at the end of a pass that do not fill a batch are dropped and counted
+    (``TrainStream.samples_dropped``; the trainer logs the first drop once): never a short batch
+    into the loss, whose rows would weigh more in the mean and see fewer negatives than a full
+    batch's (sentence-transformers #3420), and never a batch spanning two passes, where a
+    sample could meet itself as its own in-batch negative. The next pass reshuffles, so
+    usually other rows miss it. A rank never runs dry: passes follow each other forever, and
+    the trainer stops at its step budget.
 
     Shards written with ``data prepare --tokenizer`` hold token ids; when the manifest's
     tokenizer fingerprint and ``max_length`` match the loader's, workers pad the stored ids
@@ -21,10 +25,11 @@ How the work is split
 Columns
     A batch is ``{column: {"input_ids", "attention_mask"[, "token_type_ids"]}}`` (b, L_column),
     each column trimmed to its own longest row (:mod:`vascl_scale.data.columns`). The stream
-    reads the columns it is asked for (an objective's ``spec.columns``) that the data has, as
-    its manifest lists them (a text file, ``pipe:`` commands and shards without a manifest are
-    single-text: ``anchor``). With ``data.augment`` the workers make each sample's ``positive``
-    from its anchor (:mod:`vascl_scale.data.augment`), seeded by the sample's place in the pass.
+    reads the columns it is asked for (an objective's ``spec.columns_read``, any number of hard
+    negatives among them) that the data has, as its manifest lists them (a text file, ``pipe:``
+    commands and shards without a manifest are single-text: ``anchor``). With ``data.augment``
+    the workers make each sample's ``positive`` from its anchor (:mod:`vascl_scale.data.augment`),
+    seeded by the sample's place in the pass.
     A sample without one of the columns read is skipped and counted (``samples_missing_field``).
 
 Corrupt, mismatched and missing shards
@@ -40,8 +45,10 @@ Corrupt, mismatched and missing shards
     falsely. A shard file listed in the manifest but absent is counted in ``shards_missing``
     each time it is drawn; when files are missing at start the stream is built only with
     ``on_corrupt="skip"``. With ``on_corrupt="fail"`` every one of these raises
-    :class:`CorruptShardError` instead. A rank that reads no sample in ``MAX_EMPTY_PASSES``
-    consecutive passes raises :class:`CorruptShardError` instead of looping forever.
+    :class:`CorruptShardError` instead. A rank that yields no batch in
+    ``MAX_PASSES_WITHOUT_BATCH`` consecutive passes raises instead of looping forever:
+    :class:`CorruptShardError` when it read no sample, ``ValueError`` when its passes hold
+    fewer rows than one batch.
 
 Resume (``state_dict`` / ``load_state_dict``)
     The stream is a deterministic function of the layout. Same layout: the resumed stream
@@ -79,7 +86,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from vascl_scale.data.augment import AugmentSpec, build_augmenter, check_augmenter
 from vascl_scale.data.columns import ANCHOR, AUGMENTED, POSITIVE, SINGLE_TEXT, TOKEN_KEYS, columns_to_read, sample_fields
-from vascl_scale.data.layout import StreamLayout, seed_of
+from vascl_scale.data.layout import MAX_PASSES_WITHOUT_BATCH, StreamLayout, seed_of
 from vascl_scale.data.shards import (
     PIPE_PREFIX,
     ShardMismatchError,
@@ -96,14 +103,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 STATE_VERSION = 1
-# Consecutive passes without a single readable sample before a rank gives up (instead of spinning).
-MAX_EMPTY_PASSES = 10
 
 
 class CorruptShardError(RuntimeError):
     """A shard could not be read, differs from its manifest entry or is missing, with
     ``on_corrupt="fail"``; or, whatever the policy, a ``pipe:`` command stalled or a rank read no
-    sample in ``MAX_EMPTY_PASSES`` passes."""
+    sample in ``MAX_PASSES_WITHOUT_BATCH`` passes."""
 
 
 # Kinds of bad shard (keys of a piece's event lists): what the warning and error call each.
@@ -362,6 +367,8 @@ class TrainStream:
         self.shards_mismatched = 0
         self.shards_missing = 0
         self.samples_missing_field = 0
+        self.samples_dropped = 0  # the rows at the ends of passes that filled no batch
+        self.first_drop: tuple[int, int] | None = None  # (epoch, rows) of this stream's first drop
         self._started = False
 
     @property
@@ -385,6 +392,7 @@ class TrainStream:
             "data_shards_mismatched": self.shards_mismatched,
             "data_shards_missing": self.shards_missing,
             "data_samples_missing_field": self.samples_missing_field,
+            "data_samples_dropped": self.samples_dropped,
         }
 
     def state_dict(self) -> dict:
@@ -395,6 +403,7 @@ class TrainStream:
             "corrupt_shards_skipped": self.corrupt_shards_skipped,
             "shards_mismatched": self.shards_mismatched,
             "shards_missing": self.shards_missing,
+            "samples_dropped": self.samples_dropped,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -409,22 +418,23 @@ class TrainStream:
         self.corrupt_shards_skipped = int(state.get("corrupt_shards_skipped", 0))
         self.shards_mismatched = int(state.get("shards_mismatched", 0))
         self.shards_missing = int(state.get("shards_missing", 0))
+        self.samples_dropped = int(state.get("samples_dropped", 0))
         self.layout.load_state_dict(state)
 
     def __iter__(self) -> Iterator[dict[str, dict[str, torch.Tensor]]]:
         if self._started:
             raise ValueError("a TrainStream can be iterated once; build another for a second consumer")
         self._started = True
-        # Rows read but not yet yielded: [epoch, first row index in that epoch, per column tensors (rows, L), rows].
+        # Rows of this pass read but not yet yielded: [epoch, first row index in that epoch, per column tensors (rows, L), rows].
         segments: deque[list] = deque()
         pending = 0
         epoch, skip_rows = self.layout.epoch, self.layout.rows_into_epoch
-        empty_passes = 0
+        passes_without_batch = 0
         while True:
             self._dataset.shared_epoch.value = epoch
             # Whole rounds of pieces that are certainly skipped: workers read them without tokenising.
             self._dataset.shared_skip_pieces.value = skip_rows // self.batch_size // self.layout.workers
-            epoch_rows = 0
+            epoch_rows = epoch_batches = 0
             for piece in self._loader:
                 self.corrupt_shards_skipped += len(piece["corrupt"])
                 self.corrupt_shards.update(piece["corrupt"])
@@ -449,10 +459,15 @@ class TrainStream:
                     batch = self._take(segments)
                     pending -= self.batch_size
                     self.layout.batches_yielded += 1
+                    epoch_batches += 1
                     yield batch
-            empty_passes = empty_passes + 1 if epoch_rows == 0 else 0
-            if empty_passes == MAX_EMPTY_PASSES:
-                raise self._ran_dry(epoch)
+            if pending:  # the pass's last rows, too few for a batch (module doc)
+                self._drop(epoch, pending)
+                segments.clear()
+                pending = 0
+            passes_without_batch = passes_without_batch + 1 if epoch_batches == 0 else 0
+            if passes_without_batch == MAX_PASSES_WITHOUT_BATCH:
+                raise self._ran_dry(epoch) if epoch_rows == 0 else self._too_few_rows(epoch, epoch_rows)
             if skip_rows:
                 logger.warning(
                     "resume position is past the end of epoch %d (shards changed?); continuing with the next", epoch
@@ -460,8 +475,22 @@ class TrainStream:
                 skip_rows = 0
             epoch += 1
 
+    def _drop(self, epoch: int, rows: int) -> None:
+        """Count the ``rows`` left at the end of pass ``epoch``, fewer than a batch, as dropped."""
+        self.samples_dropped += rows
+        if self.first_drop is None:
+            self.first_drop = (epoch, rows)
+
+    def _too_few_rows(self, epoch: int, rows: int) -> ValueError:
+        """The error of a rank whose passes hold fewer rows than one batch (all dropped)."""
+        return ValueError(
+            f"rank {self.rank} read {rows} samples in data epoch {epoch}, fewer than its per-device batch of "
+            f"{self.batch_size}, and no full batch in {MAX_PASSES_WITHOUT_BATCH} epochs: a partial batch is dropped, "
+            "not trained on; use more data or a smaller train.global_batch_size"
+        )
+
     def _ran_dry(self, epoch: int) -> CorruptShardError:
-        """The error of a rank that read no sample in ``MAX_EMPTY_PASSES`` passes, naming the
+        """The error of a rank that read no sample in ``MAX_PASSES_WITHOUT_BATCH`` passes, naming the
         corrupt shards (a ``pipe:`` shard names its command)."""
         corrupt = ", ".join(sorted(self.corrupt_shards))
         named = f" (corrupt: {corrupt if len(corrupt) <= 200 else corrupt[:200] + '...'})" if corrupt else ""
@@ -469,7 +498,7 @@ class TrainStream:
         if any(url.startswith(PIPE_PREFIX) for url in self.corrupt_shards):
             hint += "; a pipe: command must write a tar shard (webdataset format) to its output, not text"
         return CorruptShardError(
-            f"rank {self.rank} read no sample in {MAX_EMPTY_PASSES} data epochs up to {epoch}: every shard it "
+            f"rank {self.rank} read no sample in {MAX_PASSES_WITHOUT_BATCH} data epochs up to {epoch}: every shard it "
             f"drew is corrupt, missing or empty{named}; {hint}"
         )
 
@@ -577,7 +606,7 @@ def build_train_stream(
         rank, world_size: this process's global rank and the number of ranks.
         seed: seeds shard order, resampling and shuffle buffers.
         num_nodes: nodes in the run (for ``mode="auto"``).
-        columns: the columns to read where the data has them (the objective's ``spec.columns``;
+        columns: the columns to read where the data has them (the objective's ``spec.columns_read``;
             what it lacks is the objective's to stand in for or refuse); None: all the data has.
     """
     # The section's settings, under the names the stream's code uses.

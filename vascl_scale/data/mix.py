@@ -104,6 +104,12 @@ class MixedStream:
         """``per_batch``: the index of the source that batch ``batch`` (0-based) comes from."""
         return batch_source(self.seed, batch, self.weights)
 
+    @property
+    def first_drop(self) -> tuple[int, int] | None:
+        """(data epoch, samples) of the first end-of-epoch drop of the first source that dropped
+        any, in source order (:attr:`TrainStream.first_drop`)."""
+        return next((stream.first_drop for stream in self.streams.values() if stream.first_drop is not None), None)
+
     def stats(self) -> dict:
         """Counters for the training log: each counter of the sources summed (``data_epoch``,
         meaningless across sources, left out), and per source its samples and epoch."""

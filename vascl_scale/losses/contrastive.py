@@ -56,11 +56,13 @@ def _masked_logits(
     weight: float = 0.0,
 ) -> Tensor:
     """sim / tau (A, C) in ``dtype``, each anchor's own column (``self_index``) at -inf and
-    ``weight`` added to its ``weighted_index`` column (supervised SimCSE's hard negative)."""
+    ``weight`` added to its ``weighted_index`` columns (supervised SimCSE's hard negatives)."""
     logits = anchors.to(dtype) @ candidates.to(dtype).T / temperature  # (A, C)
     rows = torch.arange(anchors.shape[0], device=anchors.device)
     if weighted_index is not None and weight != 0.0:
-        logits = logits.index_put((rows, weighted_index), logits[rows, weighted_index] + weight)  # out of place: autograd
+        assert weighted_index.dim() == 2, weighted_index.shape  # (A, k): k distinct columns per anchor
+        cells = (rows[:, None], weighted_index)  # (A, 1) broadcast against (A, k)
+        logits = logits.index_put(cells, logits[cells] + weight)  # out of place: autograd
     if self_index is None:
         return logits
     is_self = torch.zeros_like(logits, dtype=torch.bool)
@@ -99,8 +101,9 @@ def nt_xent(
     mean over the A anchors of -log softmax(sim / tau)[positive], with the anchor itself
     masked out (the 2M - 1 candidates of Eq. 1 when C is the 2M features of the batch).
     ``self_index`` None: the anchors are not among the candidates (supervised SimCSE), nothing
-    is masked. ``weighted_index`` (A,): a column per anchor whose logit gets ``weight`` added
-    (log space: its exponential is scaled by e^weight; SimCSE's hard_negative_weight).
+    is masked. ``weighted_index`` (A, k): k distinct columns per anchor whose logits get
+    ``weight`` added (log space: their exponentials are scaled by e^weight; SimCSE's
+    hard_negative_weight on an anchor's own hard negatives).
     Past :data:`LOGITS_BLOCK_ELEMENTS` logits, blocks of anchor rows are summed and divided
     by A: the same value and gradient, with one block's logits alive at a time.
     """

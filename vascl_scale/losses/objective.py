@@ -1,7 +1,8 @@
 """One interface for the training objectives, each built from the ``loss`` config section.
 
-An objective is called with this rank's pooled embeddings of its declared inputs (``spec.inputs``,
-:mod:`vascl_scale.losses.spec`), one (b, d) tensor per input in that order, the projection head
+An objective is called with this rank's pooled embeddings of the columns it encodes
+(``spec.encoded_columns(batch)``, :mod:`vascl_scale.losses.spec`: its inputs, then the data's hard
+negatives where it takes them), one (b, d) tensor per column in that order, the projection head
 h and the loss call's generator; it returns an :class:`ObjectiveOutput`. Each projects through the head itself, so a
 training step knows nothing of either. Another objective is a class with the same call, its
 declaration in :data:`vascl_scale.losses.spec.OBJECTIVES` and one entry in
@@ -32,7 +33,7 @@ class ObjectiveOutput:
 
 
 class Objective(Protocol):
-    spec: ObjectiveSpec  # what it encodes (spec.inputs, the order of ``views``) and needs
+    spec: ObjectiveSpec  # what it encodes (spec.encoded_columns, the order of ``views``) and needs
 
     def __call__(
         self,
@@ -41,12 +42,13 @@ class Objective(Protocol):
         generator: torch.Generator | None = None,
         with_stats: bool = False,
     ) -> ObjectiveOutput:
-        """``views``: (b, d) embeddings of this rank's b rows, one per input in ``spec.inputs`` order."""
+        """``views``: (b, d) embeddings of this rank's b rows, one per encoded column, in order."""
         ...
 
-    def model_flops(self, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
-        """FLOPs of one loss call's head passes and similarity products on a rank of ``rows``
-        anchors out of ``global_rows`` (forward and backward; :mod:`vascl_scale.flops`)."""
+    def model_flops(self, views: int, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
+        """FLOPs of one loss call's head passes and similarity products on ``views`` views (the
+        columns encoded) of a rank of ``rows`` anchors out of ``global_rows`` (forward and
+        backward; :mod:`vascl_scale.flops`)."""
         ...
 
 
@@ -82,15 +84,17 @@ class SimCSEObjective:
         loss = simcse_loss(project(head, anchor), project(head, positive), temperature=self.temperature)  # z: (b, D) each
         return _one_term(loss, "simcse", with_stats)
 
-    def model_flops(self, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
+    def model_flops(self, views: int, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
         """Both views through the head (2b rows), their (2b, 2B) logits."""
+        assert views == 2, views  # spec: (anchor, positive)
         return _contrastive_flops(2 * rows, 2 * rows, 2 * global_rows, hidden, out_dim)
 
 
 class SupervisedSimCSEObjective:
-    """Supervised SimCSE (Gao et al. 2021, Eq. 5, see :func:`simcse_sup_loss`): each anchor
-    against its positive, every positive and every hard negative of the global batch its
-    candidates; ``hard_negative_weight`` the paper's alpha on its own hard negative."""
+    """Supervised SimCSE (Gao et al. 2021, Eq. 5, see :func:`simcse_sup_loss`) on (anchor,
+    positive, negative_0, ..., negative_{N-1}), N >= 1 the data's hard-negative columns: each
+    anchor against its positive, every positive and every hard negative of the global batch its
+    candidates; ``hard_negative_weight`` the paper's alpha on its own N hard negatives."""
 
     spec = OBJECTIVES["simcse_sup"]
 
@@ -105,14 +109,15 @@ class SupervisedSimCSEObjective:
         generator: torch.Generator | None = None,
         with_stats: bool = False,
     ) -> ObjectiveOutput:
-        anchor, positive, negative = views  # (b, d) each: h_i, h_i^+, h_i^- before the head
-        z = [project(head, view) for view in (anchor, positive, negative)]  # (b, D) each
+        # (b, d) each: h_i, h_i^+, h_i^{-,1}, ..., h_i^{-,N} before the head -> (b, D) each
+        z = [project(head, view) for view in views]
         loss = simcse_sup_loss(*z, temperature=self.temperature, hard_negative_weight=self.hard_negative_weight)
         return _one_term(loss, "simcse_sup", with_stats)
 
-    def model_flops(self, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
-        """The three columns through the head (3b rows), the b anchors' (b, 2B) logits."""
-        return _contrastive_flops(3 * rows, rows, 2 * global_rows, hidden, out_dim)
+    def model_flops(self, views: int, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
+        """The n = 2 + N columns through the head (n b rows), the b anchors' (b, (1 + N) B) logits."""
+        assert views >= 3, views  # spec: anchor, positive and at least one hard negative
+        return _contrastive_flops(views * rows, rows, (views - 1) * global_rows, hidden, out_dim)
 
 
 class VaSCLObjective:
@@ -136,10 +141,11 @@ class VaSCLObjective:
         terms = {"simcse": out.simcse.detach(), "neighbourhood": out.neighbourhood.detach()}
         return ObjectiveOutput(out.loss, terms, out.stats)
 
-    def model_flops(self, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
+    def model_flops(self, views: int, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
         """Eq. 1's passes, the (b, B) neighbour search, per power iteration a head forward and
         its input gradient on b rows, and z* forward and backward; the products with the k
         neighbours (b x 2k x D) are left out."""
+        assert views == 2, views  # spec: (anchor, positive)
         search = 2 * rows * global_rows * hidden
         power = self.settings["power_iters"] * 2 * head_forward_flops(rows, hidden, out_dim)
         augmented = 3 * head_forward_flops(rows, hidden, out_dim)

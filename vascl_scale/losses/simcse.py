@@ -52,46 +52,58 @@ def simcse_loss(z1: Tensor, z2: Tensor, temperature: float = 0.05) -> Tensor:
     return simcse_from_gathered(local, gathered, rank, temperature)
 
 
-def simcse_sup_indices(rows: int, rank: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Candidate indices of this rank's b anchors in the gathered ``cat(z_positive, z_negative)`` blocks.
+def simcse_sup_indices(rows: int, negatives: int, rank: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Candidate indices of this rank's b anchors in the gathered ``cat(z_positive, z_negative_0, ...)`` blocks.
 
-    Each rank contributes one block of 2b candidate rows, [positives (b); hard negatives (b)],
-    so the gathered candidates are (W * 2b, D) laid out as :func:`vascl_scale.distributed.block_row`
-    says. Returns (positive_index, hard_negative_index), both (b,): anchor i's own positive
-    and its own hard negative.
+    Each rank contributes one block of (1 + N) b candidate rows, [positives (b); hard negatives 0
+    (b); ...; hard negatives N - 1 (b)], so the gathered candidates are (W (1 + N) b, D) laid out
+    as :func:`vascl_scale.distributed.block_row` says (view 0 the positives, view 1 + j hard
+    negative j). Returns (positive_index (b,), hard_negative_index (b, N)): anchor i's own
+    positive and its own N hard negatives.
     """
     local = torch.arange(rows, device=device)
-    positive_index = distributed.block_row(rank, 0, local, 2, rows)  # (b,)
-    hard_negative_index = distributed.block_row(rank, 1, local, 2, rows)  # (b,)
+    views = 1 + negatives
+    positive_index = distributed.block_row(rank, 0, local, views, rows)  # (b,)
+    hard_negative_index = torch.stack(
+        [distributed.block_row(rank, 1 + j, local, views, rows) for j in range(negatives)], dim=1
+    )  # (b, N)
     return positive_index, hard_negative_index
 
 
 def simcse_sup_loss(
-    z_anchor: Tensor, z_positive: Tensor, z_negative: Tensor, temperature: float = 0.05, hard_negative_weight: float = 0.0
+    z_anchor: Tensor, z_positive: Tensor, *z_negatives: Tensor, temperature: float = 0.05, hard_negative_weight: float = 0.0
 ) -> Tensor:
-    """Supervised SimCSE (Gao et al. 2021, Eq. 5), mean over the B anchors of the global batch.
+    """Supervised SimCSE (Gao et al. 2021, Eq. 5) with N >= 1 hard negatives per anchor, mean
+    over the B anchors of the global batch.
 
-    z_anchor, z_positive, z_negative: (b, D) L2-normalised features of this rank's b triplets
-    (h_i, h_i^+, h_i^-). Anchor i is scored against every positive and every hard negative of
-    the global batch (2B candidates; anchors are not candidates):
+    z_anchor, z_positive and each of the N ``z_negatives``: (b, D) L2-normalised features of this
+    rank's b tuples (h_i, h_i^+, h_i^{-,1}, ..., h_i^{-,N}; N = 1 is SimCSE's NLI triplets, N > 1
+    the n-tuples of sentence-transformers' MultipleNegativesRankingLoss). Anchor i is scored
+    against every positive and every hard negative of the global batch ((1 + N) B candidates;
+    anchors are not candidates):
 
         l_i = -log e^{sim(h_i, h_i^+) / tau}
-              / sum_j (e^{sim(h_i, h_j^+) / tau} + e^{sim(h_i, h_j^-) / tau + alpha [i = j]})
+              / sum_j (e^{sim(h_i, h_j^+) / tau} + sum_n e^{sim(h_i, h_j^{-,n}) / tau + alpha [i = j]})
 
-    alpha = ``hard_negative_weight``, added in log space to the logit of the anchor's own hard
-    negative only, as ``cl_forward`` in princeton-nlp/SimCSE adds its ``hard_negative_weight``
-    to the diagonal of the hard-negative block (0: Eq. 5 as printed). Under torch.distributed
-    with W > 1 the candidates are all-gathered with gradient, one block per rank: the mean over
-    ranks of the returned value (what DDP's gradient averaging takes) equals the
-    single-process loss on the concatenated batch, as for :func:`simcse_loss`.
+    alpha = ``hard_negative_weight``, added in log space to the logits of the anchor's own hard
+    negatives only, all N of them, as ``cl_forward`` in princeton-nlp/SimCSE adds its
+    ``hard_negative_weight`` to the diagonal of its one hard-negative block (0: Eq. 5 as
+    printed). Under torch.distributed with W > 1 the candidates are all-gathered with gradient
+    in one gather of one block per rank: the mean over ranks of the returned value (what DDP's
+    gradient averaging takes) equals the single-process loss on the concatenated batch, as for
+    :func:`simcse_loss`.
     """
+    if not z_negatives:
+        raise ValueError("supervised SimCSE needs at least one hard negative per anchor (z_negatives); got none")
     check_features("z_anchor", z_anchor, "z_positive", z_positive)
-    check_features("z_anchor", z_anchor, "z_negative", z_negative)
+    for index, z_negative in enumerate(z_negatives):
+        check_features("z_anchor", z_anchor, f"z_negatives[{index}]", z_negative)
     check_temperature(temperature)
     check_hard_negative_weight(hard_negative_weight)
     rank, _ = distributed.world()
     rows = z_anchor.shape[0]
     distributed.require_equal_rows(rows)
-    candidates = distributed.all_gather_with_grad(torch.cat([z_positive, z_negative], dim=0))  # (2b, D) -> (W * 2b, D)
-    positive_index, hard_negative_index = simcse_sup_indices(rows, rank, z_anchor.device)
+    local = torch.cat([z_positive, *z_negatives], dim=0)  # ((1 + N) b, D), view-major as block_row reads it
+    candidates = distributed.all_gather_with_grad(local)  # (W (1 + N) b, D)
+    positive_index, hard_negative_index = simcse_sup_indices(rows, len(z_negatives), rank, z_anchor.device)
     return nt_xent(z_anchor, candidates, positive_index, None, temperature, hard_negative_index, hard_negative_weight)

@@ -1,27 +1,31 @@
 """The objectives' declarations, without torch: the one place that names them and what they need.
 
 Each entry of :data:`OBJECTIVES` says which data columns (:mod:`vascl_scale.data.columns`) the
-objective encodes, in order (its ``inputs``: the views it is called with, see
-:class:`vascl_scale.losses.objective.Objective`), what stands in
-for an input the data lacks, and the rules its settings obey beyond each key's own. The config
-validates a run with it (:mod:`vascl_scale.config`: a known name, the rules), the launcher checks
-the data's columns against it before any worker starts, the training stream reads the columns
-it names and the training step encodes its inputs; the maths is in the modules beside this one.
+objective encodes, in order: its ``inputs``, then, with ``hard_negatives``, every hard-negative
+column the data has (``negative_0`` ... ``negative_{N-1}``, N >= 1: the n-tuples of
+sentence-transformers' MultipleNegativesRankingLoss). Those are the views it is called with
+(:meth:`ObjectiveSpec.encoded_columns`, :class:`vascl_scale.losses.objective.Objective`), so
+their number depends on the data. An entry also says what stands in for an input the data
+lacks, and the rules its settings obey beyond each key's own. The config validates a run with
+it (:mod:`vascl_scale.config`: a known name, the rules), the launcher checks the data's columns
+against it before any worker starts, the training stream reads the columns it names
+(:meth:`ObjectiveSpec.columns_read`), the trainer logs the data's columns it leaves unread and the
+training step encodes its views; the maths is in the modules beside this one.
 
 SimCSE and VaSCL encode (anchor, positive). Where the data has no positive column (single-text
 sentences), the anchor stands in for it: the same tokens encoded a second time, under another
 dropout mask, the second view of unsupervised SimCSE. With ``data.augment`` the loader makes
 the positive column from the anchor (:mod:`vascl_scale.data.augment`). Supervised SimCSE
-encodes (anchor, positive, negative_0), SimCSE's NLI triplets, and has no stand-ins: data
-without a positive and a hard negative is refused.
+encodes (anchor, positive, negative_0, ..., negative_{N-1}): SimCSE's NLI triplets are N = 1. It
+has no stand-ins: data without a positive and at least one hard negative is refused.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping, Sequence
 
-from vascl_scale.data.columns import ANCHOR, POSITIVE, negative
+from vascl_scale.data.columns import ANCHOR, POSITIVE, negative, negative_columns
 from vascl_scale.losses.rules import (
     check_hard_negative_weight,
     check_neighbour_count,
@@ -42,19 +46,35 @@ class ObjectiveSpec:
     """What one objective encodes and needs; see the module docstring."""
 
     name: str
-    inputs: tuple[str, ...]  # the columns encoded, in order: the objective's views
+    inputs: tuple[str, ...]  # the columns encoded first, in order: the objective's first views
     stand_ins: Mapping[str, str] = field(default_factory=dict)  # input -> the column encoded when the data lacks it
+    # After the inputs, every hard-negative column the data has, in order (at least one).
+    hard_negatives: bool = False
     # Rules on the settings and the global batch that no single key's check can make (ValueError).
     rules: Callable[[Settings, int], None] = _no_rules
 
-    @property
-    def columns(self) -> tuple[str, ...]:
-        """Every column the objective reads from the data when it is there."""
-        return self.inputs
+    def negatives(self, available: Collection[str]) -> tuple[str, ...]:
+        """The hard-negative columns of ``available`` it encodes after its inputs, in order."""
+        return negative_columns(available) if self.hard_negatives else ()
+
+    def columns_read(self, available: Sequence[str]) -> tuple[str, ...]:
+        """The columns of ``available`` (the data's, in its order) that it reads: its inputs and
+        hard negatives there."""
+        wanted = {*self.inputs, *self.negatives(available)}
+        return tuple(column for column in available if column in wanted)
+
+    def unread_columns(self, available: Sequence[str]) -> tuple[str, ...]:
+        """The columns of ``available`` that it does not read (the training log names them)."""
+        read = self.columns_read(available)
+        return tuple(column for column in available if column not in read)
 
     def missing_columns(self, available: Collection[str]) -> tuple[str, ...]:
-        """The columns it needs that ``available`` has neither of nor a stand-in for."""
-        return tuple(c for c in self.columns if c not in available and self.stand_ins.get(c) not in available)
+        """The columns it needs that ``available`` has neither of nor a stand-in for (with
+        ``hard_negatives``, ``negative_0`` when the data has no hard negative)."""
+        missing = [c for c in self.inputs if c not in available and self.stand_ins.get(c) not in available]
+        if self.hard_negatives and not self.negatives(available):
+            missing.append(negative(0))
+        return tuple(missing)
 
     def check_columns(self, available: Collection[str], where: str) -> None:
         """ValueError naming the objective and the columns missing from ``where`` (the data)."""
@@ -67,9 +87,10 @@ class ObjectiveSpec:
             )
 
     def encoded_columns(self, available: Collection[str]) -> tuple[str, ...]:
-        """The column encoded for each input, in order: the input itself, else its stand-in."""
+        """The column encoded for each view, in order: each input itself, else its stand-in; then
+        the hard negatives. ``available``: the data's columns, or a batch (its keys)."""
         self.check_columns(available, "the batch")
-        return tuple(c if c in available else self.stand_ins[c] for c in self.inputs)
+        return tuple(c if c in available else self.stand_ins[c] for c in self.inputs) + self.negatives(available)
 
 
 def _vascl_rules(settings: Settings, global_batch_size: int) -> None:
@@ -84,8 +105,8 @@ _POSITIVE_OR_ANCHOR = {POSITIVE: ANCHOR}
 OBJECTIVES: dict[str, ObjectiveSpec] = {
     "vascl": ObjectiveSpec("vascl", (ANCHOR, POSITIVE), stand_ins=_POSITIVE_OR_ANCHOR, rules=_vascl_rules),
     "simcse": ObjectiveSpec("simcse", (ANCHOR, POSITIVE), stand_ins=_POSITIVE_OR_ANCHOR),
-    # One hard negative per anchor, as SimCSE's NLI triplets (sent0, sent1, hard_neg).
-    "simcse_sup": ObjectiveSpec("simcse_sup", (ANCHOR, POSITIVE, negative(0))),
+    # Every hard negative the data has, N >= 1: SimCSE's NLI triplets (sent0, sent1, hard_neg) are N = 1.
+    "simcse_sup": ObjectiveSpec("simcse_sup", (ANCHOR, POSITIVE), hard_negatives=True),
 }
 
 
@@ -94,6 +115,11 @@ def objective_spec(name: str, key: str = "objective") -> ObjectiveSpec:
     if name not in OBJECTIVES:
         raise ValueError(f"{key} must be one of {', '.join(repr(n) for n in OBJECTIVES)}; got {name!r}")
     return OBJECTIVES[name]
+
+
+def objectives_reading_all(available: Sequence[str]) -> tuple[str, ...]:
+    """The objectives that read every column of ``available`` and need no other."""
+    return tuple(name for name, spec in OBJECTIVES.items() if not spec.unread_columns(available) and not spec.missing_columns(available))
 
 
 def check_loss_settings(settings: Settings) -> None:

@@ -1,7 +1,8 @@
 """One training step, written once: what ``vascl-scale train`` runs and every benchmark measures.
 
-A loss call: the configured objective (:func:`vascl_scale.losses.build_objective`) declares its
-inputs, n data columns (``spec.inputs``, :mod:`vascl_scale.losses.spec`); the batch holds this
+A loss call: the configured objective (:func:`vascl_scale.losses.build_objective`) declares the
+n data columns it encodes (``spec.encoded_columns(batch)``, :mod:`vascl_scale.losses.spec`: its
+inputs, then with supervised SimCSE every hard negative of the batch); the batch holds this
 rank's b rows of each column (:mod:`vascl_scale.data.columns`), and an input the data lacks is
 encoded from its stand-in (SimCSE's and VaSCL's positive: the anchor again, so that dropout
 gives the second view; with ``data.augment`` the loader made the positive). The n views are
@@ -141,14 +142,15 @@ class TrainingStep:
         # tokenizer (the benchmarks', the tests') is right-padded with id 0.
         self.padding = Padding.of(module.tokenizer) if module.tokenizer is not None else Padding()
 
-    def loss_call_flops(self, tokens: int) -> int:
-        """Model FLOPs of one loss call on this device, every view (b, tokens): the encoder's
-        forward and backward of the n views and the objective's head passes (vascl_scale.flops)."""
+    def loss_call_flops(self, views: int, tokens: int) -> int:
+        """Model FLOPs of one loss call on this device, each of its n = ``views`` views (b, tokens):
+        the encoder's forward and backward of the n views and the objective's head passes and
+        similarity products (vascl_scale.flops)."""
         if self.encoder_shape is None:
             return 0
-        rows, head, views = self.per_device_batch, self.head, len(self.objective.spec.inputs)
+        rows, head, global_rows = self.per_device_batch, self.head, self.per_device_batch * self.accelerator.num_processes
         encoder = 3 * self.encoder_shape.forward_flops(views * rows, tokens)
-        return encoder + self.objective.model_flops(rows, rows * self.accelerator.num_processes, head.hidden_size, head.out_dim)
+        return encoder + self.objective.model_flops(views, rows, global_rows, head.hidden_size, head.out_dim)
 
     @property
     def head(self) -> torch.nn.Module:
@@ -270,7 +272,7 @@ class TrainingStep:
             with acc.accumulate(self.model), self.model.no_sync() if self.ddp and not acc.sync_gradients else nullcontext():
                 call = step * accum + micro
                 batch = next(batches)
-                flops += self.loss_call_flops(self.view_width(batch))
+                flops += self.loss_call_flops(len(self.objective.spec.encoded_columns(batch)), self.view_width(batch))
                 if self.chunk_size:
                     out = self.cached_loss_call(batch, call, step, with_stats)
                 else:

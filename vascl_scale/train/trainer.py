@@ -29,7 +29,7 @@ from torch import Tensor
 from vascl_scale.config import RunConfig, save_config
 from vascl_scale.flops import tflops_and_mfu
 from vascl_scale.losses import build_objective
-from vascl_scale.losses.spec import objective_spec
+from vascl_scale.losses.spec import ObjectiveSpec, objective_spec, objectives_reading_all
 from vascl_scale.model import SentenceEncoder
 from vascl_scale.precision import train_precision
 from vascl_scale.train.atomic import replace_directory, staging_directory
@@ -190,10 +190,19 @@ def lock_run_dir(accelerator, run_dir: Path) -> RunDirectoryLock | None:
 
 def build_stream(config: RunConfig, tokenizer, rank: int, world_size: int, per_device_batch: int):
     """This rank's training stream, from the ``data`` section (one source, or a mix of several):
-    the columns the objective reads."""
+    the columns the objective reads (the data's other columns are named in the log)."""
     from vascl_scale.data.loader import build_train_stream
     from vascl_scale.data.mix import build_mixed_stream
+    from vascl_scale.data.shards import source_columns
 
+    spec = objective_spec(config.objective)
+    data = config.data
+    sources = {f"data.train[{i}] ({name})": s.source for i, (s, name) in enumerate(zip(data.train, data.source_names()))} if data.mixed else {"data.train": data.train}
+    # The launcher checked that every source gives the objective the same columns.
+    available_by_source = {where: source_columns(source) for where, source in sources.items()}
+    for where, available in available_by_source.items():
+        _log_unread_columns(spec, available, where)
+    available = next(iter(available_by_source.values()))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     build = build_mixed_stream if config.data.mixed else build_train_stream
     return build(
@@ -204,7 +213,24 @@ def build_stream(config: RunConfig, tokenizer, rank: int, world_size: int, per_d
         world_size=world_size,
         seed=config.train.seed,
         num_nodes=max(1, world_size // local_world),
-        columns=objective_spec(config.objective).columns,
+        columns=spec.columns_read(available),
+    )
+
+
+def _log_unread_columns(spec: ObjectiveSpec, available: tuple[str, ...], where: str) -> None:
+    """One line naming the columns of the data ``where`` (``available``) that the objective does not read,
+    if any: hard negatives that a user may believe are trained on are ignored by SimCSE and VaSCL."""
+    unread = spec.unread_columns(available)
+    if not unread:
+        return
+    readers = [name for name in objectives_reading_all(available) if name != spec.name]
+    logger.info(
+        "data: %s has the column(s) %s, which objective %r does not read: they are ignored (it reads %s)%s",
+        where,
+        ", ".join(unread),
+        spec.name,
+        ", ".join(spec.columns_read(available)),
+        f"; every column is read by {' or '.join(repr(name) for name in readers)}" if readers else "",
     )
 
 
@@ -246,7 +272,6 @@ def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume
     if acc.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(config, run_dir / "config.yaml")
-    _log_batch_arithmetic(config, world_size, per_device_batch)
     if frozen:
         logger.info("frozen (no gradient from the loss): %s", ", ".join(frozen))
 
@@ -268,6 +293,7 @@ def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume
         precision=train_precision(config.train.precision),
     )
     stream = build_stream(config, model.tokenizer, acc.process_index, world_size, per_device_batch)
+    _log_batch_arithmetic(config, world_size, per_device_batch, len(step.objective.spec.encoded_columns(stream.columns)))
     if resume_from is not None:
         stream.load_state_dict(load_checkpoint(acc, resume_from))
         scheduler.load_state_dict(state.scheduler)
@@ -275,7 +301,8 @@ def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume
     return Trainer(config, step, scheduler, stream, state, run_dir, stsb_dev_pairs(config), run_lock)
 
 
-def _log_batch_arithmetic(config: RunConfig, world_size: int, per_device_batch: int) -> None:
+def _log_batch_arithmetic(config: RunConfig, world_size: int, per_device_batch: int, views: int) -> None:
+    """The global and per-device batch, and what one encoder forward holds (``views``: the columns encoded)."""
     cfg = config.train
     logger.info(
         "global contrastive batch %d sentences = %d ranks x %d per device; %s",
@@ -287,7 +314,6 @@ def _log_batch_arithmetic(config: RunConfig, world_size: int, per_device_batch: 
         else f"gradient accumulation x{cfg.grad_accum_steps}: {cfg.global_batch_size * cfg.grad_accum_steps} "
         f"sentences per update, but each loss still sees only {cfg.global_batch_size} (accumulation adds no negatives)",
     )
-    views = len(objective_spec(config.objective).inputs)
     rows = rows_per_forward(per_device_batch, cfg.chunk_size, views)
     if cfg.chunk_size == 0:
         logger.info(
@@ -336,6 +362,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.dev_pairs = dev_pairs
         self.run_lock = run_lock  # held for the life of the trainer
+        self.drop_logged = False  # the stream's dropped partial batches are logged once
 
     def _mean_over_ranks(self, stats: dict[str, float]) -> dict[str, float]:
         names = sorted(stats)
@@ -491,6 +518,8 @@ class Trainer:
         data = self._mean_over_ranks({k: float(v) for k, v in self.stream.stats().items()})
         for name, value in data.items():
             values[f"data/{name.removeprefix('data_')}"] = value if name.startswith("data_epoch") else value * self.world_size
+        if values["data/samples_dropped"] > 0 and not self.drop_logged:
+            self._log_first_drop(step, int(round(values["data/samples_dropped"])))
         if window.flops:  # rank 0's device; every rank runs the same shapes but its own padding
             values["tflops_per_device"], mfu = tflops_and_mfu(window.flops, window.seconds, self.config.train.peak_tflops)
             if mfu is not None:
@@ -503,6 +532,23 @@ class Trainer:
         if "tflops_per_device" in values:
             summary += f" | {values['tflops_per_device']:.3g} TFLOP/s" + (f", MFU {values['mfu']:.1%}" if "mfu" in values else "")
         metrics.log(step, values, summary)
+
+    def _log_first_drop(self, step: int, dropped: int) -> None:
+        """One line, the first time the ranks' streams dropped the end of a data epoch."""
+        self.drop_logged = True
+        if not self.accelerator.is_main_process:
+            return
+        first = self.stream.first_drop
+        where = f"; rank 0 dropped {first[1]} at the end of data epoch {first[0]}" if first is not None else ""
+        logger.info(
+            "data: %d samples dropped by step %d%s: the rows left at the end of a data epoch that do not fill a "
+            "per-device batch of %d are not trained on (a partial batch would weigh its rows more in the loss "
+            "and give them fewer negatives); the next epoch reshuffles. Counted in data/samples_dropped; logged once",
+            dropped,
+            step,
+            where,
+            self.stream.batch_size,
+        )
 
 
 @dataclass
