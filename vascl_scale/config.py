@@ -109,7 +109,9 @@ class DataConfig(_Strict):
     train: NonEmpty
     max_length: int = Field(32, ge=2)  # tokens per sentence after truncation
     num_workers: int = Field(2, ge=0)  # data-loader worker processes per rank (0: in the trainer's process)
-    mode: Literal["auto", "exact", "resampled"] = "auto"
+    # "global": every rank reads the one-process stream and keeps its rows of each global batch,
+    # so the global batches do not depend on the number of ranks (W times the reading).
+    mode: Literal["auto", "exact", "resampled", "global"] = "auto"
     shuffle_buffer: int = Field(10000, ge=0)  # samples in each worker's shuffle buffer; 0 (or 1): no shuffle
     on_corrupt: Literal["skip", "fail"] = "skip"
     allow_pipe: bool = False  # ``pipe:`` sources run a shell command: opt in explicitly
@@ -130,6 +132,17 @@ class DataConfig(_Strict):
     def _augmentation(self) -> "DataConfig":
         if self.augment == "ctxt" and not self.augment_model:
             raise ValueError("data.augment = ctxt needs data.augment_model: a masked language model directory or hub id")
+        return self
+
+    @model_validator(mode="after")
+    def _global_mode_fails_on_corrupt_shards(self) -> "DataConfig":
+        # Skipping a shard that one rank failed to read (a transient error) would shift that
+        # rank's stream alone: its rows would no longer be its part of the others' global batch.
+        if self.mode == "global" and self.on_corrupt != "fail":
+            raise ValueError(
+                "data.mode = global needs data.on_corrupt = fail: every rank reads the same stream, and a shard "
+                "skipped on one rank only would shift its rows against the others'; set data.on_corrupt: fail"
+            )
         return self
 
     def augment_spec(self) -> AugmentSpec:

@@ -482,11 +482,13 @@ class Trainer:
             "lr/encoder": self.scheduler.get_last_lr()[0],
             "lr/head": self.scheduler.get_last_lr()[1],
         }
-        # Data counters (samples read, corrupt shards skipped, ...) summed over ranks, so that
-        # nothing the stream drops goes unreported; the epoch is the mean over ranks.
+        # Data counters (samples read, corrupt shards skipped, ...) summed over the distinct
+        # streams read (the ranks; one in global mode, where every rank reads the same), so that
+        # nothing the stream drops goes unreported and nothing is counted twice; the epoch is the
+        # mean over ranks.
         data = self._mean_over_ranks({k: float(v) for k, v in self.stream.stats().items()})
         for name, value in data.items():
-            values[f"data/{name.removeprefix('data_')}"] = value if name == "data_epoch" else value * self.world_size
+            values[f"data/{name.removeprefix('data_')}"] = value if name == "data_epoch" else value * self.stream.readers
         if window.flops:  # rank 0's device; every rank runs the same shapes but its own padding
             values["tflops_per_device"], mfu = tflops_and_mfu(window.flops, window.seconds, self.config.train.peak_tflops)
             if mfu is not None:
