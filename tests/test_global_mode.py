@@ -8,6 +8,7 @@ through the real CLI (as in test_train), with dropout off: dropout masks are dra
 from __future__ import annotations
 
 import json
+import math
 from itertools import islice
 
 import pytest
@@ -126,3 +127,105 @@ def test_global_mode_needs_failing_on_corrupt_shards_and_one_shard_per_worker_an
     exact = _stream(make_shards(tmp_path / "four", sentences(40), shard_size=10), tokenizer, 1, 2, mode="exact")
     _rank_batches(exact, 5)
     assert exact.readers == 2 and exact.stats()["data_samples"] == 5 * 8
+
+
+# --- training through the real CLI: W ranks end with the one-process run's weights ---
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """test_train's workspace with a dropout-free tiny model (dropout masks are per rank), and triplets."""
+    import random
+
+    from tests.test_train import WORDS, write_dev_tsv, write_texts, write_tiny_model
+
+    root = tmp_path_factory.mktemp("global-train")
+    write_tiny_model(root / "model", dropout=0.0)
+    write_texts(root / "train.txt")
+    write_dev_tsv(root / "dev.tsv")
+    rng = random.Random(3)
+    columns = ("anchor", "positive", "negative_0")
+    rows = [{column: " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) for column in columns} for _ in range(96)]
+    make_paired_shards(root / "triplets", rows, shard_size=24)
+    return root
+
+
+# One source per objective: unsupervised on lines of text (dropout off: both views are equal,
+# the negatives still train), supervised on triplet shards.
+OBJECTIVES = {"simcse": "train.txt", "vascl": "train.txt", "simcse_sup": "triplets"}
+
+
+def _train(workspace, directory, objective: str, *extra: str, stop_at: int | None = None):
+    """4 steps of a global batch of 16 in global mode, stopped after ``stop_at`` steps and
+    resumed when given (the last launch's result, the metrics records, the run).
+
+    Learning rates 200x the defaults, so that the update dwarfs float noise; Adam's eps 1e-6,
+    not 1e-8: attention key biases get no gradient in exact arithmetic (softmax ignores a shift
+    of a whole row), and with eps 1e-8 Adam turns their float noise (~1e-10, other in every
+    reduction order) into steps of up to lr.
+    """
+    from tests.test_train import run_train, write_config
+
+    data = {"train": str(workspace / OBJECTIVES[objective]), "mode": "global", "on_corrupt": "fail"}
+    optim = {"lr": 1e-3, "head_lr": 1e-2, "adam_eps": 1e-6}
+    config = write_config(workspace, directory / "config.yaml", objective=objective, data=data, optim=optim, eval={"every_steps": 0})
+    run = directory / "run"
+    if stop_at is not None:
+        run_train(config, run, *extra, "--max-steps", str(stop_at), timeout=420)
+        extra = (*extra, "--resume")
+    result = run_train(config, run, *extra, timeout=420)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return result, records, run
+
+
+def _encoder_distance(weights: dict[str, torch.Tensor], other: dict[str, torch.Tensor]) -> float:
+    """The L2 distance between two encoders' weights (the keys of ``other``), in float64."""
+    return math.sqrt(sum(float(((weights[name].double() - other[name].double()) ** 2).sum()) for name in other))
+
+
+@pytest.fixture(scope="module")
+def one_process_runs(workspace, tmp_path_factory):
+    """Each objective's one-process run, trained once for every test that compares with it."""
+    runs: dict[str, object] = {}
+
+    def run_of(objective: str):
+        if objective not in runs:
+            runs[objective] = _train(workspace, tmp_path_factory.mktemp(f"one-{objective}"), objective)[2]
+        return runs[objective]
+
+    return run_of
+
+
+def _assert_same_run(workspace, tmp_path, one_process_runs, objective: str, *engine: str, stop_at: int | None = None) -> None:
+    from safetensors.torch import load_file
+
+    from tests.test_train import assert_same_weights, final_weights
+
+    result, records, run = _train(workspace, tmp_path, objective, "--num-processes", "2", *engine, stop_at=stop_at)
+    assert "global mode, rank 0 of 2" in result.stderr and "rows 0-7 of each global batch of 16" in result.stderr
+    assert stop_at is None or f"at step {stop_at}" in result.stderr  # resumed
+    # The run used 4 global batches of 16 rows (each rank read all 64), not 2 x 64.
+    assert records[-1]["step"] == 4 and records[-1]["data/samples"] == 64
+    reference = one_process_runs(objective)
+    assert_same_weights(run, reference, atol=1e-5)  # the largest steps: 4e-3 (encoder), 4e-2 (head)
+    # Measured on this tiny model: 2 ranks differ from 1 process by 1.5e-6 to 3e-6 of its update in
+    # global mode, by 84% in exact mode (each rank its own shards: other batches).
+    initial = load_file(str(workspace / "model" / "model.safetensors"))
+    trained = final_weights(reference)
+    gap = _encoder_distance(final_weights(run), {name: trained[name] for name in initial})
+    assert gap < 1e-4 * _encoder_distance(trained, initial)
+
+
+# The supervised run is stopped after 2 steps and resumed: each rank's data state continues the
+# one stream exactly.
+@pytest.mark.parametrize("objective,stop_at", [("simcse", None), ("vascl", None), ("simcse_sup", 2)])
+def test_two_ddp_ranks_in_global_mode_end_with_the_one_process_weights(workspace, tmp_path, one_process_runs, objective, stop_at):
+    _assert_same_run(workspace, tmp_path, one_process_runs, objective, stop_at=stop_at)
+
+
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("objective", ["simcse", "simcse_sup"])
+def test_two_zero2_ranks_in_global_mode_end_with_the_one_process_weights(workspace, tmp_path, one_process_runs, objective):
+    from tests.test_train import ZERO2
+
+    _assert_same_run(workspace, tmp_path, one_process_runs, objective, "--deepspeed", ZERO2)

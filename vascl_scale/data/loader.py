@@ -50,18 +50,20 @@ Corrupt, mismatched and missing shards
 Resume (``state_dict`` / ``load_state_dict``)
     The stream is a deterministic function of the layout. Same layout: the resumed stream
     continues *exactly* where the saved one stopped: the same batches in the same order as an
-    uninterrupted run, in both modes. Workers replay the partly consumed epoch, tokenising only
+    uninterrupted run, in every mode. Workers replay the partly consumed epoch, tokenising only
     the last few pieces before the resume point (cost: reading at most one epoch of this rank's
     shards). A state saved on another rank is also exact when sample counts are known (a
     manifest, also one next to listed shards, or a text file), because positions are
     recomputed from the batch count, which all ranks share; with unknown counts (``pipe:`` or
-    foreign shards) each rank must load its own state. Exactness also assumes that the same
-    shards are corrupt as before.
-    Changed layout (other world size, workers, batch size, seed, mode or shards): the stream
-    restarts the saved epoch from its beginning under the new layout -- statistically
-    equivalent, not exact: in exact mode, samples seen before the checkpoint in that epoch
-    are seen again, none is missed. In resampled mode every continuation is statistically
-    equivalent anyway (shards drawn with replacement).
+    foreign shards) each rank must load its own state. In global mode any rank's state is
+    exact, and the layout holds the global batch, not how it is split: every rank stands where
+    the one stream stands. Exactness also assumes that the same shards are corrupt as before.
+    Changed layout (other world size or batch size -- in global mode the global batch --,
+    workers, seed, mode or shards): the stream restarts the saved epoch from its beginning
+    under the new layout -- statistically equivalent, not exact: in exact and global mode,
+    samples seen before the checkpoint in that epoch are seen again, none is missed. In
+    resampled mode every continuation is statistically equivalent anyway (shards drawn with
+    replacement).
 """
 
 from __future__ import annotations
