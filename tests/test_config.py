@@ -90,7 +90,7 @@ def test_defaults_follow_appendix_a() -> None:
         (minimal(objective="moco"), "objective must be one of 'vascl', 'simcse', 'simcse_sup'; got 'moco'"),
         (minimal(loss={"hard_negative_weight": "heavy"}), "loss.hard_negative_weight must be a number; got 'heavy'"),
         (minimal(model={"pooling": "max"}), "model.pooling must be one of 'mean', 'cls'"),
-        (minimal(data={"mode": "random"}), "data.mode must be one of 'auto', 'exact', 'resampled'"),
+        (minimal(data={"mode": "random"}), "data.mode must be one of 'auto', 'exact', 'resampled', 'global'"),
         (minimal(loss={"k": 1023}), "loss.k must be < train.global_batch_size - 1 = 1023"),
         (minimal(loss={"temperature": 0}), "loss.temperature must be > 0"),
         (minimal(train={"global_batch_size": "big"}), "train.global_batch_size must be an integer"),
@@ -266,7 +266,7 @@ def test_numbers_take_ints_and_numeric_strings_and_sections_validate_alone() -> 
     assert (config.optim.lr, config.optim.head_lr) == (5e-6, 1.0) and isinstance(config.optim.head_lr, float)
     assert config.data.shuffle_buffer == 0  # no shuffle, as the loader reads it
     # Built in Python, a section fails with the messages of a config file.
-    with pytest.raises(ValueError, match=r"^data.mode must be one of 'auto', 'exact', 'resampled'; got 'fast'$"):
+    with pytest.raises(ValueError, match=r"^data.mode must be one of 'auto', 'exact', 'resampled', 'global'; got 'fast'$"):
         DataConfig(train="x", mode="fast")
     with pytest.raises(ValueError, match=r"^unknown key loss.kk; allowed keys in loss: detach, "):
         LossConfig(kk=1)

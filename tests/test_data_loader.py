@@ -56,13 +56,13 @@ def captured_warnings(caplog):
         logger.removeHandler(caplog.handler)
 
 
-def _stream(source, tokenizer, rank=0, world_size=1, seed=5, num_nodes=1, columns=None, **data):
-    """A stream of ``source`` with the ``data`` section's settings given as keywords."""
+def _stream(source, tokenizer, rank=0, world_size=1, seed=5, num_nodes=1, columns=None, batch=BATCH, **data):
+    """A stream of ``source`` (``batch`` rows per rank) with the ``data`` section's settings given as keywords."""
     data = DataConfig(train=str(source), **{"num_workers": 2, "shuffle_buffer": 16, "max_length": 32, **data})
     return build_train_stream(
         data,
         tokenizer=tokenizer,
-        per_device_batch_size=BATCH,
+        per_device_batch_size=batch,
         rank=rank,
         world_size=world_size,
         seed=seed,

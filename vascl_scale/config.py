@@ -166,7 +166,9 @@ class DataConfig(_Strict):
     mix: Literal[MIX_MODES] = "per_batch"
     max_length: int = Field(32, ge=2)  # tokens per sentence after truncation
     num_workers: int = Field(2, ge=0)  # data-loader worker processes per rank (0: in the trainer's process)
-    mode: Literal["auto", "exact", "resampled"] = "auto"
+    # "global": every rank reads the one-process stream and keeps its rows of each global batch,
+    # so the global batches do not depend on the number of ranks (W times the reading).
+    mode: Literal["auto", "exact", "resampled", "global"] = "auto"
     shuffle_buffer: int = Field(10000, ge=0)  # samples in each worker's shuffle buffer; 0 (or 1): no shuffle
     on_corrupt: Literal["skip", "fail"] = "skip"
     allow_pipe: bool = False  # ``pipe:`` sources run a shell command: opt in explicitly
@@ -210,6 +212,17 @@ class DataConfig(_Strict):
     def sample_quotas(self, rows: int) -> tuple[int, ...]:
         """Each source's rows in a device batch of ``rows`` (``mix: per_sample``)."""
         return sample_quotas([source.weight for source in self.train], self.source_names(), rows)
+
+    @model_validator(mode="after")
+    def _global_mode_fails_on_corrupt_shards(self) -> "DataConfig":
+        # Skipping a shard that one rank failed to read (a transient error) would shift that
+        # rank's stream alone: its rows would no longer be its part of the others' global batch.
+        if self.mode == "global" and self.on_corrupt != "fail":
+            raise ValueError(
+                "data.mode = global needs data.on_corrupt = fail: every rank reads the same stream, and a shard "
+                "skipped on one rank only would shift its rows against the others'; set data.on_corrupt: fail"
+            )
+        return self
 
     def augment_spec(self) -> AugmentSpec:
         """What the loader's workers build their augmenter from."""

@@ -1,18 +1,24 @@
 """The stream's layout and resume position: what vascl-scale adds to webdataset's shard lists.
 
-Rank r's DataLoader worker w (of K = max(1, num_workers) per rank, W ranks) is one of W * K
-slots. The stream is a sequence of passes; the main process sets the pass number (the epoch)
-in shared memory before each pass, so every worker of every rank uses the same value rather
-than a counter of its own (webdataset's ``ResampledShards`` counts its own epochs per process).
+A rank reads the stream of a reader: in exact and resampled mode its own (reader r of W), in
+global mode the one-process stream (reader 0 of 1, on every rank). Reader r's DataLoader worker
+w (of K = max(1, num_workers) per rank) is one of R * K slots, R the number of readers. The
+stream is a sequence of passes; the main process sets the pass number (the epoch) in shared
+memory before each pass, so every worker of every rank uses the same value rather than a
+counter of its own (webdataset's ``ResampledShards`` counts its own epochs per process).
 
 exact      pass e: ``webdataset.SimpleShardList`` permutes all shards with a seed of (seed, e);
-           rank r takes every W-th of them from the r-th on, and ``webdataset.split_by_worker``
+           reader r takes every R-th of them from the r-th on, and ``webdataset.split_by_worker``
            hands its worker w every K-th of those: across all slots every shard is read exactly
            once per pass. Needs at least W * K shards.
 resampled  pass e: a ``webdataset.ResampledShards`` per slot, deterministic, seeded with
            (seed, e) and the slot, draws ceil(S / (W*K)) shards with replacement.
+global     exact mode's passes with one reader: every rank reads every shard, in batches of the
+           global batch B = W * b, and keeps its rows [r * b, (r + 1) * b) of each (the
+           loader's ``TrainStream``). The sequence of global batches is the one-process run's
+           for any W; each rank reads W times the rows it uses. Needs at least K shards.
 text file  (a ``.txt``/``.txt.gz`` source): slot s = r * K + w reads non-empty lines
-           s, s + W*K, ... each pass; always exact.
+           s, s + R*K, ... each pass; always exact (or global).
 
 The rank split is not webdataset's ``split_by_node``: that reads the rank from the environment
 or torch.distributed, while a layout has its rank given (the trainer's process index; tests run
@@ -20,13 +26,13 @@ several ranks in one process), and the main process must also compute the rank's
 pass to find a resume position.
 
 Resume: the stream is a deterministic function of the layout (source, mode, seed, W, K,
-per-device batch, shuffle buffer, and the webdataset version, whose shard lists and shuffle
-fix the order: a state saved under another version, or by vascl-scale before webdataset
-ordered the stream, resumes as a changed layout). The position is the pass and the rows of it
-already yielded on this rank, plus the batches yielded, which are equal on every rank. A pass
-gives only full batches (the rows left at its end, fewer than a batch, are dropped: see
-:mod:`vascl_scale.data.loader`), so a rank's position follows from the batch count and its
-passes' row counts.
+per-device batch -- in global mode the global batch instead of W and b --, shuffle buffer, and
+the webdataset version, whose shard lists and shuffle fix the order: a state saved under
+another version, or by vascl-scale before webdataset ordered the stream, resumes as a changed
+layout). The position is the pass and the rows of it already read by this rank's reader, plus
+the batches yielded, which are equal on every rank. A pass gives only full batches (the rows
+left at its end, fewer than a batch, are dropped: see :mod:`vascl_scale.data.loader`), so a
+rank's position follows from the batch count and its passes' row counts.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 # Consecutive passes without a full batch before a rank gives up (instead of spinning).
 MAX_PASSES_WITHOUT_BATCH = 10
+GLOBAL = "global"  # the mode in which every rank reads the one-process stream
 
 
 def seed_of(*parts: object) -> int:
@@ -67,7 +74,7 @@ class StreamLayout:
     """
 
     source: ShardSource
-    mode: str  # "exact" or "resampled"
+    mode: str  # "exact", "resampled" or "global"
     seed: int
     rank: int
     world_size: int
@@ -84,25 +91,51 @@ class StreamLayout:
     _index: dict[str, int] | None = field(default=None, init=False, repr=False)
     _text_lines: int | None = field(default=None, init=False, repr=False)
 
+    @property
+    def reader_rank(self) -> int:
+        """The reader whose stream this rank reads: its own rank, or 0 in global mode."""
+        return 0 if self.mode == GLOBAL else self.rank
+
+    @property
+    def readers(self) -> int:
+        """R, the number of distinct streams the ranks read: W, or 1 in global mode."""
+        return 1 if self.mode == GLOBAL else self.world_size
+
+    @property
+    def stream_batch_size(self) -> int:
+        """Rows each batch takes from the reader's stream: b, or in global mode the global batch W * b."""
+        return self.batch_size * (self.world_size if self.mode == GLOBAL else 1)
+
+    @property
+    def kept_rows(self) -> slice:
+        """This rank's rows of each ``stream_batch_size`` rows read: all b, or in global mode [r * b, (r + 1) * b)."""
+        first = self.rank * self.batch_size if self.mode == GLOBAL else 0
+        return slice(first, first + self.batch_size)
+
     def key(self) -> dict:
         """Everything that fixes the order of the stream; equal keys resume exactly."""
+        # A global stream is the same for any split of its batch over ranks.
+        batch = (
+            {"global_batch_size": self.stream_batch_size}
+            if self.mode == GLOBAL
+            else {"world_size": self.world_size, "per_device_batch_size": self.batch_size}
+        )
         return {
             "source": self.source.fingerprint(),
             "mode": self.mode,
-            "world_size": self.world_size,
+            **batch,
             "num_workers": self.workers,
-            "per_device_batch_size": self.batch_size,
             "seed": self.seed,
             "shuffle_buffer": self.shuffle_buffer,
             "webdataset": wds.__version__,
         }
 
     def slot(self, worker: int) -> int:
-        return self.rank * self.workers + worker
+        return self.reader_rank * self.workers + worker
 
     def shuffle_rng(self, epoch: int, worker: int) -> random.Random:
         """The generator of one slot's sample shuffle buffer in pass ``epoch``."""
-        return random.Random(seed_of(self.seed, "buffer", epoch, self.rank, worker))
+        return random.Random(seed_of(self.seed, "buffer", epoch, self.reader_rank, worker))
 
     def _shard_index(self, url: str) -> int:
         if self._index is None:
@@ -112,16 +145,16 @@ class StreamLayout:
         return self._index[url]
 
     def rank_shards(self, epoch: int) -> list[int]:
-        """Exact mode: indices of the shards all of this rank's workers read in pass ``epoch``."""
+        """Exact and global mode: indices of the shards all of this rank's workers read in pass ``epoch``."""
         order = wds.SimpleShardList(list(self.source.urls), seed=seed_of(self.seed, "shards", epoch))
-        return [self._shard_index(item["url"]) for item in islice(order, self.rank, None, self.world_size)]
+        return [self._shard_index(item["url"]) for item in islice(order, self.reader_rank, None, self.readers)]
 
     def drawn_shards(self, epoch: int, worker: int) -> list[int]:
         """Resampled mode: indices of the shards this rank's ``worker`` draws in pass ``epoch``."""
         slot = self.slot(worker)
         draws = wds.ResampledShards(
             list(self.source.urls),
-            nshards=math.ceil(len(self.source.urls) / (self.world_size * self.workers)),
+            nshards=math.ceil(len(self.source.urls) / (self.readers * self.workers)),
             seed=seed_of(self.seed, "resample", epoch),
             worker_seed=lambda: slot,
             deterministic=True,
@@ -138,38 +171,39 @@ class StreamLayout:
                 "the environment variables WORKER and NUM_WORKERS, which webdataset reads, name another "
                 f"DataLoader worker than this one ({worker} of {workers}); unset them"
             )
-        if self.mode == "exact":
-            return list(wds.split_by_worker(self.rank_shards(epoch)))
-        return self.drawn_shards(epoch, worker)
+        if self.mode == "resampled":
+            return self.drawn_shards(epoch, worker)
+        return list(wds.split_by_worker(self.rank_shards(epoch)))
 
     def rows_per_epoch(self, epoch: int) -> int | None:
         """Samples this rank reads in pass ``epoch``, from known counts; None when unknown."""
         if self.source.text_file is not None:
             if self._text_lines is None:
                 self._text_lines = _count_nonempty_lines(self.source.text_file)
-            slots, lines = self.world_size * self.workers, self._text_lines
+            slots, lines = self.readers * self.workers, self._text_lines
             first = self.slot(0)
             return sum(lines // slots + (1 if slot < lines % slots else 0) for slot in range(first, first + self.workers))
         if self.source.total_samples is None:
             return None
         counts = self.source.counts
-        if self.mode == "exact":
-            return sum(counts[index] for index in self.rank_shards(epoch))  # type: ignore[misc]
-        return sum(counts[i] for worker in range(self.workers) for i in self.drawn_shards(epoch, worker))  # type: ignore[misc]
+        if self.mode == "resampled":
+            return sum(counts[i] for worker in range(self.workers) for i in self.drawn_shards(epoch, worker))  # type: ignore[misc]
+        return sum(counts[index] for index in self.rank_shards(epoch))  # type: ignore[misc]
 
     def _position_from_batches(self) -> tuple[int, int] | None:
-        """This rank's (epoch, rows into it) after ``batches_yielded``, from the shared batch count:
-        a pass of R rows gives floor(R / b) batches (its last R mod b rows are dropped). None when
-        the counts are unknown, or when no pass in reach gives a batch (no stream got there)."""
+        """This rank's reader's (epoch, rows into it) after ``batches_yielded``, from the shared
+        batch count: a pass of R rows gives floor(R / n) batches of n = :attr:`stream_batch_size`
+        rows read (its last R mod n rows are dropped). None when the counts are unknown, or when
+        no pass in reach gives a batch (no stream got there)."""
         remaining = self.batches_yielded - self.origin_batches  # batches
         epoch, without_batch = self.origin_epoch, 0
         while without_batch < MAX_PASSES_WITHOUT_BATCH:  # the stream itself stops there
             rows = self.rows_per_epoch(epoch)
             if rows is None:
                 return None
-            batches = rows // self.batch_size
+            batches = rows // self.stream_batch_size
             if remaining <= batches:
-                return epoch, remaining * self.batch_size
+                return epoch, remaining * self.stream_batch_size
             remaining -= batches
             without_batch = without_batch + 1 if batches == 0 else 0
             epoch += 1
@@ -204,7 +238,8 @@ class StreamLayout:
             self.origin_epoch, self.origin_batches = self.epoch, self.batches_yielded
             return
         self.origin_epoch, self.origin_batches = int(state["origin_epoch"]), int(state["origin_batches"])
-        if int(state["rank"]) == self.rank:
+        # In global mode every rank stands where the reader of the one stream stands.
+        if self.mode == GLOBAL or int(state["rank"]) == self.rank:
             self.epoch, self.rows_into_epoch = int(state["epoch"]), int(state["rows_into_epoch"])
         else:
             position = self._position_from_batches()
@@ -219,7 +254,7 @@ class StreamLayout:
                 position = (int(state["epoch"]), 0)
             self.epoch, self.rows_into_epoch = position
         logger.info(
-            "data stream resumes at epoch %d, row %d of this rank's epoch (%d batches done)",
+            "data stream resumes at epoch %d, row %d of the epoch this rank reads (%d batches done)",
             self.epoch,
             self.rows_into_epoch,
             self.batches_yielded,

@@ -4,13 +4,16 @@ How the work is split
     Each rank runs a ``DataLoader`` with ``num_workers`` workers. Which shards (or text lines)
     each worker reads in each pass, from webdataset's shard lists, and where the stream stands
     is the :class:`~vascl_scale.data.layout.StreamLayout` (see that module for exact and
-    resampled mode). Each worker opens its shards one after the other (a :class:`ShardStream`
-    per shard), shuffles their samples with ``webdataset.shuffle`` through a buffer whose
-    generator is seeded with (seed, e, r, w) -- so a pass is the same on every run --, cuts them
-    into pieces of ``per_device_batch_size`` samples and tokenises each column of a piece with
-    one batched call of the fast tokenizer, padded to the piece's longest text in that column.
-    The main process re-cuts pieces into batches of exactly ``per_device_batch_size`` rows. The
-    rows left at the end of a pass that do not fill a batch are dropped and counted
+    resampled mode, and global mode, in which every rank reads the one-process stream). Each
+    worker opens its shards one after the other (a :class:`ShardStream` per shard), shuffles
+    their samples with ``webdataset.shuffle`` through a buffer whose generator is seeded with
+    (seed, e, r, w), r the reader's rank -- so a pass is the same on every run --, cuts them
+    into pieces of b = ``per_device_batch_size`` samples (in global mode of the global batch
+    W * b) and tokenises each column of a piece with one batched call of the fast tokenizer,
+    padded to the piece's longest text in that column. The main process re-cuts pieces into
+    batches of exactly that many rows; in global mode rank r keeps rows [r * b, (r + 1) * b)
+    of each, so the global batches are the same for any number of ranks. The rows left at the
+    end of a pass that do not fill a batch are dropped and counted
     (``TrainStream.samples_dropped``; the trainer logs the first drop once): never a short batch
     into the loss, whose rows would weigh more in the mean and see fewer negatives than a full
     batch's (sentence-transformers #3420), and never a batch spanning two passes, where a
@@ -29,7 +32,7 @@ Columns
     negatives among them) that the data has, as its manifest lists them (a text file, ``pipe:``
     commands and shards without a manifest are single-text: ``anchor``). With ``data.augment``
     the workers make each sample's ``positive`` from its anchor (:mod:`vascl_scale.data.augment`),
-    seeded by the sample's place in the pass.
+    seeded by the sample's place in the reader's pass (in global mode the same on every rank).
     A sample without one of the columns read is skipped and counted (``samples_missing_field``).
 
 Corrupt, mismatched and missing shards
@@ -53,18 +56,20 @@ Corrupt, mismatched and missing shards
 Resume (``state_dict`` / ``load_state_dict``)
     The stream is a deterministic function of the layout. Same layout: the resumed stream
     continues *exactly* where the saved one stopped: the same batches in the same order as an
-    uninterrupted run, in both modes. Workers replay the partly consumed epoch, tokenising only
+    uninterrupted run, in every mode. Workers replay the partly consumed epoch, tokenising only
     the last few pieces before the resume point (cost: reading at most one epoch of this rank's
     shards). A state saved on another rank is also exact when sample counts are known (a
     manifest, also one next to listed shards, or a text file), because positions are
     recomputed from the batch count, which all ranks share; with unknown counts (``pipe:`` or
-    foreign shards) each rank must load its own state. Exactness also assumes that the same
-    shards are corrupt as before.
-    Changed layout (other world size, workers, batch size, seed, mode or shards): the stream
-    restarts the saved epoch from its beginning under the new layout -- statistically
-    equivalent, not exact: in exact mode, samples seen before the checkpoint in that epoch
-    are seen again, none is missed. In resampled mode every continuation is statistically
-    equivalent anyway (shards drawn with replacement).
+    foreign shards) each rank must load its own state. In global mode any rank's state is
+    exact, and the layout holds the global batch, not how it is split: every rank stands where
+    the one stream stands. Exactness also assumes that the same shards are corrupt as before.
+    Changed layout (other world size or batch size -- in global mode the global batch --,
+    workers, seed, mode or shards): the stream restarts the saved epoch from its beginning
+    under the new layout -- statistically equivalent, not exact: in exact and global mode,
+    samples seen before the checkpoint in that epoch are seen again, none is missed. In
+    resampled mode every continuation is statistically equivalent anyway (shards drawn with
+    replacement).
 """
 
 from __future__ import annotations
@@ -86,7 +91,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from vascl_scale.data.augment import AugmentSpec, build_augmenter, check_augmenter
 from vascl_scale.data.columns import ANCHOR, AUGMENTED, POSITIVE, SINGLE_TEXT, TOKEN_KEYS, columns_to_read, sample_fields
-from vascl_scale.data.layout import MAX_PASSES_WITHOUT_BATCH, StreamLayout, seed_of
+from vascl_scale.data.layout import GLOBAL, MAX_PASSES_WITHOUT_BATCH, StreamLayout, seed_of
 from vascl_scale.data.shards import (
     PIPE_PREFIX,
     ShardMismatchError,
@@ -185,7 +190,7 @@ class _PieceDataset(IterableDataset):
         self._augmenter = None  # built in each worker on first use (a masked LM does not pickle cheaply)
         self.layout = layout
         self.source = layout.source
-        self.batch_size = layout.batch_size
+        self.batch_size = layout.stream_batch_size  # rows per piece
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.on_corrupt = on_corrupt
@@ -222,12 +227,12 @@ class _PieceDataset(IterableDataset):
             yield self._piece(chunk, events, placeholder=skip_pieces > 0, where=(epoch, worker, position))
 
     def _augmented(self, texts: list[str], where: tuple[int, int, int], view: int) -> list[str]:
-        """``texts`` augmented, sample i seeded by (seed, epoch, rank, worker, position + i, view)."""
+        """``texts`` augmented, sample i seeded by (seed, epoch, reader rank, worker, position + i, view)."""
         if self._augmenter is None:
             self._augmenter = build_augmenter(self.augment)
         epoch, worker, first = where
         rngs = [
-            random.Random(seed_of(self.layout.seed, "augment", epoch, self.layout.rank, worker, first + i, view))
+            random.Random(seed_of(self.layout.seed, "augment", epoch, self.layout.reader_rank, worker, first + i, view))
             for i in range(len(texts))
         ]
         return self._augmenter(texts, rngs)
@@ -284,7 +289,7 @@ class _PieceDataset(IterableDataset):
             yield from self._shard_samples(index, events)
 
     def _text_file_lines(self, worker: int) -> Iterator[tuple[str]]:
-        slots = self.layout.world_size * self.layout.workers
+        slots = self.layout.readers * self.layout.workers
         slot = self.layout.slot(worker)
         opener = gzip.open if self.source.text_file.endswith(".gz") else open
         with opener(self.source.text_file, "rb") as handle:
@@ -383,11 +388,18 @@ class TrainStream:
     def samples_yielded(self) -> int:
         return self.layout.batches_yielded * self.batch_size
 
+    @property
+    def readers(self) -> int:
+        """The distinct streams the ranks read: W, or 1 in global mode (every rank reads the same)."""
+        return self.layout.readers
+
     def stats(self) -> dict:
-        """Counters for the training log."""
+        """Counters of what this rank's reader read, for the training log: the run's total is
+        :attr:`readers` times their mean over the ranks (in global mode every rank counts the
+        same rows and shards, so a sum over ranks would count them W times)."""
         return {
             "data_epoch": self.layout.epoch,
-            "data_samples": self.samples_yielded,
+            "data_samples": self.layout.batches_yielded * self.layout.stream_batch_size,  # rows the batches took
             "data_corrupt_shards_skipped": self.corrupt_shards_skipped,
             "data_shards_mismatched": self.shards_mismatched,
             "data_shards_missing": self.shards_missing,
@@ -433,7 +445,7 @@ class TrainStream:
         while True:
             self._dataset.shared_epoch.value = epoch
             # Whole rounds of pieces that are certainly skipped: workers read them without tokenising.
-            self._dataset.shared_skip_pieces.value = skip_rows // self.batch_size // self.layout.workers
+            self._dataset.shared_skip_pieces.value = skip_rows // self._dataset.batch_size // self.layout.workers
             epoch_rows = epoch_batches = 0
             for piece in self._loader:
                 self.corrupt_shards_skipped += len(piece["corrupt"])
@@ -455,9 +467,9 @@ class TrainStream:
                 segments.append([epoch, first + skip_rows, tensors, rows - skip_rows])
                 pending += rows - skip_rows
                 skip_rows = 0
-                while pending >= self.batch_size:
+                while pending >= self.layout.stream_batch_size:
                     batch = self._take(segments)
-                    pending -= self.batch_size
+                    pending -= self.layout.stream_batch_size
                     self.layout.batches_yielded += 1
                     epoch_batches += 1
                     yield batch
@@ -503,15 +515,22 @@ class TrainStream:
         )
 
     def _take(self, segments: deque) -> dict[str, dict[str, torch.Tensor]]:
-        """Cut the next ``batch_size`` rows off the pending segments; record the position."""
+        """Cut the next ``layout.stream_batch_size`` rows off the pending segments, record the
+        position, and return this rank's rows of them (``layout.kept_rows``: all, or in global
+        mode its b of the global batch)."""
         parts: list[dict[str, dict[str, torch.Tensor]]] = []
-        needed = self.batch_size
+        kept = self.layout.kept_rows
+        needed, cut = self.layout.stream_batch_size, 0  # cut: rows of this batch taken so far
         while needed:
             segment = segments[0]
             seg_epoch, first, tensors, rows = segment
             used = min(needed, rows)
-            parts.append(_rows(tensors, slice(0, used)))
+            # The segment holds the batch's rows [cut, cut + used): keep those in ``kept``.
+            start, stop = max(kept.start - cut, 0), min(kept.stop - cut, used)
+            if start < stop:
+                parts.append(_rows(tensors, slice(start, stop)))
             needed -= used
+            cut += used
             self.layout.epoch, self.layout.rows_into_epoch = seg_epoch, first + used
             if used == rows:
                 segments.popleft()
@@ -550,13 +569,20 @@ def _can_use_stored_ids(source: ShardSource, tokenizer, max_length: int) -> bool
     return True
 
 
-def _resolved_mode(shards: ShardSource, mode: str, num_nodes: int, slots: int, source: str) -> str:
-    """"exact" or "resampled" for ``data.mode`` (see :func:`build_train_stream`); ``slots`` =
-    ranks x workers, the readers that each need a shard of their own in exact mode."""
+def _resolved_mode(shards: ShardSource, mode: str, num_nodes: int, world_size: int, workers: int, source: str) -> str:
+    """"exact", "resampled" or "global" for ``data.mode`` (see :func:`build_train_stream`)."""
     if shards.text_file is not None:
         if mode == "resampled":
             raise ValueError("resampled mode needs shards; run `vascl-scale data prepare` on the text file first")
-        return "exact"
+        return GLOBAL if mode == GLOBAL else "exact"
+    if mode == GLOBAL:
+        if len(shards.urls) < workers:  # every rank reads every shard: one per worker is enough
+            raise ValueError(
+                f"global mode needs at least num_workers = {workers} shards, and {source} has {len(shards.urls)}; "
+                "prepare smaller shards (--shard-size) or use fewer workers (data.num_workers)"
+            )
+        return GLOBAL
+    slots = world_size * workers  # the slots that each need a shard of their own in exact mode
     resolved = mode if mode != "auto" else ("exact" if num_nodes == 1 else "resampled")
     if resolved == "exact" and len(shards.urls) < slots:
         if mode == "auto":
@@ -593,9 +619,13 @@ def build_train_stream(
     ``/x/shard-{000000..000019}.tar``, lists joined by ``::``); ``pipe:`` commands (only with
     ``data.allow_pipe``); or a ``.txt``/``.txt.gz`` file with one
     sentence per line. ``data.mode``: "exact" (each sample once per epoch; needs >= world_size *
-    max(1, num_workers) shards), "resampled" (shards drawn with replacement), or "auto": exact
-    on one node (resampled, with a warning, when there are too few shards for exact), resampled
-    on several; a text file is always read exactly. ``data.on_corrupt``: "skip" (warn and
+    max(1, num_workers) shards), "resampled" (shards drawn with replacement), "global" (every
+    rank reads the one-process exact stream in batches of world_size * per_device_batch_size
+    rows and keeps its own per_device_batch_size of each: the same global batches for any world
+    size, at world_size times the reading; needs >= max(1, num_workers) shards and
+    ``on_corrupt="fail"``, checked in the config), or "auto": exact on one node (resampled,
+    with a warning, when there are too few shards for exact), resampled on several; a text
+    file is always read exactly (or globally). ``data.on_corrupt``: "skip" (warn and
     count) or "fail" (raise :class:`CorruptShardError`; also a :class:`ValueError` at once when
     shard files listed in the manifest are missing). ``data.shuffle_buffer`` 0 or 1: no shuffle.
 
@@ -633,7 +663,7 @@ def build_train_stream(
             )
         logger.warning("%s: training on the rest (on_corrupt='skip')", what)
     workers = max(1, num_workers)
-    resolved_mode = _resolved_mode(shards, mode, num_nodes, world_size * workers, source)
+    resolved_mode = _resolved_mode(shards, mode, num_nodes, world_size, workers, source)
     augment = data.augment_spec()
     read = columns_to_read(shards.columns, columns, augment.kind != "none", source)
     # Augmentation changes the text: the ids stored in the shards would be those of the original.
@@ -644,15 +674,19 @@ def build_train_stream(
         check_augmenter(augment)  # a missing WordNet or masked LM fails here, not in a worker
         logger.info("data: %s augmentation of %s of the words, %s view(s)", augment.kind, augment.fraction, augment.views)
     what = shards.text_file or f"{len(shards.urls)} shards ({shards.total_samples or 'unknown'} samples)"
+    batch = f"batch {per_device_batch_size}"
+    if resolved_mode == GLOBAL:
+        kept = layout.kept_rows
+        batch += f" (rows {kept.start}-{kept.stop - 1} of each global batch of {layout.stream_batch_size}, read whole on every rank)"
     logger.info(
-        "data: %s%s, %s mode, rank %d of %d, %d workers, batch %d, max length %d%s",
+        "data: %s%s, %s mode, rank %d of %d, %d workers, %s, max length %d%s",
         what,
         "" if read == SINGLE_TEXT else f", columns {', '.join(read)}",
         resolved_mode,
         rank,
         world_size,
         num_workers,
-        per_device_batch_size,
+        batch,
         max_length,
         ", token ids stored in the shards" if use_stored_ids else "",
     )

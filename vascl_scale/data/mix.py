@@ -105,6 +105,13 @@ class MixedStream:
         return batch_source(self.seed, batch, self.weights)
 
     @property
+    def readers(self) -> int:
+        """The distinct streams the ranks read (:attr:`TrainStream.readers`; the same for every source)."""
+        readers = {stream.readers for stream in self.streams.values()}
+        assert len(readers) == 1, readers
+        return readers.pop()
+
+    @property
     def first_drop(self) -> tuple[int, int] | None:
         """(data epoch, samples) of the first end-of-epoch drop of the first source that dropped
         any, in source order (:attr:`TrainStream.first_drop`)."""

@@ -513,11 +513,12 @@ class Trainer:
             "lr/head": self.scheduler.get_last_lr()[1],
         }
         # Data counters (samples read, per source of a mix too, corrupt shards skipped, ...)
-        # summed over ranks, so that nothing the stream drops goes unreported; the epochs (a
-        # mix's: data_epoch/<source>) are the mean over ranks.
+        # summed over the distinct streams read (the ranks; one in global mode, where every rank
+        # reads the same), so that nothing the stream drops goes unreported and nothing is
+        # counted twice; the epochs (a mix's: data_epoch/<source>) are the mean over ranks.
         data = self._mean_over_ranks({k: float(v) for k, v in self.stream.stats().items()})
         for name, value in data.items():
-            values[f"data/{name.removeprefix('data_')}"] = value if name.startswith("data_epoch") else value * self.world_size
+            values[f"data/{name.removeprefix('data_')}"] = value if name.startswith("data_epoch") else value * self.stream.readers
         if values["data/samples_dropped"] > 0 and not self.drop_logged:
             self._log_first_drop(step, int(round(values["data/samples_dropped"])))
         if window.flops:  # rank 0's device; every rank runs the same shapes but its own padding
