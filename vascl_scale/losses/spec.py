@@ -13,7 +13,10 @@ sentences), the anchor stands in for it: the same tokens encoded a second time, 
 dropout mask, the second view of unsupervised SimCSE. With ``data.augment`` the loader makes
 the positive column from the anchor (:mod:`vascl_scale.data.augment`). Supervised SimCSE
 encodes (anchor, positive, negative_0), SimCSE's NLI triplets, and has no stand-ins: data
-without a positive and a hard negative is refused.
+without a positive and a hard negative is refused. PairSupCon encodes labelled pairs (anchor,
+paired) and reads their ``label`` (its ``label``: the column passed to it as ``labels``), and
+trains the model's pairwise classifier (its ``classifier``: the model is built with one, and
+the objective is called with it); data without the three columns is refused.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Mapping
 
-from vascl_scale.data.columns import ANCHOR, POSITIVE, negative
+from vascl_scale.data.columns import ANCHOR, LABEL, PAIRED, POSITIVE, negative
 from vascl_scale.losses.rules import (
+    check_beta,
+    check_contrast_type,
     check_hard_negative_weight,
     check_neighbour_count,
     check_temperature,
@@ -46,11 +51,13 @@ class ObjectiveSpec:
     stand_ins: Mapping[str, str] = field(default_factory=dict)  # input -> the column encoded when the data lacks it
     # Rules on the settings and the global batch that no single key's check can make (ValueError).
     rules: Callable[[Settings, int], None] = _no_rules
+    label: str | None = None  # the label column it reads (one integer per row), passed to it as ``labels``
+    classifier: bool = False  # it trains the model's pairwise classifier, passed to it as ``classifier``
 
     @property
     def columns(self) -> tuple[str, ...]:
-        """Every column the objective reads from the data when it is there."""
-        return self.inputs
+        """Every column the objective reads from the data when it is there: its inputs, its label."""
+        return self.inputs + (() if self.label is None else (self.label,))
 
     def missing_columns(self, available: Collection[str]) -> tuple[str, ...]:
         """The columns it needs that ``available`` has neither of nor a stand-in for."""
@@ -86,6 +93,8 @@ OBJECTIVES: dict[str, ObjectiveSpec] = {
     "simcse": ObjectiveSpec("simcse", (ANCHOR, POSITIVE), stand_ins=_POSITIVE_OR_ANCHOR),
     # One hard negative per anchor, as SimCSE's NLI triplets (sent0, sent1, hard_neg).
     "simcse_sup": ObjectiveSpec("simcse_sup", (ANCHOR, POSITIVE, negative(0))),
+    # PairSupCon's labelled pairs (text1, text2, pairsimi) and its pairwise classification head.
+    "pairsupcon": ObjectiveSpec("pairsupcon", (ANCHOR, PAIRED), label=LABEL, classifier=True),
 }
 
 
@@ -100,6 +109,8 @@ def check_loss_settings(settings: Settings) -> None:
     """The rules of the ``loss`` section's keys, each objective's alike (``loss.`` in the messages)."""
     check_temperature(settings["temperature"], prefix="loss.")
     check_hard_negative_weight(settings["hard_negative_weight"], prefix="loss.")
+    check_contrast_type(settings["contrast_type"], prefix="loss.")
+    check_beta(settings["beta"], prefix="loss.")
     check_vascl_settings(
         k=settings["k"],
         xi=settings["xi"],
