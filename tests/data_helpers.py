@@ -55,11 +55,21 @@ def paired_rows(count: int, negatives: int = 1) -> list[dict[str, str]]:
     return rows
 
 
-def make_paired_shards(directory: Path, rows: list[dict[str, str]], shard_size: int, tokenizer=None, max_length: int = 32) -> Path:
+def labelled_rows(count: int) -> list[dict[str, object]]:
+    """Distinct labelled pairs (anchor, paired, label) whose row shows in the words; labels 1, 0, 0, 1, ..."""
+    return [
+        {"anchor": f"anchor {index} of the labelled pairs", "paired": f"paired {index} " + "word " * (index % 5), "label": int(index % 3 == 0)}
+        for index in range(count)
+    ]
+
+
+def make_paired_shards(directory: Path, rows: list[dict[str, object]], shard_size: int, tokenizer=None, max_length: int = 32) -> Path:
     """Shards of the paired layout, one member per column (``<key>.<column>.txt``, and
-    ``<key>.<column>.ids`` with ``tokenizer``), and a manifest that lists the columns."""
+    ``<key>.<column>.ids`` with ``tokenizer``; a label column's ``<key>.label.cls``), and a
+    manifest that lists the columns."""
     import numpy as np
 
+    from vascl_scale.data.columns import LABEL_COLUMNS
     from vascl_scale.data.shards import MANIFEST_FORMAT, MANIFEST_NAME, MANIFEST_VERSION, file_sha256, tokenizer_fingerprint, write_shard
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -68,9 +78,11 @@ def make_paired_shards(directory: Path, rows: list[dict[str, str]], shard_size: 
     for index, start in enumerate(range(0, len(rows), shard_size)):
         samples = []
         for offset, row in enumerate(rows[start : start + shard_size]):
-            fields = {f"{column}.txt": text.encode("utf-8") for column, text in row.items()}
+            texts = {column: text for column, text in row.items() if column not in LABEL_COLUMNS}
+            fields = {f"{column}.txt": text.encode("utf-8") for column, text in texts.items()}
+            fields.update({f"{column}.cls": str(row[column]).encode() for column in LABEL_COLUMNS if column in row})
             if tokenizer is not None:
-                for column, text in row.items():
+                for column, text in texts.items():
                     ids = tokenizer(text, truncation=True, max_length=max_length)["input_ids"]
                     fields[f"{column}.ids"] = np.asarray(ids, dtype="<i4").tobytes()
             samples.append((f"{start + offset:09d}", fields))

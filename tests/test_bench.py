@@ -113,7 +113,24 @@ def test_bench_step_grid_runs_each_cell_alone_and_skips_what_would_not_fit(tiny_
 
 def test_bench_step_rejects_bad_objective(tiny_config: Path) -> None:
     result = CliRunner().invoke(app, ["bench", "step", "--model", str(tiny_config), "--objective", "simclr"])
-    assert result.exit_code == 2 and "--objective must be one of 'vascl', 'simcse', 'simcse_sup'; got 'simclr'" in " ".join(result.output.split())
+    assert result.exit_code == 2 and "--objective must be one of 'vascl', 'simcse', 'simcse_sup', 'pairsupcon'; got 'simclr'" in " ".join(result.output.split())
+    mixed = CliRunner().invoke(app, ["bench", "step", "--model", str(tiny_config), "--objective", "simcse,pairsupcon"])
+    assert mixed.exit_code == 2 and "pairsupcon trains a pairwise classifier that the others would leave without a gradient" in " ".join(mixed.output.split())
+
+
+@pytest.mark.parametrize("chunk_size", ["0", "4"])
+def test_bench_step_runs_pairsupcon_on_synthetic_labelled_pairs_and_counts_its_classifier(tiny_config: Path, tmp_path: Path, chunk_size: str) -> None:
+    _, report = _bench_step(
+        tmp_path / "step.json", "--model", str(tiny_config), "--objective", "pairsupcon", "--global-batch", "16",
+        "--chunk-size", chunk_size, "--steps", "2", "--warmup", "1", "--max-length", "8",
+    )  # fmt: skip
+    assert len(report["objectives"]["pairsupcon"]["times_s"]) == 2
+    # Two columns through the encoder (2b sequences), the head on 2b rows and the (2b, 2B) logits
+    # as SimCSE's, and the classifier Linear(3 x 32, 2) on the b pairs; forward and backward.
+    encoder = 3 * 32 * (8 * 8 * 32**2 + 4 * 8 * 32 * 64 + 4 * 8**2 * 32)
+    contrastive = 3 * (2 * 32 * (32 * 32 + 32 * 128) + 2 * 32 * 32 * 128)
+    classifier = 3 * 2 * 16 * 3 * 32 * 2
+    assert report["objectives"]["pairsupcon"]["model_flops_per_device"] == encoder + contrastive + classifier
 
 
 @pytest.mark.parametrize("chunk_size", [0, 3])

@@ -62,12 +62,12 @@ class RecordingObjective:
         self.spec = self.inner.spec
         self.calls: list[dict[str, torch.Tensor]] = []
 
-    def __call__(self, views, head, generator=None, with_stats=False):
+    def __call__(self, views, head, generator=None, with_stats=False, **declared):
         from vascl_scale.losses import ObjectiveOutput
         from vascl_scale.losses.vascl import vascl_objective
 
         if self.name != "vascl":
-            return self.inner(views, head, generator, with_stats)
+            return self.inner(views, head, generator, with_stats, **declared)
         e1, e2 = views
         out = vascl_objective(e1, e2, head, generator=generator, with_stats=False, **self.inner.settings)
         self.calls.append({"neighbours": out.neighbours.clone(), "delta": out.delta.detach().clone()})
@@ -79,11 +79,15 @@ class RecordingObjective:
 
 def _parts(objective: str, loss: dict, chunk_size: int, dropout: float, grad_accum_steps: int = 1, sgd: bool = False):
     """Accelerator, prepared model and optimiser, recording objective and TrainingStep."""
+    from vascl_scale.losses.spec import objective_spec
     from vascl_scale.train.step import TrainingStep
     from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
 
     config = _config(objective, loss, chunk_size, grad_accum_steps)
-    model = tiny_encoder(seed=0, dtype=torch.float64, head_dim=8, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    model = tiny_encoder(
+        seed=0, dtype=torch.float64, head_dim=8, pair_classifier=objective_spec(objective).classifier,
+        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
+    )  # fmt: skip
     model.train()
     accelerator = build_accelerator(config, None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5) if sgd else build_optimizer(model, config)
@@ -134,15 +138,17 @@ def _tensor(value) -> torch.Tensor:
 
 def same_mask_reference(step, batch: dict[str, torch.Tensor], loss_call: int):
     """A one-backward step whose forwards are the cached step's chunks, with gradient, under
-    the RNG states the cached step seeds: the dropout masks the cached step must reproduce."""
+    the RNG states the cached step seeds: the dropout masks the cached step must reproduce.
+    The columns encoded must have one width (nothing is widened here)."""
     from vascl_scale.train.step import chunk_spans, loss_call_seed
 
     rank = step.accelerator.process_index
     torch.manual_seed(loss_call_seed(step.seed, loss_call, rank))
     generator = torch.Generator().manual_seed(loss_call_seed(step.seed, loss_call, 0))
     spans = chunk_spans(step.per_device_batch, step.chunk_size)
-    views = [torch.cat([step.model(**{k: v[a:b] for k, v in batch["anchor"].items()}) for a, b in spans]) for _ in range(2)]
-    out = step.objective(views, step.head, generator)
+    columns = [batch[column] for column in step.objective.spec.encoded_columns(batch)]  # single text: the anchor twice
+    views = [torch.cat([step.model(**{k: v[a:b] for k, v in column.items()}) for a, b in spans]) for column in columns]
+    out = step.objective(views, step.head, generator, **step._declared_arguments(batch))
     step.accelerator.backward(out.loss)
     return out
 
@@ -340,6 +346,61 @@ def test_on_pairs_two_ranks_equal_one_process_uncached_and_cached() -> None:
         assert len(expected["recorded"]) == (1 if case_id.startswith("vascl") else 0), what
 
 
+PAIR_LABELS = (1, 0, 1, 1, 0, 0, 1, 1)  # of the global batch's labelled pairs
+
+
+def _pair_batch(rank: int, world_size: int, seed: int = 10, narrower: int = 0) -> dict:
+    """This rank's labelled pairs of the global batch: an anchor, a paired column ``narrower``
+    tokens narrower than it (each column padded to its own longest), their labels."""
+    batch = _own_batch(rank, world_size, seed)
+    rows = GLOBAL_BATCH // world_size
+    own = slice(rank * rows, (rank + 1) * rows)
+    ids, mask = token_batch(GLOBAL_BATCH, SEQ_LEN - narrower, seed=seed + 1)
+    batch["paired"] = {"input_ids": ids[own], "attention_mask": mask[own]}
+    batch["label"] = torch.tensor(PAIR_LABELS)[own]
+    return batch
+
+
+def pairsupcon_calls(rank: int, world_size: int, dropout: float, modes: tuple[str, ...], narrower: int) -> dict:
+    """PairSupCon's loss call and backward per contrast type and mode ("uncached", "cached",
+    "same_masks"), recording whether each forward had gradient."""
+    results = {}
+    for contrast_type in ("orig", "hardneg"):
+        for mode in modes:
+            _, model, step, _ = _parts("pairsupcon", {"contrast_type": contrast_type, "beta": 0.5}, 0 if mode == "uncached" else CHUNK, dropout)
+            forwards: list[bool] = []
+            model.register_forward_hook(lambda module, args, output: forwards.append(torch.is_grad_enabled()))
+            batch = _pair_batch(rank, world_size, narrower=narrower)
+            out = same_mask_reference(step, batch, 0) if mode == "same_masks" else _call_and_backward(step, batch, mode)
+            results[contrast_type, mode] = {"loss": out.loss.detach(), "gradients": _gradients(model), "recorded": [], "forwards": forwards}
+    return _portable(results)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_without_dropout_the_cached_pairsupcon_call_is_the_one_forward_call(world_size: int) -> None:
+    """The labels are the rank's rows in both calls, the classifier is trained in both (every
+    gradient compared is nonzero, the classifier's included)."""
+    from vascl_scale.train.step import chunk_spans
+
+    spans = 2 * len(chunk_spans(GLOBAL_BATCH // world_size, CHUNK))  # 2 columns x chunks
+    for rank, results in enumerate(run_as_launched(pairsupcon_calls, world_size, 0.0, ("uncached", "cached"), 1)):
+        for contrast_type in ("orig", "hardneg"):
+            what = f"pairsupcon {contrast_type}, rank {rank} of {world_size}"
+            uncached, cached = results[contrast_type, "uncached"], results[contrast_type, "cached"]
+            assert "classifier.linear.weight" in uncached["gradients"], what
+            _assert_same_call(cached, uncached, what)
+            assert uncached["forwards"] == [True] and cached["forwards"] == [False] * spans + [True] * spans, what
+
+
+def test_with_dropout_the_cached_pairsupcon_call_replays_the_masks_of_its_chunks() -> None:
+    (results,) = run_as_launched(pairsupcon_calls, 1, 0.2, ("same_masks", "cached"), 0)
+    for contrast_type in ("orig", "hardneg"):
+        _assert_same_call(results[contrast_type, "cached"], results[contrast_type, "same_masks"], f"pairsupcon {contrast_type}, dropout 0.2")
+
+
+STEPPED = ("vascl", "simcse", "pairsupcon")  # the objectives of the optimiser-step comparison
+
+
 def optimiser_steps(rank: int, world_size: int, grad_accum_steps: int) -> dict:
     """Per objective, uncached and cached: two SGD steps of A = ``grad_accum_steps`` loss calls
     under DDP, counting the gradient all-reduces (comm hook calls for the first bucket)."""
@@ -347,7 +408,7 @@ def optimiser_steps(rank: int, world_size: int, grad_accum_steps: int) -> dict:
 
     chunk = min(CHUNK, GLOBAL_BATCH // world_size)
     results = {}
-    for objective in ("vascl", "simcse"):
+    for objective in STEPPED:
         for chunk_size in (0, chunk):
             accelerator, model, step, _ = _parts(objective, {}, chunk_size, 0.0, grad_accum_steps, sgd=True)
             reductions = []
@@ -361,7 +422,8 @@ def optimiser_steps(rank: int, world_size: int, grad_accum_steps: int) -> dict:
             per_step = []
             for index in range(2):
                 before = len(reductions)
-                batches = iter([_own_batch(rank, world_size, seed=20 + 2 * index + micro) for micro in range(grad_accum_steps)])
+                make = _pair_batch if objective == "pairsupcon" else _own_batch
+                batches = iter([make(rank, world_size, seed=20 + 2 * index + micro) for micro in range(grad_accum_steps)])
                 step(batches, index)
                 per_step.append(len(reductions) - before)
             weights = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -370,17 +432,18 @@ def optimiser_steps(rank: int, world_size: int, grad_accum_steps: int) -> dict:
 
 
 def test_cached_optimiser_steps_equal_uncached_ones_with_one_all_reduce_each() -> None:
-    """1 process (A = 2), 2 ranks (A = 1 and 2) and 4 ranks (A = 1), both objectives."""
-    initial = dict(tiny_encoder(seed=0, dtype=torch.float64, head_dim=8).named_parameters())
+    """1 process (A = 2), 2 ranks (A = 1 and 2) and 4 ranks (A = 1), both unsupervised objectives
+    and PairSupCon (its classifier reduced with the rest, touched with zero in the last backward)."""
+    initial = dict(tiny_encoder(seed=0, dtype=torch.float64, head_dim=8, pair_classifier=True).named_parameters())
     for world_size, accum in ((1, 2), (2, 1), (4, 1), (2, 2)):
         results = run_as_launched(optimiser_steps, world_size, accum)
-        for objective in ("vascl", "simcse"):
+        for objective in STEPPED:
             what = f"{objective}, W={world_size}, A={accum}"
             uncached, cached = results[0][objective, "uncached"], results[0][objective, "cached"]
             for name, weight in uncached["weights"].items():
                 _assert_close(cached["weights"][name], weight, f"{what}: {name}")
             moved = [n for n, w in uncached["weights"].items() if not torch.allclose(initial[n], _tensor(w), atol=1e-4)]
-            assert len(moved) > len(initial) // 2, f"{what}: the steps hardly moved the weights ({moved})"
+            assert len(moved) > len(uncached["weights"]) // 2, f"{what}: the steps hardly moved the weights ({moved})"
             for rank in range(world_size):
                 assert results[rank][objective, "cached"]["reductions_per_step"] == [1, 1], what
                 assert results[rank][objective, "uncached"]["reductions_per_step"] == [1, 1], what

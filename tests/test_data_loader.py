@@ -16,7 +16,7 @@ from itertools import islice
 import pytest
 import torch
 
-from tests.data_helpers import decode_rows, make_paired_shards, make_shards, minilm_tokenizer, paired_rows, sentences
+from tests.data_helpers import decode_rows, labelled_rows, make_paired_shards, make_shards, minilm_tokenizer, paired_rows, sentences
 from vascl_scale.config import DataConfig
 from vascl_scale.data.loader import CorruptShardError, build_train_stream
 
@@ -167,6 +167,9 @@ def _assert_same_batches(left: list[dict], right: list[dict]) -> None:
     for a, b in zip(left, right):
         assert a.keys() == b.keys()
         for column in a:
+            if isinstance(a[column], torch.Tensor):  # a label column
+                torch.testing.assert_close(a[column], b[column], rtol=0, atol=0)
+                continue
             assert a[column].keys() == b[column].keys()
             for key in a[column]:
                 torch.testing.assert_close(a[column][key], b[column][key], rtol=0, atol=0)
@@ -420,17 +423,23 @@ def test_shards_prepared_with_two_hard_negatives_stream_every_column_row_by_row(
     assert sorted(seen) == sorted(by_anchor)
 
 
-def test_paired_streams_resume_exactly_and_stored_ids_give_the_same_batches(tmp_path, tokenizer):
-    rows = paired_rows(60)
+LABELLED = ("anchor", "paired", "label")
+
+
+@pytest.mark.parametrize("rows,columns", [(paired_rows, PAIR), (labelled_rows, LABELLED)], ids=["pairs", "labelled_pairs"])
+def test_paired_streams_resume_exactly_and_stored_ids_give_the_same_batches(tmp_path, tokenizer, rows, columns):
+    """60 rows, 2 workers: pieces end short at each pass's end, so batches join pieces (labels with them)."""
+    rows = rows(60)
     text = make_paired_shards(tmp_path / "text", rows, shard_size=8)
     ids = make_paired_shards(tmp_path / "ids", rows, shard_size=8, tokenizer=tokenizer, max_length=12)
-    reference = _batches(_stream(text, tokenizer, 1, 2, mode="exact", columns=PAIR, max_length=12), 12)
-    with_ids = _stream(ids, tokenizer, 1, 2, mode="exact", columns=PAIR, max_length=12)
+    reference = _batches(_stream(text, tokenizer, 1, 2, mode="exact", columns=columns, max_length=12), 12)
+    assert all(set(batch) == set(columns) for batch in reference)
+    with_ids = _stream(ids, tokenizer, 1, 2, mode="exact", columns=columns, max_length=12)
     assert with_ids._dataset.use_stored_ids
     _assert_same_batches(_batches(with_ids, 12), reference)
-    first = _stream(text, tokenizer, 1, 2, mode="exact", columns=PAIR, max_length=12)
+    first = _stream(text, tokenizer, 1, 2, mode="exact", columns=columns, max_length=12)
     _batches(first, 5)  # 30 rows per rank and epoch: the cut is inside epoch 1
-    resumed = _stream(text, tokenizer, 1, 2, mode="exact", columns=PAIR, max_length=12)
+    resumed = _stream(text, tokenizer, 1, 2, mode="exact", columns=columns, max_length=12)
     resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
     _assert_same_batches(_batches(resumed, 7), reference[5:])
 
@@ -471,3 +480,28 @@ def test_columns_come_from_the_manifests_and_augmenting_data_that_has_positives_
         (pairs / "manifest.json").write_text(json.dumps({**manifest, "columns": columns}))
         with pytest.raises(ValueError, match=r"manifest.json: columns .* must be a list of distinct column names"):
             source_columns(str(pairs))
+
+
+def test_labelled_pairs_stream_their_label_on_the_row_of_their_texts(tmp_path, tokenizer):
+    rows = labelled_rows(60)
+    shards = make_paired_shards(tmp_path / "pairs", rows, shard_size=8)
+    label_of = {row["anchor"]: row["label"] for row in rows}
+    stream = _stream(shards, tokenizer, 1, 2, mode="exact", columns=LABELLED)
+    assert stream.columns == LABELLED
+    batches = _batches(stream, 12)
+    for batch in batches:
+        assert batch["label"].dtype == torch.long and batch["label"].shape == (BATCH,)
+        assert batch["label"].tolist() == [label_of[anchor] for anchor in decode_rows(tokenizer, batch)]
+    assert {label for batch in batches for label in batch["label"].tolist()} == {0, 1}
+    # An objective that reads no label (SimCSE's anchor) never gets it.
+    assert set(_batches(_stream(shards, tokenizer, num_workers=0, columns=("anchor", "positive")), 1)[0]) == {"anchor"}
+
+
+def test_a_label_that_is_not_0_or_1_is_a_corrupt_shard(tmp_path, tokenizer):
+    from vascl_scale.data.shards import write_shard
+
+    shards = make_paired_shards(tmp_path / "pairs", labelled_rows(16), shard_size=8)
+    samples = [(f"{i:09d}", {"anchor.txt": b"an anchor", "paired.txt": b"its pair", "label.cls": b"2" if i == 5 else b"1"}) for i in range(8)]
+    write_shard(shards / "shard-000000.tar", samples)
+    with pytest.raises(CorruptShardError, match=r"shard-000000.tar: ValueError: a label member holds '2', not one of 0, 1"):
+        _batches(_stream(shards, tokenizer, num_workers=0, columns=LABELLED, on_corrupt="fail", shuffle_buffer=0), 2)

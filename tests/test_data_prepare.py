@@ -306,13 +306,18 @@ def test_shuffle_and_stored_ids_keep_each_row_together(tmp_path):
             assert stored == tokenizer(text, truncation=True, max_length=6)["input_ids"]
 
 
-def test_nli_csv_of_simcse_gives_triplets(tmp_path):
-    rows = _rows(5, 3)
-    path = tmp_path / "nli_for_simcse.csv"
+def _nli_csv(path: Path, rows: list[tuple[str, ...]]) -> Path:
+    """SimCSE's nli_for_simcse.csv layout: sent0, sent1, hard_neg."""
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["sent0", "sent1", "hard_neg"])
-        writer.writerows(rows[:3] + [("an anchor", "a positive", "")] + rows[3:])
+        writer.writerows(rows)
+    return path
+
+
+def test_nli_csv_of_simcse_gives_triplets(tmp_path):
+    rows = _rows(5, 3)
+    path = _nli_csv(tmp_path / "nli_for_simcse.csv", rows[:3] + [("an anchor", "a positive", "")] + rows[3:])
     result = _cli(path, "-o", tmp_path / "out", "--format", "nli")
     assert result.exit_code == 0, result.output
     manifest = _manifest(tmp_path / "out")
@@ -412,3 +417,91 @@ def test_a_later_record_without_any_field_stops_naming_its_line(tmp_path):
         handle.write(json.dumps({"other": "x"}) + "\n")
     result = _cli(source, "-o", tmp_path / "out", "--text-field", "query,pos")
     assert result.exit_code == 2 and f"{source}:3 has no field 'query'" in result.output
+
+
+# Labelled pairs (PairSupCon): --labelled-pairs from triplets, --label-field as they are.
+
+
+def _members(shard: Path, key: str) -> list[str]:
+    import tarfile
+
+    with tarfile.open(shard) as tar:
+        return [member for member in tar.getnames() if member.startswith(f"{key}.")]
+
+
+def test_labelled_pairs_from_nli_triplets_write_each_anchor_twice_shuffled_and_count_every_row(tmp_path):
+    rows = _rows(6, 3)
+    # An empty negative, and a repeated triplet.
+    path = _nli_csv(tmp_path / "nli_for_simcse.csv", rows[:3] + [("an anchor", "a positive", ""), rows[0]] + rows[3:])
+    result = _cli(path, "-o", tmp_path / "out", "--format", "nli", "--labelled-pairs", "--shuffle-seed", "3", "--dedup")
+    assert result.exit_code == 0, result.output
+    manifest = _manifest(tmp_path / "out")
+    assert manifest["columns"] == ["anchor", "paired", "label"] and manifest["fields"] == ["anchor.txt", "paired.txt", "label.cls"]
+    assert manifest["lines_read"] == 8 and manifest["rows_read"] == 16
+    assert manifest["dropped"] == {**{reason: 0 for reason in DROP_REASONS}, "empty": 1, "duplicate": 2}
+    assert manifest["total_samples"] == 13 == manifest["rows_read"] - sum(manifest["dropped"].values())
+    in_order = [pair for a, p, n in rows[:3] for pair in ((a, p, "1"), (a, n, "0"))] + [("an anchor", "a positive", "1")]
+    in_order += [pair for a, p, n in rows[3:] for pair in ((a, p, "1"), (a, n, "0"))]
+    written = shard_rows(tmp_path / "out")
+    assert sorted(written) == sorted(in_order) and written != in_order  # shuffled: an anchor's two rows apart
+    assert sorted(_members(tmp_path / "out" / "shard-000000.tar", "000000000000")) == [
+        "000000000000.anchor.txt", "000000000000.label.cls", "000000000000.paired.txt",
+    ]  # fmt: skip
+    assert "rows read (two labelled pairs per triplet)" in result.output
+
+
+@pytest.mark.parametrize("name", ["in.jsonl", "in.tsv", "in.parquet", "hf_dir"])
+def test_labelled_pairs_from_a_label_field_count_bad_labels_and_keep_both_rows_of_an_anchor(tmp_path, name):
+    good = [("one anchor", "its positive", 1), ("one anchor", "its negative", 0), ("two anchor", "another", "1"), ("three anchor", "x y", 1.0)]
+    bad = [("bad anchor a", "a text", 2), ("bad anchor b", "a text", "yes"), ("bad anchor c", "a text", 0.5), ("bad anchor d", "a text", None)]
+    if name.endswith("parquet") or name == "hf_dir":  # typed columns: an integer label column (null for None)
+        good = [(a, p, int(float(y))) for a, p, y in good]
+        bad = [(a, p, y) for (a, p, _), y in zip(bad, (2, 5, -1, None))]
+    rows = good[:2] + bad + good[2:] + [good[0]]  # the last repeats a pair: a duplicate
+    source = _write_rows(tmp_path / name, ("s1", "s2", "y"), rows)
+    result = _cli(source, "-o", tmp_path / "out", "--text-field", "s1,s2", "--label-field", "y", "--dedup")
+    assert result.exit_code == 0, result.output
+    manifest = _manifest(tmp_path / "out")
+    assert manifest["columns"] == ["anchor", "paired", "label"] and "rows_read" not in manifest
+    assert manifest["dropped"]["bad_label"] == 4 and manifest["dropped"]["duplicate"] == 1
+    assert manifest["lines_read"] == len(rows) == manifest["total_samples"] + sum(manifest["dropped"].values())
+    assert shard_rows(tmp_path / "out") == [(a, p, str(int(float(y)))) for a, p, y in good]
+    assert "dropped: bad_label" in result.output
+
+
+def test_a_jsonl_pair_without_its_label_is_a_missing_column_and_a_boolean_a_bad_label(tmp_path):
+    path = tmp_path / "in.jsonl"
+    records = [{"s1": "an anchor", "s2": "a pair", "y": 1}, {"s1": "an anchor b", "s2": "a pair"}, {"s1": "c", "s2": "d", "y": True}]
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    assert _cli(path, "-o", tmp_path / "out", "--text-field", "s1,s2", "--label-field", "y").exit_code == 0
+    manifest = _manifest(tmp_path / "out")
+    assert manifest["dropped"]["missing_column"] == 1 and manifest["dropped"]["bad_label"] == 1
+    assert shard_rows(tmp_path / "out") == [("an anchor", "a pair", "1")]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--text-field", "query,pos,neg_a", "--label-field", "y"], "--label-field y labels pairs: pass the pair's two texts"),
+        (["--text-field", "query,pos", "--label-field", "pos"], "--label-field pos labels pairs"),
+        (["--text-field", "query,pos", "--label-field", "a,b"], "--label-field takes one field name; got 'a,b'"),
+        (["--format", "nli", "--label-field", "y"], "--label-field y does not apply to --format nli"),
+        (["--text-field", "query,pos", "--label-field", "y", "--labelled-pairs"], "--label-field y reads labelled pairs and --labelled-pairs"),
+        (["--text-field", "query,pos", "--labelled-pairs", "--shuffle-seed", "1"], "--labelled-pairs makes two labelled pairs of each triplet"),
+        (["--text-field", "query,pos,neg_a", "--labelled-pairs"], "--labelled-pairs writes each anchor twice"),
+        (["--text-field", "query,pos", "--label-field", "y"], "--label-field y: {source}:1 has no field 'y' (fields: id, pos, query)"),
+    ],
+    ids=["three_texts", "label_is_a_text", "two_labels", "nli", "both", "pairs_from_pairs", "no_shuffle", "absent"],
+)
+def test_labelled_pair_errors_are_one_line_naming_the_option(tmp_path, arguments, message):
+    source = _write_rows(tmp_path / "in.jsonl", PAIR_FIELDS[:2], _rows(2, 2))
+    result = _cli(source, "-o", tmp_path / "out", *arguments)
+    assert result.exit_code == 2
+    assert result.output.strip().startswith(f"error: {message.format(source=source)}"), result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_plain_text_has_no_label_field(tmp_path):
+    (tmp_path / "in.txt").write_text("one line\n")
+    result = _cli(tmp_path / "in.txt", "-o", tmp_path / "out", "--text-field", "a,b", "--label-field", "y")
+    assert result.exit_code == 2 and f"--text-field a,b --label-field y: {tmp_path / 'in.txt'} is plain text" in result.output

@@ -49,6 +49,14 @@ def _slice_batch(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, t
     return ids[:, :longest], mask[:, :longest]
 
 
+def mean_over_ranks(world_size: int, *tensors: torch.Tensor) -> None:
+    """What DDP and ZeRO do with parameter gradients, in place: average each tensor over the ranks."""
+    if world_size > 1:
+        for tensor in tensors:
+            dist.all_reduce(tensor)
+            tensor /= world_size
+
+
 def objective_on_slice(rank: int, world_size: int) -> dict[str, dict[str, np.ndarray]]:
     """Every case on this rank's slice; world_size 1 (no process group) is the reference."""
     model = tiny_encoder(seed=0)
@@ -74,12 +82,7 @@ def objective_on_slice(rank: int, world_size: int) -> dict[str, dict[str, np.nda
         loss.backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])
         mean_loss = loss.detach().clone()
-        if world_size > 1:
-            # What DDP and ZeRO do with parameter gradients: average over ranks.
-            dist.all_reduce(grads)
-            dist.all_reduce(mean_loss)
-            grads /= world_size
-            mean_loss /= world_size
+        mean_over_ranks(world_size, grads, mean_loss)
         results[case] = {"loss": mean_loss.numpy(), "grads": grads.numpy(), **extras}
     return results
 
@@ -205,11 +208,7 @@ def simcse_sup_on_slice(rank: int, world_size: int) -> dict[tuple[int, float], d
             loss.backward()
             grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])
             mean_loss = loss.detach().clone()
-            if world_size > 1:  # DDP's averaging of the parameter gradients over ranks
-                dist.all_reduce(grads)
-                dist.all_reduce(mean_loss)
-                grads /= world_size
-                mean_loss /= world_size
+            mean_over_ranks(world_size, grads, mean_loss)
             results[negatives, alpha] = {"loss": mean_loss.numpy(), "grads": grads.numpy()}
     return results
 
@@ -225,3 +224,45 @@ def test_simcse_sup_many_ranks_equal_one_process(world_size: int) -> None:
             for key in ("loss", "grads"):
                 what = f"{key}, (N, alpha) = {case}, rank {rank} of {world_size}"
                 torch.testing.assert_close(torch.from_numpy(got[case][key]), torch.from_numpy(expected[key]), msg=lambda m: f"{what}: {m}")
+
+
+# Labels of the 12 pairs: the positives fall unevenly over the ranks (W = 2: 2 and 5; W = 4: 2, 0, 2, 3),
+# so the count of positive anchors must be the global one.
+PAIR_LABELS = (1, 1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 1)
+CONTRAST_TYPES = ("orig", "hardneg")
+
+
+def pairsupcon_on_slice(rank: int, world_size: int) -> dict[str, dict[str, np.ndarray]]:
+    """PairSupCon on this rank's labelled pairs (each text column trimmed to the slice's own
+    longest row), both contrast types, the classifier included; world_size 1 is the reference."""
+    from vascl_scale.config import LossConfig
+    from vascl_scale.losses import build_objective
+
+    model = tiny_encoder(seed=0, pair_classifier=True)
+    columns = [token_batch(GLOBAL_BATCH, SEQ_LEN, seed=seed) for seed in (1, 2)]  # anchor, paired
+    labels = torch.tensor(PAIR_LABELS)
+    rows = GLOBAL_BATCH // world_size
+    own = slice(rank * rows, (rank + 1) * rows)
+    results = {}
+    for contrast_type in CONTRAST_TYPES:
+        objective = build_objective("pairsupcon", LossConfig(temperature=0.1, contrast_type=contrast_type, beta=0.7).model_dump())
+        model.zero_grad(set_to_none=False)
+        views = [model(*_slice_batch(ids[own], mask[own])) for ids, mask in columns]  # (b, d) each
+        out = objective(views, model.head, labels=labels[own], classifier=model.classifier)
+        out.loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])
+        values = torch.stack([out.loss.detach(), out.terms["instdisc"], out.terms["classification"]])
+        mean_over_ranks(world_size, grads, values)
+        results[contrast_type] = {"values": values.numpy(), "grads": grads.numpy()}
+    return results
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_pairsupcon_many_ranks_equal_one_process(world_size: int) -> None:
+    reference = pairsupcon_on_slice(rank=0, world_size=1)
+    assert not np.allclose(reference["orig"]["values"], reference["hardneg"]["values"])  # the contrast type matters
+    for rank, got in enumerate(run_on_ranks(pairsupcon_on_slice, world_size)):
+        for contrast_type in CONTRAST_TYPES:
+            expected = reference[contrast_type]
+            torch.testing.assert_close(torch.from_numpy(got[contrast_type]["values"]), torch.from_numpy(expected["values"]))
+            torch.testing.assert_close(torch.from_numpy(got[contrast_type]["grads"]), torch.from_numpy(expected["grads"]))

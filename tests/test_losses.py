@@ -526,6 +526,7 @@ def test_declarations_stand_the_anchor_in_for_a_missing_positive_and_name_what_i
 def test_the_objective_is_called_with_its_views_in_declared_order() -> None:
     from vascl_scale.config import LossConfig
     from vascl_scale.losses import build_objective
+    from vascl_scale.losses.objective import OTHER_OBJECTIVES_KEYS
 
     head = ProjectionHead(4, 3)
     anchor, positive = torch.randn(6, 4, dtype=torch.float64), torch.randn(6, 4, dtype=torch.float64)
@@ -534,10 +535,10 @@ def test_the_objective_is_called_with_its_views_in_declared_order() -> None:
     simcse = build_objective("simcse", settings)([anchor, positive], head)
     assert torch.equal(simcse.loss, simcse_loss(project(head, anchor), project(head, positive), temperature=0.1))
     vascl = build_objective("vascl", settings)([anchor, positive], head, torch.Generator().manual_seed(3))
-    vascl_settings = {key: value for key, value in settings.items() if key != "hard_negative_weight"}  # supervised SimCSE's
+    vascl_settings = {key: value for key, value in settings.items() if key not in OTHER_OBJECTIVES_KEYS}
     expected = vascl_objective(anchor, positive, head, generator=torch.Generator().manual_seed(3), with_stats=False, **vascl_settings)
     assert torch.equal(vascl.loss, expected.loss)
-    with pytest.raises(ValueError, match="objective must be one of 'vascl', 'simcse', 'simcse_sup'; got 'simclr'"):
+    with pytest.raises(ValueError, match="objective must be one of 'vascl', 'simcse', 'simcse_sup', 'pairsupcon'; got 'simclr'"):
         build_objective("simclr", settings)
 
 
@@ -657,3 +658,137 @@ def test_simcse_sup_refuses_bad_input() -> None:
         simcse_sup_loss(z, z)
     with pytest.raises(ValueError, match="hard_negative_weight must be a finite number"):
         simcse_sup_loss(z, z, z, hard_negative_weight=float("nan"))
+
+
+def reference_pairsupcon(e1, e2, labels, head, classifier_weight, temperature, contrast_type, beta):
+    """PairSupCon written from the authors' code (PairSupCon/utils/contrastive_utils.py
+    HardConLoss, models/Transformers.py, training.py), one anchor and one negative at a time:
+    features [f1; f2] of the B pairs; anchor a (2B of them) against its pair's other text and the
+    2B - 2 features whose row is not its pair's (the authors' ~eye(B).repeat(2, 2)); only label-1
+    anchors summed, over their count; "HardNeg": negimp = neg.log().exp() (with gradient),
+    Ng = sum(negimp * neg) / mean(negimp). The classifier Linear(3d, 2, no bias) on [u, v, |u - v|],
+    mean cross-entropy over the B pairs; loss = beta * instdisc + classification."""
+    rows = e1.shape[0]
+    f1 = [F.normalize(head(e1[i]), dim=0) for i in range(rows)]
+    f2 = [F.normalize(head(e2[i]), dim=0) for i in range(rows)]
+    features = f1 + f2
+    total, anchors = 0.0, 0
+    for a in range(2 * rows):
+        pair = a % rows
+        if labels[pair] != 1:
+            continue
+        pos = torch.exp((f1[pair] * f2[pair]).sum() / temperature)
+        neg = [torch.exp((features[a] * features[j]).sum() / temperature) for j in range(2 * rows) if j % rows != pair]
+        if contrast_type == "orig":
+            ng = sum(neg)
+        else:
+            negimp = [n.log().exp() for n in neg]
+            ng = sum(w * n for w, n in zip(negimp, neg)) / (sum(negimp) / len(negimp))
+        total = total - torch.log(pos / (ng + pos))
+        anchors += 1
+    instdisc = total / anchors
+    cross_entropy = []
+    for i in range(rows):
+        logits = classifier_weight @ torch.cat([e1[i], e2[i], (e1[i] - e2[i]).abs()])  # (2,)
+        cross_entropy.append(torch.logsumexp(logits, dim=0) - logits[labels[i]])
+    classification = torch.stack(cross_entropy).mean()
+    return beta * instdisc + classification, instdisc, classification
+
+
+def _pairsupcon_parts(seed: int, rows: int = 5, hidden: int = 6):
+    from vascl_scale.model import PairClassifier
+
+    torch.manual_seed(seed)
+    head, classifier = ProjectionHead(hidden, 4), PairClassifier(hidden)
+    views = [torch.randn(rows, hidden, requires_grad=True) for _ in range(2)]  # e1, e2 of the pairs
+    return head, classifier, views
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("contrast_type", ["orig", "hardneg"])
+@pytest.mark.parametrize("beta", [1.0, 0.3])
+def test_pairsupcon_matches_the_loop_reference_of_the_authors_code_in_value_and_gradient(seed, contrast_type, beta) -> None:
+    from vascl_scale.config import LossConfig
+    from vascl_scale.losses import build_objective
+
+    head, classifier, views = _pairsupcon_parts(seed)
+    labels = torch.tensor([1, 0, 1, 1, 0])
+    settings = LossConfig(temperature=0.1, contrast_type=contrast_type, beta=beta).model_dump()
+    out = build_objective("pairsupcon", settings)(views, head, labels=labels, classifier=classifier, with_stats=True)
+    parameters = [*views, *head.parameters(), classifier.linear.weight]
+    got_grads = torch.autograd.grad(out.loss, parameters)
+    expected, instdisc, classification = reference_pairsupcon(*views, labels, head, classifier.linear.weight, 0.1, contrast_type, beta)
+    expected_grads = torch.autograd.grad(expected, parameters)
+    torch.testing.assert_close(out.loss, expected)
+    torch.testing.assert_close(out.terms["instdisc"], instdisc.detach())
+    torch.testing.assert_close(out.terms["classification"], classification.detach())
+    for ours, theirs in zip(got_grads, expected_grads):
+        torch.testing.assert_close(ours, theirs)
+    assert set(out.stats) == {"loss", "instdisc", "classification", "classifier_accuracy"}
+
+
+def test_pairsupcon_hardness_weights_carry_gradient_and_count_only_label_1_anchors() -> None:
+    """The authors' weights are not detached: detaching them gives another gradient (the same
+    value). Label-0 pairs are no anchors, but their features are negatives of every anchor;
+    without any positive pair the instance loss is 0, not 0 / 0."""
+    from vascl_scale.losses.pairsupcon import hard_contrastive_loss
+
+    head, _, (e1, e2) = _pairsupcon_parts(3)
+    z1, z2 = project(head, e1), project(head, e2)
+    labels = torch.tensor([1, 0, 1, 1, 0])
+    loss = hard_contrastive_loss(z1, z2, labels, temperature=0.1)
+    (ours,) = torch.autograd.grad(loss, e1, retain_graph=True)
+    anchors = torch.cat([z1, z2])  # (2B, D), every pair's own two rows masked below
+    logits = anchors @ anchors.T / 0.1
+    own = torch.cat([torch.arange(5), torch.arange(5)])
+    negatives = logits.masked_fill(own[:, None] == own[None, :], float("-inf"))
+    weights = negatives.detach().softmax(dim=1) * 8  # w_aj = e^{s_aj} / mean_j e^{s_aj}, as constants
+    log_n = torch.logsumexp(negatives + weights.log(), dim=1)
+    positive = torch.cat([(z1 * z2).sum(-1), (z1 * z2).sum(-1)]) / 0.1
+    per_anchor = torch.logaddexp(positive, log_n) - positive
+    is_anchor = torch.cat([labels, labels]) == 1
+    detached = per_anchor[is_anchor].mean()
+    torch.testing.assert_close(detached, loss)
+    (theirs,) = torch.autograd.grad(detached, e1)
+    assert not torch.allclose(ours, theirs), "detached hardness weights gave the same gradient"
+    without_negatives_rows = hard_contrastive_loss(z1[[0, 2, 3]], z2[[0, 2, 3]], labels[[0, 2, 3]], temperature=0.1)
+    assert not torch.isclose(without_negatives_rows, loss)  # the label-0 pairs' features are negatives
+    none = hard_contrastive_loss(z1, z2, torch.zeros(5, dtype=torch.long), temperature=0.1)
+    assert none.item() == 0.0
+
+
+def test_pairsupcon_declares_labelled_pairs_and_the_classifier_and_counts_its_flops() -> None:
+    from vascl_scale.config import LossConfig
+    from vascl_scale.flops import classifier_forward_flops, head_forward_flops
+    from vascl_scale.losses import OBJECTIVES, build_objective
+
+    spec = OBJECTIVES["pairsupcon"]
+    assert spec.inputs == ("anchor", "paired") and spec.label == "label" and spec.classifier and not spec.stand_ins
+    assert spec.columns == ("anchor", "paired", "label")
+    assert spec.encoded_columns(("anchor", "paired", "label")) == ("anchor", "paired")
+    with pytest.raises(ValueError, match=r"objective 'pairsupcon' needs the column\(s\) paired, label, which the batch lacks"):
+        spec.encoded_columns(("anchor", "positive", "negative_0"))
+    rows, global_rows, hidden, out_dim = 4, 16, 32, 8
+    # 2b rows through the head, (2b, 2B) logits, the classifier's 3d x 2 on b pairs; forward and backward.
+    expected = 3 * (head_forward_flops(2 * rows, hidden, out_dim) + 2 * (2 * rows) * (2 * global_rows) * out_dim)
+    expected += 3 * 2 * rows * 3 * hidden * 2
+    assert classifier_forward_flops(rows, hidden, 2) == 2 * rows * 3 * hidden * 2
+    assert build_objective("pairsupcon", LossConfig().model_dump()).model_flops(rows, global_rows, hidden, out_dim) == expected
+
+
+def test_pairsupcon_refuses_bad_settings_and_labels() -> None:
+    from vascl_scale.config import LossConfig
+    from vascl_scale.losses.pairsupcon import hard_contrastive_loss
+
+    assert LossConfig().contrast_type == "hardneg" and LossConfig().beta == 1.0  # the authors' defaults
+    with pytest.raises(ValueError, match=r"loss.contrast_type must be one of 'orig', 'hardneg'; got 'HardNeg'"):
+        LossConfig(contrast_type="HardNeg")
+    with pytest.raises(ValueError, match=r"loss.beta .* must be a finite number >= 0 \(the authors use 1\); got -1"):
+        LossConfig(beta=-1)
+    z = _unit(torch.randn(4, 3))
+    with pytest.raises(ValueError, match=r"labels must hold one integer per pair, shape \(4,\)"):
+        hard_contrastive_loss(z, z, torch.ones(3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"labels must hold one integer per pair"):
+        hard_contrastive_loss(z, z, torch.ones(4))
+    with pytest.raises(ValueError, match="at least 2 pairs in the global batch"):
+        hard_contrastive_loss(z[:1], z[:1], torch.ones(1, dtype=torch.long))

@@ -102,3 +102,44 @@ def test_a_model_directory_without_a_tokenizer_vocabulary_is_refused(tmp_path) -
     (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")  # a vocabulary of special tokens
     with pytest.raises(ValueError, match=r"turns every word of .* into its unknown token '\[UNK\]'.*5 tokens"):
         SentenceEncoder.from_pretrained(tmp_path)
+
+
+def test_the_pairwise_classifier_trains_with_the_head_exports_beside_it_and_loads(tmp_path) -> None:
+    """PairSupCon's classifier: Linear(3d, 2, no bias) on [u, v, |u - v|]; reached by the probe
+    (not frozen), in the head's optimiser group, exported to classifier.safetensors (the encoder
+    weights stay the encoder's: AutoModel and the export's embeddings are unchanged) and loaded
+    from there; a model without one ignores the file."""
+    from accelerate import Accelerator
+    from transformers import AutoModel
+
+    from vascl_scale.config import config_from_dict
+    from vascl_scale.train.export import export_model
+    from vascl_scale.train.trainer import build_optimizer, freeze_unreached_parameters
+
+    tokenizer = AutoTokenizer.from_pretrained(str(packaged_minilm_dir()))
+    BertModel(tiny_bert_config(vocab_size=tokenizer.vocab_size)).save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    model = SentenceEncoder.from_pretrained(tmp_path / "base", head_dim=8, pair_classifier=True)
+    assert SentenceEncoder.from_pretrained(tmp_path / "base").classifier is None
+    u, v = torch.randn(3, 16), torch.randn(3, 16)
+    weight = model.classifier.linear.weight
+    assert weight.shape == (2, 48) and model.classifier.linear.bias is None
+    torch.testing.assert_close(model.classifier(u, v), torch.cat([u, v, (u - v).abs()], dim=1) @ weight.T)
+    frozen = freeze_unreached_parameters(model)
+    assert frozen == [] and weight.requires_grad  # the pooler is frozen already (SentenceEncoder)
+    config = config_from_dict({"model": {"path": "m"}, "data": {"train": "t"}, "optim": {"lr": 1e-5, "head_lr": 1e-3}})
+    groups = build_optimizer(model, config).param_groups
+    assert groups[1]["lr"] == 1e-3 and any(p is weight for p in groups[1]["params"])
+    with torch.no_grad():
+        weight.mul_(3.0)  # not the initial weights
+    export_model(Accelerator(cpu=True), model, tmp_path / "export", max_seq_length=32)
+    assert sorted(path.name for path in (tmp_path / "export").glob("*.safetensors")) == [
+        "classifier.safetensors", "head.safetensors", "model.safetensors",
+    ]  # fmt: skip
+    loaded = SentenceEncoder.from_pretrained(tmp_path / "export", pair_classifier=True)
+    torch.testing.assert_close(loaded.classifier.linear.weight, weight)
+    plain = SentenceEncoder.from_pretrained(tmp_path / "export")
+    assert plain.classifier is None
+    AutoModel.from_pretrained(str(tmp_path / "export"))  # no unexpected keys raised: the encoder alone
+    texts = ["a short sentence", "another one here"]
+    np.testing.assert_allclose(plain.encode(texts), model.encode(texts), atol=1e-6)

@@ -61,12 +61,15 @@ def train_steps(
     from vascl_scale.precision import train_precision
     from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
 
+    from vascl_scale.losses.spec import objective_spec
+
     rows = GLOBAL_BATCH // world_size
     own = slice(rank * rows, (rank + 1) * rows)
     weights = {}
     for objective in objectives:
         config = _config(objective, precision)
-        model = tiny_encoder(seed=0, dtype=getattr(torch, dtype), head_dim=8)  # dropout 0: no masks to match
+        # Dropout 0: no masks to match.
+        model = tiny_encoder(seed=0, dtype=getattr(torch, dtype), head_dim=8, pair_classifier=objective_spec(objective).classifier)
         accelerator = build_accelerator(config, deepspeed)
         prepared, prepared_optimizer = prepare_for_training(accelerator, model, build_optimizer(model, config), config)
         step = TrainingStep(
@@ -75,8 +78,7 @@ def train_steps(
         )  # fmt: skip
         losses = []
         for index in range(steps):
-            ids, mask = token_batch(GLOBAL_BATCH, SEQ_LEN, seed=10 + index)  # the same global batch everywhere
-            result = step(iter([{"anchor": {"input_ids": ids[own], "attention_mask": mask[own]}}]), index)
+            result = step(iter([_global_batch(objective, index, own)]), index)
             losses.append(float(result.terms["loss"]))
         weights[f"{objective} losses"] = np.array(losses)  # this rank's
         module = accelerator.unwrap_model(prepared)
@@ -84,6 +86,18 @@ def train_steps(
         assert all(p.dtype == getattr(torch, dtype) for p in module.parameters())  # autocast casts no weight
         weights["optimizer_dtypes"] = sorted({str(v.dtype) for v in _tensors(prepared_optimizer.state_dict())})
     return weights if rank == 0 else {}
+
+
+def _global_batch(objective: str, index: int, own: slice) -> dict:
+    """This rank's rows ``own`` of global batch ``index``, the same everywhere: sentences, or for
+    PairSupCon labelled pairs (anchor, paired, label)."""
+    ids, mask = token_batch(GLOBAL_BATCH, SEQ_LEN, seed=10 + index)
+    batch = {"anchor": {"input_ids": ids[own], "attention_mask": mask[own]}}
+    if objective == "pairsupcon":
+        paired_ids, paired_mask = token_batch(GLOBAL_BATCH, SEQ_LEN, seed=20 + index)
+        batch["paired"] = {"input_ids": paired_ids[own], "attention_mask": paired_mask[own]}
+        batch["label"] = torch.randint(0, 2, (GLOBAL_BATCH,), generator=torch.Generator().manual_seed(30 + index))[own]
+    return batch
 
 
 def _tensors(state) -> list:
@@ -117,7 +131,7 @@ def _assert_same(got: dict, expected: dict, atol: float, what: str) -> None:
 
 
 def test_ddp_on_2_and_4_ranks_ends_with_the_weights_of_one_process() -> None:
-    objectives = ("vascl", "simcse")
+    objectives = ("vascl", "simcse", "pairsupcon")
     (reference,) = run_as_launched(train_steps, 1, objectives, None, "float64")
     for world_size in (2, 4):
         got = run_as_launched(train_steps, world_size, objectives, None, "float64")[0]

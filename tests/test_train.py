@@ -77,20 +77,45 @@ def write_dev_tsv(path: Path, pairs: int = 24) -> Path:
     return path
 
 
+def write_labelled_pairs(directory: Path, pairs: int = 96) -> Path:
+    """PairSupCon's data: labelled pairs of random words (labels 0 and 1), 6 shards by ``data prepare``."""
+    from vascl_scale.data.prepare import PrepareOptions, prepare_shards
+
+    rng = random.Random(3)
+    rows = ["s1\ts2\ty"]
+    for _ in range(pairs):
+        first, second = (" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 10))) for _ in range(2))
+        rows.append(f"{first}\t{second}\t{rng.randint(0, 1)}")
+    source = directory / "pairs.tsv"
+    source.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    options = PrepareOptions(text_field="s1,s2", label_field="y", shard_size=pairs // 6)
+    prepare_shards([source], directory / "labelled-pairs", options, show_progress=False)
+    return directory / "labelled-pairs"
+
+
 @pytest.fixture(scope="session")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Tiny model, training text and an STS-B-style dev file, shared by all runs."""
+    """Tiny model, training text, labelled pairs and an STS-B-style dev file, shared by all runs."""
     root = tmp_path_factory.mktemp("train")
     write_tiny_model(root / "model")
     write_texts(root / "train.txt")
+    write_labelled_pairs(root)
     write_dev_tsv(root / "dev.tsv")
     return root
 
 
-def write_config(workspace: Path, path: Path, **sections) -> Path:
+# The objectives each engine's run must reproduce DDP's weights for: unsupervised on the text,
+# PairSupCon on the labelled pairs (its classifier among the weights).
+ENGINE_OBJECTIVES = ("vascl", "pairsupcon")
+
+
+def write_config(workspace: Path, path: Path, objective: str = "vascl", **sections) -> Path:
+    """A run's config; ``objective`` pairsupcon trains on the workspace's labelled pairs."""
+    train = workspace / ("labelled-pairs" if objective == "pairsupcon" else "train.txt")
     config = {
+        "objective": objective,
         "model": {"path": str(workspace / "model"), "head_dim": 16},
-        "data": {"train": str(workspace / "train.txt"), "max_length": 16, "num_workers": 0},
+        "data": {"train": str(train), "max_length": 16, "num_workers": 0},
         "loss": {"k": 4},
         "train": {"global_batch_size": 16, "max_steps": 4, "log_every": 2, "seed": 7},
         "eval": {"every_steps": 2, "stsb_dev": str(workspace / "dev.tsv"), "max_length": 32},
@@ -136,7 +161,9 @@ def run_train(
 
 def final_weights(run: Path) -> dict[str, torch.Tensor]:
     weights = load_file(str(run / "final" / "model.safetensors"))
-    weights.update({f"head.{k}": v for k, v in load_file(str(run / "final" / "head.safetensors")).items()})
+    for module in ("head", "classifier"):  # a PairSupCon run's classifier too
+        if (run / "final" / f"{module}.safetensors").is_file():
+            weights.update({f"{module}.{k}": v for k, v in load_file(str(run / "final" / f"{module}.safetensors")).items()})
     return weights
 
 
@@ -147,13 +174,35 @@ def assert_same_weights(a: Path, b: Path, atol: float = 1e-6) -> None:
         torch.testing.assert_close(first[name], second[name], atol=atol, rtol=0, msg=f"{name} differs")
 
 
+# The cached runs' train.chunk_size: per-device batch 8 in chunks of 3, 3 and 2.
+CACHED_CHUNK = 3
+
+
 @pytest.fixture(scope="session")
-def ddp_reference(workspace: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """4 steps with 2 processes under DDP: the reference the other engines must reproduce."""
-    root = tmp_path_factory.mktemp("ddp")
-    config = write_config(workspace, root / "config.yaml")
-    run_train(config, root / "run", "--num-processes", "2")
-    return root / "run"
+def ddp_references(workspace: Path, tmp_path_factory: pytest.TempPathFactory):
+    """``reference(objective, chunk_size)``: 4 steps with 2 processes under DDP, run on first
+    use, the reference the other engines must reproduce (uncached, or cached in chunks)."""
+    runs: dict[tuple[str, int], Path] = {}
+
+    def reference(objective: str, chunk_size: int = 0) -> Path:
+        if (objective, chunk_size) not in runs:
+            root = tmp_path_factory.mktemp(f"ddp-{objective}-chunk-{chunk_size}")
+            config = write_config(workspace, root / "config.yaml", objective, train={"chunk_size": chunk_size})
+            result = run_train(config, root / "run", "--num-processes", "2")
+            if chunk_size:
+                log = " ".join(result.stderr.split())
+                assert f"cached step: 3 chunks of up to {chunk_size} sentences per view and device" in log
+                assert f"activations of {chunk_size} sentences at a time instead of 16" in log
+            runs[objective, chunk_size] = root / "run"
+        return runs[objective, chunk_size]
+
+    return reference
+
+
+@pytest.fixture(scope="session")
+def ddp_reference(ddp_references) -> Path:
+    """The VaSCL run of :func:`ddp_references`."""
+    return ddp_references("vascl")
 
 
 def test_single_process_run_writes_a_complete_run_directory(workspace: Path, tmp_path: Path) -> None:
@@ -482,14 +531,17 @@ def test_simcse_objective_and_gradient_accumulation_in_the_same_loop(workspace: 
 
 
 @pytest.mark.deepspeed
-def test_zero2_stopped_and_resumed_equals_ddp(workspace: Path, tmp_path: Path, ddp_reference: Path) -> None:
-    config = write_config(workspace, tmp_path / "config.yaml")
+@pytest.mark.parametrize("objective", ENGINE_OBJECTIVES)
+def test_zero2_stopped_and_resumed_equals_ddp(workspace: Path, tmp_path: Path, ddp_references, objective: str) -> None:
+    config = write_config(workspace, tmp_path / "config.yaml", objective)
     run = tmp_path / "run"
     run_train(config, run, "--num-processes", "2", "--deepspeed", ZERO2, "--max-steps", "2", timeout=420)
     # Resuming reads DeepSpeed's files only after they pass the weights_only allowlist check.
     run_train(config, run, "--num-processes", "2", "--deepspeed", ZERO2, "--resume", timeout=300)
     assert (run / "checkpoints" / "step-00000004" / "pytorch_model").is_dir()
-    assert_same_weights(run, ddp_reference)
+    assert_same_weights(run, ddp_references(objective))
+    if objective != "vascl":  # the file check below does not depend on the objective: once is enough
+        return
 
     # A DeepSpeed file holding anything but tensors and DeepSpeed's plain types is refused, even
     # when the file list of the checkpoint's marker is rewritten to match it.
@@ -511,15 +563,14 @@ def _relist(checkpoint: Path) -> None:
 
 
 @pytest.mark.deepspeed
-def test_zero3_consolidates_its_shards_for_export_and_equals_ddp(
-    workspace: Path, tmp_path: Path, ddp_reference: Path
-) -> None:
-    config = write_config(workspace, tmp_path / "config.yaml")
+@pytest.mark.parametrize("objective", ENGINE_OBJECTIVES)
+def test_zero3_consolidates_its_shards_for_export_and_equals_ddp(workspace: Path, tmp_path: Path, ddp_references, objective: str) -> None:
+    config = write_config(workspace, tmp_path / "config.yaml", objective)
     run = tmp_path / "run"
     run_train(config, run, "--num-processes", "2", "--deepspeed", ZERO3, "--max-steps", "2", timeout=420)
     run_train(config, run, "--num-processes", "2", "--deepspeed", ZERO3, "--resume", timeout=300)
     # ZeRO-3 reduces in another order than DDP: equal up to float32 rounding.
-    assert_same_weights(run, ddp_reference, atol=1e-6)
+    assert_same_weights(run, ddp_references(objective), atol=1e-6)
     assert (run / "best" / "model.safetensors").is_file()
 
 
@@ -916,21 +967,15 @@ def test_a_resumed_run_logs_each_step_once_in_its_metrics(workspace: Path, tmp_p
 
 
 @pytest.fixture(scope="session")
-def ddp_cached_reference(workspace: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The DDP reference with the cached step: per-device batch 8 in chunks of 3, 3 and 2."""
-    root = tmp_path_factory.mktemp("ddp-cached")
-    config = write_config(workspace, root / "config.yaml", train={"chunk_size": 3})
-    result = run_train(config, root / "run", "--num-processes", "2")
-    log = " ".join(result.stderr.split())
-    assert "cached step: 3 chunks of up to 3 sentences per view and device" in log
-    assert "activations of 3 sentences at a time instead of 16" in log
-    return root / "run"
+def ddp_cached_reference(ddp_references) -> Path:
+    """The cached VaSCL run of :func:`ddp_references`."""
+    return ddp_references("vascl", CACHED_CHUNK)
 
 
 def test_a_cached_run_stopped_and_resumed_equals_an_uninterrupted_one(
     workspace: Path, tmp_path: Path, ddp_cached_reference: Path
 ) -> None:
-    config = write_config(workspace, tmp_path / "config.yaml", train={"chunk_size": 3})
+    config = write_config(workspace, tmp_path / "config.yaml", train={"chunk_size": CACHED_CHUNK})
     run = tmp_path / "run"
     run_train(config, run, "--num-processes", "2", "--max-steps", "2")
     run_train(config, run, "--num-processes", "2", "--resume")
@@ -938,14 +983,16 @@ def test_a_cached_run_stopped_and_resumed_equals_an_uninterrupted_one(
 
 
 @pytest.mark.deepspeed
+@pytest.mark.parametrize("objective", ENGINE_OBJECTIVES)
 @pytest.mark.parametrize("zero", ["zero2", "zero3"])
-def test_cached_zero_runs_equal_the_cached_ddp_run(workspace: Path, tmp_path: Path, ddp_cached_reference: Path, zero: str) -> None:
-    config = write_config(workspace, tmp_path / "config.yaml", train={"chunk_size": 3})
+def test_cached_zero_runs_equal_the_cached_ddp_run(workspace: Path, tmp_path: Path, ddp_references, zero: str, objective: str) -> None:
+    config = write_config(workspace, tmp_path / "config.yaml", objective, train={"chunk_size": CACHED_CHUNK})
     run = tmp_path / "run"
     deepspeed = ZERO2 if zero == "zero2" else ZERO3
     run_train(config, run, "--num-processes", "2", "--deepspeed", deepspeed, timeout=420)
-    # 7 backwards per loss call, reduced in DeepSpeed's order: equal up to float32 rounding.
-    assert_same_weights(run, ddp_cached_reference, atol=2e-6)
+    # 7 backwards per loss call (5 for PairSupCon's two columns), reduced in DeepSpeed's order:
+    # equal up to float32 rounding.
+    assert_same_weights(run, ddp_references(objective, CACHED_CHUNK), atol=2e-6)
 
 
 def test_both_objectives_train_on_explicitly_augmented_pairs(workspace: Path, tmp_path: Path) -> None:

@@ -23,10 +23,13 @@ def tiny_bert_config(**overrides) -> BertConfig:
     return BertConfig(**settings)
 
 
-def tiny_encoder(seed: int = 0, dtype: torch.dtype = torch.float64, head_dim: int = 8, **overrides) -> SentenceEncoder:
-    """A random 1-layer BERT + head, identical in every process for the same seed."""
+def tiny_encoder(
+    seed: int = 0, dtype: torch.dtype = torch.float64, head_dim: int = 8, pair_classifier: bool = False, **overrides
+) -> SentenceEncoder:
+    """A random 1-layer BERT + head (+ PairSupCon's pairwise classifier), identical in every process for the same seed."""
     torch.manual_seed(seed)
-    return SentenceEncoder(BertModel(tiny_bert_config(**overrides)), head_dim=head_dim).to(dtype)
+    model = SentenceEncoder(BertModel(tiny_bert_config(**overrides)), head_dim=head_dim, pair_classifier=pair_classifier)
+    return model.to(dtype)
 
 
 def token_batch(rows: int, length: int, seed: int, vocab_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:

@@ -51,7 +51,7 @@ from pydantic import (
 )
 
 from vascl_scale.data.augment import AUGMENTATIONS, DEFAULT_WORDNET, AugmentSpec, check_augmenter
-from vascl_scale.data.columns import AUGMENTED, columns_to_read
+from vascl_scale.data.columns import AUGMENTED, POSITIVE, columns_to_read
 from vascl_scale.data.mix_plan import MIX_MODES, check_same_columns, check_source_name, sample_quotas, source_names
 from vascl_scale.hub import PACKAGE_PREFIX, locate_model, package_directory
 from vascl_scale.log import shown
@@ -233,7 +233,8 @@ class DataConfig(_Strict):
 
 class LossConfig(_Strict):
     """Eq. 1 (SimCSE) and Eq. 2-6 (VaSCL) hyper-parameters; k, xi, eps, power_iters and
-    detach only matter for ``objective: vascl``, hard_negative_weight for ``simcse_sup``."""
+    detach only matter for ``objective: vascl``, hard_negative_weight for ``simcse_sup``,
+    contrast_type and beta for ``pairsupcon``."""
 
     temperature: Number = 0.05
     k: int = 16  # neighbours per anchor, searched over the whole global batch
@@ -250,6 +251,11 @@ class LossConfig(_Strict):
     # Supervised SimCSE's alpha: added to the logit (after / temperature) of each anchor's own
     # hard negative, a weight e^alpha on it; 0 is the paper's Eq. 5.
     hard_negative_weight: Number = 0.0
+    # PairSupCon's negatives in its instance loss (the authors' HardConLoss): "hardneg", each
+    # weighted by its own exp(sim / tau) over the mean of those weights, so harder negatives count
+    # more (the authors' default); "orig", all alike (NT-Xent).
+    contrast_type: Literal["orig", "hardneg"] = "hardneg"
+    beta: Number = 1.0  # PairSupCon: loss = beta x instance loss + pairwise classification loss
 
     @model_validator(mode="after")
     def _rules(self) -> LossConfig:
@@ -261,7 +267,7 @@ class OptimConfig(_Strict):
     """AdamW with two parameter groups; with weight_decay 0 this is the paper's Adam."""
 
     lr: Number = Field(5e-6, gt=0)  # encoder
-    head_lr: Number = Field(5e-4, gt=0)  # projection head: 100x the encoder (Appendix A)
+    head_lr: Number = Field(5e-4, gt=0)  # projection head (and PairSupCon's classifier): 100x the encoder (Appendix A)
     betas: list[Number] = [0.9, 0.999]
     adam_eps: Number = Field(1e-8, gt=0)
     weight_decay: Number = Field(0.0, ge=0)
@@ -333,7 +339,13 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _rules(self) -> RunConfig:
-        objective_spec(self.objective).rules(self.loss.model_dump(), self.train.global_batch_size)
+        spec = objective_spec(self.objective)
+        spec.rules(self.loss.model_dump(), self.train.global_batch_size)
+        if self.data.augment != "none" and POSITIVE not in spec.inputs:
+            raise ValueError(
+                f"data.augment makes a {POSITIVE} of each anchor, which objective {spec.name!r} does not encode; "
+                "set data.augment to none"
+            )
         self.per_device_batch_size(1)  # train.chunk_size within the batch (the world size is checked at start)
         return self
 

@@ -122,6 +122,18 @@ def all_gather_no_grad(local: Tensor) -> Tensor:
         return _gather_rows(local.detach(), world_size)
 
 
+def sum_over_ranks(value: Tensor) -> Tensor:
+    """The sum of ``value`` over all ranks, on every rank, without gradient: a count that
+    normalises a loss (PairSupCon's positive anchors of the global batch)."""
+    _, world_size = world()
+    if world_size == 1:
+        return value.detach()
+    summed = value.detach().clone()
+    _note("all_reduce", summed, world_size)
+    dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+    return summed
+
+
 def require_equal_rows(rows: int, what: str = "per-rank batch") -> None:
     """Raise ``ValueError`` unless every rank passes the same ``rows`` (one tiny all-gather)."""
     _, world_size = world()

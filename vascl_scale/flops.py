@@ -17,8 +17,9 @@ The cached step's extra forward without gradient is recomputation and is not cou
 MFU's usual definition), so its MFU is lower than an uncached step's for the same speed.
 
 Head passes (h: d -> d -> D, :class:`vascl_scale.model.ProjectionHead`) cost 2 (d^2 + d D)
-per row forward; each objective counts its own passes and similarity products (its
-``model_flops``, which takes the number of views).
+per row forward, PairSupCon's pairwise classifier (3d -> classes) 2 x 3d x classes per pair;
+each objective counts its own passes and similarity products (its ``model_flops``, which takes
+the number of views).
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ class EncoderShape:
 def head_forward_flops(rows: int, hidden: int, out_dim: int) -> int:
     """Forward FLOPs of the projection head on ``rows`` embeddings."""
     return 2 * rows * (hidden * hidden + hidden * out_dim)
+
+
+def classifier_forward_flops(pairs: int, hidden: int, classes: int) -> int:
+    """Forward FLOPs of the pairwise classifier (:class:`vascl_scale.model.PairClassifier`) on ``pairs`` pairs."""
+    return 2 * pairs * 3 * hidden * classes
 
 
 def tflops_and_mfu(flops: float, seconds: float, peak_tflops: float) -> tuple[float, float | None]:

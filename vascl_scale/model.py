@@ -2,8 +2,9 @@
 
 One ``nn.Module`` holds both parts so accelerate and DeepSpeed wrap, shard and checkpoint
 them together. ``forward`` returns pooled embeddings e (B, d); the head h is applied by the
-loss through ``model.head`` (Appendix A: Linear d->d, ReLU, Linear d->128, no biases).
-Evaluation uses :meth:`SentenceEncoder.encode`, which never touches the head.
+loss through ``model.head`` (Appendix A: Linear d->d, ReLU, Linear d->128, no biases), and
+PairSupCon's pairwise classifier, where the objective trains one, through ``model.classifier``.
+Evaluation uses :meth:`SentenceEncoder.encode`, which never touches either.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from vascl_scale.data.columns import LABELS
 from vascl_scale.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
+
+CLASSIFIER_FILE = "classifier.safetensors"  # the pairwise classifier beside exported weights
 
 
 def mean_pool(last_hidden_state: Tensor, attention_mask: Tensor) -> Tensor:
@@ -58,12 +62,26 @@ class ProjectionHead(nn.Sequential):
         self.out_dim = out_dim
 
 
+class PairClassifier(nn.Module):
+    """PairSupCon's pairwise classification head: Linear(3d, classes, no bias) on [u, v, |u - v|]
+    (Sentence-BERT's input; the authors' ``classify_head``), u, v the pooled embeddings of a pair."""
+
+    def __init__(self, hidden_size: int, classes: int = len(LABELS)) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3 * hidden_size, classes, bias=False)
+
+    def forward(self, u: Tensor, v: Tensor) -> Tensor:
+        """(n, d), (n, d) -> logits (n, classes)."""
+        return self.linear(torch.cat([u, v, (u - v).abs()], dim=-1))
+
+
 class SentenceEncoder(nn.Module):
     """Any ``AutoModel`` encoder + pooling + projection head, as one module.
 
     ``forward(input_ids, attention_mask, token_type_ids=None) -> e`` with e (B, d) the pooled
     sentence embedding. The head is a submodule (``self.head``) so that ZeRO-3 shards it and
-    every rank calls it the same number of times.
+    every rank calls it the same number of times; so is the pairwise classifier
+    (``self.classifier``, ``pair_classifier=True``: PairSupCon's), None otherwise.
     """
 
     def __init__(
@@ -72,6 +90,7 @@ class SentenceEncoder(nn.Module):
         tokenizer=None,
         pooling: str = "mean",
         head_dim: int = 128,
+        pair_classifier: bool = False,
     ) -> None:
         super().__init__()
         if pooling not in POOLERS:
@@ -86,6 +105,8 @@ class SentenceEncoder(nn.Module):
         self.tokenizer = tokenizer
         self.pooling = pooling
         self.head = ProjectionHead(encoder.config.hidden_size, head_dim)
+        # Made after the head, so that the head's initial weights do not depend on it.
+        self.classifier = PairClassifier(encoder.config.hidden_size) if pair_classifier else None
 
     @classmethod
     def from_pretrained(
@@ -95,12 +116,15 @@ class SentenceEncoder(nn.Module):
         head_dim: int | None = None,
         trust_remote_code: bool = False,
         attn_implementation: str | None = None,
+        pair_classifier: bool = False,
     ) -> "SentenceEncoder":
         """Load a local Hugging Face encoder directory and its tokenizer.
 
         A ``head.safetensors`` beside the weights (what training exports) is loaded as the
         projection head, and ``head_dim=None`` takes its size from it; otherwise the head is
-        new, ``head_dim`` wide (default 128).
+        new, ``head_dim`` wide (default 128). With ``pair_classifier`` the model has the
+        pairwise classifier, loaded from a ``classifier.safetensors`` beside the weights when
+        there is one (what a PairSupCon run exports), new otherwise.
         """
         from transformers import AutoModel
 
@@ -134,10 +158,17 @@ class SentenceEncoder(nn.Module):
             if head_dim is not None and head_dim != saved_dim:
                 raise ValueError(f"{head_file} holds a {saved_dim}-wide head; got head_dim={head_dim}")
             head_dim = saved_dim
-        model = cls(encoder, tokenizer, pooling=pooling, head_dim=128 if head_dim is None else head_dim)
+        head_dim = 128 if head_dim is None else head_dim
+        model = cls(encoder, tokenizer, pooling=pooling, head_dim=head_dim, pair_classifier=pair_classifier)
         if head_state is not None:
             model.head.load_state_dict(head_state)
             logger.info("loaded the projection head from %s", head_file)
+        classifier_file = path / CLASSIFIER_FILE
+        if model.classifier is not None and classifier_file.is_file():
+            from safetensors.torch import load_file
+
+            model.classifier.load_state_dict(load_file(str(classifier_file)))
+            logger.info("loaded the pairwise classifier from %s", classifier_file)
         return model
 
     @property

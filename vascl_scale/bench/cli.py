@@ -63,7 +63,7 @@ def step(
     model: str = typer.Option(..., "--model", help="Model: a directory, package:MODULE/SUBDIR, a hub id, or a Hugging Face config.json (random init)."),
     global_batch: str = typer.Option("64", "--global-batch", help="Sentences per loss call over all ranks; several, comma separated, make a grid."),
     chunk_size: str = typer.Option("0", "--chunk-size", help="train.chunk_size: 0 uncached, else sentences per encoder forward; several make a grid."),
-    objective: str = typer.Option("vascl,simcse", "--objective", help="Objectives, comma separated: vascl, simcse, simcse_sup (the VaSCL / SimCSE ratio needs both)."),
+    objective: str = typer.Option("vascl,simcse", "--objective", help="Objectives, comma separated: vascl, simcse, simcse_sup, or pairsupcon alone (the VaSCL / SimCSE ratio needs both)."),
     steps: int = typer.Option(10, "--steps", help="Timed steps per objective."),
     warmup: int = typer.Option(2, "--warmup", help="Untimed steps per objective first."),
     max_length: int = typer.Option(32, "--max-length", help="Tokens per sentence (every sentence is this long)."),

@@ -7,8 +7,10 @@ forward, the objective with its gathers, the finiteness check, backward, the upd
 with the trainer's own factories (accelerator, optimiser groups, objective). The batch is
 synthetic, random token ids of the full max length in each column the objective encodes and
 cannot stand in for (SimCSE and VaSCL: the anchor, encoded twice as on single-text data;
-supervised SimCSE: anchor, positive and ``--negatives`` N hard-negative columns), so
-the data loader is not measured here (``bench data`` does that). Objectives alternate in rounds
+supervised SimCSE: anchor, positive and ``--negatives`` N hard-negative columns), and random
+labels, 0 or 1, where it reads them (PairSupCon), so the data loader is not measured here
+(``bench data`` does that). PairSupCon's model carries the pairwise classifier, which another
+objective would leave without a gradient: it is benched on its own. Objectives alternate in rounds
 (A B A B ...) so that drift of a shared machine hits both alike; the first ``warmup``
 steps of each objective are dropped. Reported per objective: median, p10 and p90 step time,
 sentences/s at the median, and peak memory (GPU: max allocated per objective; CPU: the
@@ -42,7 +44,7 @@ import torch
 
 from vascl_scale.config import RunConfig, config_from_dict
 from vascl_scale.flops import tflops_and_mfu
-from vascl_scale.data.columns import ANCHOR, negative
+from vascl_scale.data.columns import ANCHOR, LABELS, negative
 from vascl_scale.figures import save_figure
 from vascl_scale.hub import locate_model
 from vascl_scale.losses.spec import OBJECTIVES, ObjectiveSpec, objective_spec
@@ -51,26 +53,35 @@ from vascl_scale.train.step import rows_per_forward
 
 logger = logging.getLogger(__name__)
 
-def build_bench_model(model: str, head_dim: int) -> SentenceEncoder:
+def build_bench_model(model: str, head_dim: int, pair_classifier: bool = False) -> SentenceEncoder:
     """A Hugging Face ``config.json`` (random init), or pretrained weights named as ``model.path``
-    names them (a directory, ``package:MODULE/SUBDIR``, a hub id)."""
+    names them (a directory, ``package:MODULE/SUBDIR``, a hub id); with the pairwise classifier
+    when ``pair_classifier``."""
     path = Path(model)
     if path.is_file() and path.suffix == ".json":
         from transformers import AutoConfig, AutoModel
 
         encoder = AutoModel.from_config(AutoConfig.from_pretrained(str(path)))
-        return SentenceEncoder(encoder, tokenizer=None, head_dim=head_dim)
+        return SentenceEncoder(encoder, tokenizer=None, head_dim=head_dim, pair_classifier=pair_classifier)
     location = locate_model(model, "--model")
     if not location.directory.is_dir():
         raise ValueError(f"--model {model}: expected a model directory, package:MODULE/SUBDIR, a hub id or a Hugging Face config.json")
-    return SentenceEncoder.from_pretrained(location.directory, head_dim=head_dim)
+    return SentenceEncoder.from_pretrained(location.directory, head_dim=head_dim, pair_classifier=pair_classifier)
 
 
 def bench_objectives(names: list[str]) -> list[ObjectiveSpec]:
-    """The declarations of the objectives ``--objective`` names; ValueError for an unknown one."""
+    """The declarations of the objectives ``--objective`` names; ValueError for an unknown one,
+    or for one that trains the pairwise classifier beside one that does not."""
     if not names:
         raise ValueError(f"--objective takes {', '.join(OBJECTIVES)}, comma separated; got none")
-    return [objective_spec(name, "--objective") for name in names]
+    specs = [objective_spec(name, "--objective") for name in names]
+    with_classifier = [spec.name for spec in specs if spec.classifier]
+    if with_classifier and len(with_classifier) != len(specs):
+        raise ValueError(
+            f"--objective {','.join(names)}: {', '.join(with_classifier)} trains a pairwise classifier that the others "
+            "would leave without a gradient (DDP and ZeRO need one for every parameter); bench it on its own"
+        )
+    return specs
 
 
 def synthetic_columns(specs: list[ObjectiveSpec], negatives: int) -> tuple[str, ...]:
@@ -93,12 +104,15 @@ def bench_views(specs: list[ObjectiveSpec], negatives: int) -> int:
 def synthetic_batch(
     specs: list[ObjectiveSpec], rows: int, tokens: int, vocab: int, generator: torch.Generator, negatives: int = 1
 ) -> dict:
-    """Random ids (rows, tokens) and a full mask in each of :func:`synthetic_columns`, drawn in
-    that order from ``generator``."""
+    """Random ids (rows, tokens) and a full mask in each of :func:`synthetic_columns`, and random
+    labels (rows,), 0 or 1, in each label column one of ``specs`` reads, drawn in that order
+    from ``generator``."""
     batch = {}
     for column in synthetic_columns(specs, negatives):
         ids = torch.randint(min(1000, vocab - 1), vocab, (rows, tokens), generator=generator)
         batch[column] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}  # (b, L)
+    for label in dict.fromkeys(spec.label for spec in specs if spec.label is not None):
+        batch[label] = torch.randint(0, len(LABELS), (rows,), generator=generator)  # (b,)
     return batch
 
 
@@ -155,7 +169,7 @@ def run_step_bench(
         raise ValueError(f"--compare takes {', '.join(PEERS)}; got {compare!r}")
 
     torch.manual_seed(seed)
-    encoder = build_bench_model(model, first.model.head_dim)
+    encoder = build_bench_model(model, first.model.head_dim, pair_classifier=specs[0].classifier)
     encoder.train()
     accelerator = build_accelerator(first, deepspeed)
     world_size, rank = accelerator.num_processes, accelerator.process_index

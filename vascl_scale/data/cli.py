@@ -29,6 +29,14 @@ def prepare(
         "text", "--text-field", metavar="A[,P,N1,...]", help="Field / column holding the text (not for txt); "
         "several, comma-separated, for anchor, positive and hard negatives in order."
     ),
+    label_field: Optional[str] = typer.Option(
+        None, "--label-field", metavar="NAME", help="Labelled pairs (PairSupCon): the field of each pair's label, 1 "
+        "similar, 0 not; with two --text-field names, the anchor and the text paired with it."
+    ),
+    labelled_pairs: bool = typer.Option(
+        False, "--labelled-pairs", help="Labelled pairs (PairSupCon) from triplets (--format nli or --text-field A,P,N): "
+        "each (anchor, positive, 1) and (anchor, negative, 0); needs --shuffle-seed."
+    ),
     dedup: bool = typer.Option(False, "--dedup", help="Drop rows whose anchor was seen (after stripping whitespace)."),
     min_words: int = typer.Option(0, "--min-words", help="Drop rows with a text of fewer whitespace-separated words."),
     max_chars: Optional[int] = typer.Option(
@@ -45,7 +53,7 @@ def prepare(
         False, "--overwrite", help="Replace the shards in --output, once the new set is complete."
     ),
 ) -> None:
-    """Write filtered text, single or in columns (pairs, triplets), as WebDataset shards with a manifest."""
+    """Write filtered text, single or in columns (pairs, triplets, labelled pairs), as WebDataset shards with a manifest."""
     from vascl_scale.data.prepare import PrepareOptions, prepare_shards, summary_table
 
     try:
@@ -59,6 +67,8 @@ def prepare(
             shuffle_seed=shuffle_seed,
             tokenizer=tokenizer,
             max_length=max_length,
+            label_field=label_field,
+            labelled_pairs=labelled_pairs,
         )
         result = prepare_shards(list(inputs), output, options, overwrite=overwrite)
     except ValueError as err:

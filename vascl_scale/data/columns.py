@@ -1,17 +1,23 @@
 """The named columns of a training sample: what shards store, a batch holds and objectives encode.
 
-A sample holds one text per column: ``anchor`` (every sample has one), ``positive``, then hard
-negatives ``negative_0``, ``negative_1``, ... In a shard each column is a tar member
+A sample holds one text per text column: ``anchor`` (every sample has one), ``positive``, then
+hard negatives ``negative_0``, ``negative_1``, ... In a shard each text column is a tar member
 ``<key>.<column>.txt`` (UTF-8), with ``<key>.<column>.ids`` (int32 token ids) when ``data prepare
 --tokenizer`` stored them; the single-text members ``<key>.txt`` / ``<key>.ids`` (shards written
 before columns existed) are the anchor. ``manifest.json`` lists the columns under ``"columns"``;
 a manifest without the list describes single-text shards, ``["anchor"]``.
 
-A batch of the training stream (:mod:`vascl_scale.data.loader`) maps each column it holds to the
-tokenizer's tensors, ``{column: {"input_ids", "attention_mask"[, "token_type_ids"]}}``, each
-(b, L_column): every column padded to its own longest row. Which columns an objective encodes,
-and what stands in for a column the data lacks, is its declaration
-(:mod:`vascl_scale.losses.spec`).
+Labelled pairs (PairSupCon's (text1, text2, pairsimi) rows) are the columns ``anchor``, ``paired``
+and ``label`` (:data:`LABELLED_PAIR`): ``paired`` is the text paired with the anchor, similar to
+it or not (so never read as a ``positive``), and ``label`` an integer column, 1 where the pair is
+similar (an entailment) and 0 where it is not (a contradiction), stored as the tar member
+``<key>.label.cls``: the label in ASCII digits (webdataset's ``cls`` convention), no token ids.
+
+A batch of the training stream (:mod:`vascl_scale.data.loader`) maps each text column it holds
+to the tokenizer's tensors, ``{column: {"input_ids", "attention_mask"[, "token_type_ids"]}}``,
+each (b, L_column): every column padded to its own longest row; and a label column to one
+LongTensor (b,). Which columns an objective encodes, what stands in for a column the data
+lacks, and which label it reads, is its declaration (:mod:`vascl_scale.losses.spec`).
 
 No torch: the config and the objectives' declarations import it.
 """
@@ -25,6 +31,13 @@ from vascl_scale.log import shown
 
 ANCHOR = "anchor"
 POSITIVE = "positive"
+PAIRED = "paired"  # the text of a labelled pair beside its anchor: similar to it (label 1) or not (0)
+LABEL = "label"
+LABELS = (0, 1)  # the values of a label: 0 the pair is not similar, 1 it is
+# Columns of one integer per sample (a tar member <key>.<column>.cls) instead of a text.
+LABEL_COLUMNS = (LABEL,)
+# The columns of labelled pairs, in order.
+LABELLED_PAIR = (ANCHOR, PAIRED, LABEL)
 # The columns of a single-text sample: one sentence, which every objective reads as its anchor.
 SINGLE_TEXT = (ANCHOR,)
 # The columns that data.augment makes from each anchor.
@@ -54,20 +67,32 @@ def columns_of(count: int) -> tuple[str, ...]:
     return (ANCHOR, POSITIVE, *(negative(index) for index in range(count - 2)))[:count]
 
 
-def written_fields(columns: Sequence[str]) -> list[tuple[str, str]]:
-    """The (text, token ids) sample fields ``data prepare`` writes for each column, in column
-    order: a single-text sample keeps ``txt`` / ``ids``, so its shards stay the bytes they were
-    before columns existed (a reader takes them as the anchor, :func:`sample_fields`)."""
+def written_fields(columns: Sequence[str]) -> list[tuple[str, str | None]]:
+    """The (value, token ids) sample fields ``data prepare`` writes for each column, in column
+    order: ``<column>.txt`` / ``<column>.ids`` for a text, ``<column>.cls`` and no ids for a label.
+    A single-text sample keeps ``txt`` / ``ids``, so its shards stay the bytes they were before
+    columns existed (a reader takes them as the anchor, :func:`sample_fields`)."""
     if tuple(columns) == SINGLE_TEXT:
         return [("txt", "ids")]
-    return [(f"{column}.txt", f"{column}.ids") for column in columns]
+    return [(f"{column}.cls", None) if column in LABEL_COLUMNS else (f"{column}.txt", f"{column}.ids") for column in columns]
 
 
 def sample_fields(column: str, kind: str) -> tuple[str, ...]:
     """The fields of a tar sample (``iter_tar_samples``) that hold ``column``'s ``kind``, ``"txt"``
-    or ``"ids"``, in the order they are looked up: ``anchor.txt``, then the single-text ``txt``."""
+    or ``"ids"``, in the order they are looked up: ``anchor.txt``, then the single-text ``txt``.
+    A label column has one field whatever the kind, ``<column>.cls``."""
+    if column in LABEL_COLUMNS:
+        return (f"{column}.cls",)
     own = f"{column}.{kind}"
     return (own, kind) if column == ANCHOR else (own,)
+
+
+def parse_label(payload: bytes) -> int:
+    """The label a ``<key>.label.cls`` member holds; ValueError unless it is one of :data:`LABELS`."""
+    text = payload.decode("ascii", "replace").strip()
+    if text not in {str(value) for value in LABELS}:
+        raise ValueError(f"a label member holds {shown(text)}, not one of {', '.join(map(str, LABELS))}")
+    return int(text)
 
 
 def columns_to_read(available: Sequence[str], wanted: Collection[str] | None, augmented: bool, where: str) -> tuple[str, ...]:

@@ -3,7 +3,8 @@
 Every reader streams (constant memory, except the NLI JSONL pairing: :func:`pair_nli`) and
 yields one item per input record: a tuple of the record's values, one per field read, each a
 ``str``, None where its bytes are not valid UTF-8, ``MALFORMED`` where it is not a string or
-``MISSING`` where the record lacks the field; or a :class:`Drop` naming why the record gives
+``MISSING`` where the record lacks the field; with a label field (``--label-field``), last, the
+label as :func:`label_value` reads it; or a :class:`Drop` naming why the record gives
 no row (a line that is not a JSON object, an NLI line without a pair); or ``NEGATIVE`` for an
 NLI line kept as another row's hard negative. Text is decoded with ``surrogateescape`` and
 checked afterwards, so one bad line costs one record, not the file. Readers also report
@@ -22,11 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from vascl_scale.data.columns import LABELS
+
 FORMATS = ("auto", "txt", "jsonl", "csv", "parquet", "hf", "nli")
 MALFORMED = object()  # a value that is not a string (or null)
 MISSING = object()  # a field the record lacks (a JSONL key, the cells past a short CSV row's end)
 NEGATIVE = object()  # an NLI line that is another row's hard negative, not a row of its own
 _BLANK = object()  # a JSONL line of whitespace only: a row of empty texts
+BAD_LABEL = object()  # a label field's value that is none of columns.LABELS
 # Fields --format nli reads: SimCSE's nli_for_simcse.csv is already (anchor, positive, hard negative).
 NLI_CSV_FIELDS = ("sent0", "sent1", "hard_neg")
 NLI_JSONL_FIELDS = ("sentence1", "sentence2", "gold_label")
@@ -72,6 +76,25 @@ def _utf8_or_none(text: str) -> str | None:
     except UnicodeEncodeError:
         return None
     return text
+
+
+def label_value(value: object) -> object:
+    """A label field's value as a label of :data:`~vascl_scale.data.columns.LABELS`: an integer, a
+    float or a numeric string equal to one of them (CSV cells are strings, pandas writes 1.0);
+    ``MISSING`` where the record lacks the field; ``BAD_LABEL`` for anything else (a boolean,
+    another number, text, null)."""
+    if value is MISSING:
+        return MISSING
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return BAD_LABEL
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value not in LABELS:
+        return BAD_LABEL
+    return int(value)
 
 
 def column_problem(values: tuple[object, ...]) -> str | None:
@@ -145,21 +168,36 @@ def pair_nli(records: Iterable[object]) -> Iterator[object]:
 class InputReader:
     """One input file: ``records()`` yields rows; ``position()``/``total`` drive the progress bar.
 
-    ``fields`` are the names read from each record; ``option`` is the command-line option that
-    chose them, named in errors.
+    ``fields`` are the names of the texts read from each record; ``option`` is the command-line
+    option that chose them, named in errors. ``label_field`` (``--label-field``): a field read
+    after them, as a label (:func:`label_value`).
     """
 
     path: Path
     fmt: str
     fields: tuple[str, ...]
     option: str
+    label_field: str | None = None
     total: int = field(default=0, init=False)  # bytes of the file, or rows; 0 until reading starts
     _position: Callable[[], int] = field(default=lambda: 0, init=False, repr=False)
 
     @property
     def columns(self) -> int:
-        """Texts per row: one per field read (NLI JSONL: premise, hypothesis, label -> three texts)."""
+        """Texts per row: one per text field (NLI JSONL: premise, hypothesis, label -> three texts)."""
         return len(self.fields)
+
+    @property
+    def _read(self) -> tuple[str, ...]:
+        """Every field read from a record: the texts, then the label field."""
+        return self.fields + (() if self.label_field is None else (self.label_field,))
+
+    def _record(self, raw: Iterable[object]) -> tuple[object, ...]:
+        """One record's values of :attr:`_read`, raw (``MISSING`` for an absent field): the texts
+        as :meth:`_field_value` reads them, the label as :func:`label_value` does."""
+        values = tuple(raw)
+        if self.label_field is None:
+            return tuple(map(self._field_value, values))
+        return (*map(self._field_value, values[:-1]), label_value(values[-1]))
 
     @property
     def pairs_nli(self) -> bool:
@@ -199,12 +237,16 @@ class InputReader:
                     return
 
     def _require(self, have: list[str], kind: str, where: str | None = None) -> None:
-        missing = [name for name in self.fields if name not in have]
-        if missing:
-            raise ValueError(
-                f"{self.option}: {where or self.path} has no {kind} {missing[0]!r} "
-                f"({kind}s: {', '.join(map(str, have))}); pass names it has"
-            )
+        named = [(self.fields, self.option)]
+        if self.label_field is not None:
+            named.append(((self.label_field,), f"--label-field {self.label_field}"))
+        for names, option in named:
+            missing = [name for name in names if name not in have]
+            if missing:
+                raise ValueError(
+                    f"{option}: {where or self.path} has no {kind} {missing[0]!r} "
+                    f"({kind}s: {', '.join(map(str, have))}); pass names it has"
+                )
 
     def _open_bytes(self) -> io.BufferedIOBase:
         try:
@@ -244,13 +286,13 @@ class InputReader:
         """
         for number, record in self._json_lines():
             if record is _BLANK:
-                yield ("",) * len(self.fields)
+                yield self._record(("",) * len(self._read))
             elif not isinstance(record, dict):  # not JSON, or JSON but not an object
                 yield Drop("malformed")
             else:
-                if not any(name in record for name in self.fields):
+                if not any(name in record for name in self._read):
                     self._require(sorted(record), "field", f"{self.path}:{number}")
-                yield tuple(self._field_value(record.get(name, MISSING)) for name in self.fields)
+                yield self._record(record.get(name, MISSING) for name in self._read)
 
     def _csv_rows(self, raw: io.BufferedIOBase) -> csv.DictReader:
         delimiter = "\t" if ".tsv" in self.path.name.lower() else ","
@@ -262,7 +304,7 @@ class InputReader:
         with self._open_bytes() as raw:
             for row in self._csv_rows(raw):
                 # DictReader fills the cells past a short row's end with None.
-                yield tuple(MISSING if row[name] is None else _utf8_or_none(row[name]) for name in self.fields)
+                yield self._record(MISSING if row[name] is None else row[name] for name in self._read)
 
     def _parquet(self):
         import pyarrow.parquet as pq
@@ -277,10 +319,10 @@ class InputReader:
         self.total = parquet.metadata.num_rows
         done = 0
         self._position = lambda: done
-        for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=list(self.fields)):
-            values = [batch.column(name).to_pylist() for name in self.fields]
+        for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=list(self._read)):
+            values = [batch.column(name).to_pylist() for name in self._read]
             for row in zip(*values):
-                yield tuple(map(self._field_value, row))
+                yield self._record(row)
             done += batch.num_rows
 
     def _dataset(self):
@@ -303,9 +345,9 @@ class InputReader:
         done = 0
         self._position = lambda: done
         # Arrow-backed and memory-mapped: batches stream from disk without loading the table.
-        for batch in dataset.select_columns(list(self.fields)).iter(batch_size=_BATCH_ROWS):
-            for row in zip(*(batch[name] for name in self.fields)):
-                yield tuple(map(self._field_value, row))
+        for batch in dataset.select_columns(list(self._read)).iter(batch_size=_BATCH_ROWS):
+            for row in zip(*(batch[name] for name in self._read)):
+                yield self._record(row)
             done += len(batch[self.fields[0]])
 
     @staticmethod
@@ -321,8 +363,9 @@ class InputReader:
         return _utf8_or_none(value)
 
 
-def open_input(path: Path, fmt: str, fields: tuple[str, ...]) -> InputReader:
-    """A reader of ``path`` for the ``--text-field`` names ``fields`` (``nli`` has fixed fields instead)."""
+def open_input(path: Path, fmt: str, fields: tuple[str, ...], label_field: str | None = None) -> InputReader:
+    """A reader of ``path`` for the ``--text-field`` names ``fields`` (``nli`` has fixed fields
+    instead) and the ``--label-field`` name ``label_field``."""
     if fmt not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}; got {fmt!r}")
     if not path.exists():
@@ -338,12 +381,13 @@ def open_input(path: Path, fmt: str, fields: tuple[str, ...]) -> InputReader:
                 f"JSONL ({','.join(NLI_JSONL_FIELDS)}); {path} is neither a .csv nor a .jsonl file"
             )
         fields, option = (NLI_CSV_FIELDS if flavour == "csv" else NLI_JSONL_FIELDS), "--format nli"
-    if fmt == "txt" and len(fields) > 1:
+    if fmt == "txt" and (len(fields) > 1 or label_field is not None):
+        given = option if label_field is None else f"{option} --label-field {label_field}"
         raise ValueError(
-            f"{option}: {path} is plain text, one sentence a line, so it has one column; pass one name, or "
+            f"{given}: {path} is plain text, one sentence a line, so it has one column; pass one name, or "
             "JSONL / CSV / Parquet / datasets input for pairs"
         )
-    reader = InputReader(path=path, fmt=fmt, fields=fields, option=option)
+    reader = InputReader(path=path, fmt=fmt, fields=fields, option=option, label_field=label_field)
     try:
         reader.check_fields()
     except (OSError, EOFError, zlib.error) as err:  # a damaged file: truncated or corrupt gzip, I/O error

@@ -27,7 +27,8 @@ How the work is split
 
 Columns
     A batch is ``{column: {"input_ids", "attention_mask"[, "token_type_ids"]}}`` (b, L_column),
-    each column trimmed to its own longest row (:mod:`vascl_scale.data.columns`). The stream
+    each column trimmed to its own longest row (:mod:`vascl_scale.data.columns`), and a label
+    column (labelled pairs) is one LongTensor (b,), cut and joined with its rows. The stream
     reads the columns it is asked for (an objective's ``spec.columns_read``, any number of hard
     negatives among them) that the data has, as its manifest lists them (a text file, ``pipe:``
     commands and shards without a manifest are single-text: ``anchor``). With ``data.augment``
@@ -90,7 +91,17 @@ import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from vascl_scale.data.augment import AugmentSpec, build_augmenter, check_augmenter
-from vascl_scale.data.columns import ANCHOR, AUGMENTED, POSITIVE, SINGLE_TEXT, TOKEN_KEYS, columns_to_read, sample_fields
+from vascl_scale.data.columns import (
+    ANCHOR,
+    AUGMENTED,
+    LABEL_COLUMNS,
+    POSITIVE,
+    SINGLE_TEXT,
+    TOKEN_KEYS,
+    columns_to_read,
+    parse_label,
+    sample_fields,
+)
 from vascl_scale.data.layout import GLOBAL, MAX_PASSES_WITHOUT_BATCH, StreamLayout, seed_of
 from vascl_scale.data.shards import (
     PIPE_PREFIX,
@@ -107,6 +118,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# A batch (or a run of rows) of the stream: per text column its token tensors (b, L_column),
+# per label column its labels (b,).
+Batch = dict[str, "dict[str, torch.Tensor] | torch.Tensor"]
 STATE_VERSION = 1
 
 
@@ -166,11 +180,11 @@ class _PieceDataset(IterableDataset):
     """Runs in each DataLoader worker: one pass of this slot's samples as tokenised pieces.
 
     A sample is a tuple of one payload per column read (``columns``): a text, or stored token
-    id bytes. A piece is a dict with ``rows`` (samples in it), the URLs of the shards found
-    corrupt, mismatched or missing since the last piece (lists under those keys of
-    ``_PROBLEMS``), ``missing_field`` (samples lacking a column read, as text or as ids) and,
-    unless it is a placeholder for a piece skipped on resume, ``columns``: per column the
-    tokenizer output as int64 NumPy arrays (rows, L_column).
+    id bytes, or a label (an int). A piece is a dict with ``rows`` (samples in it), the URLs of
+    the shards found corrupt, mismatched or missing since the last piece (lists under those keys
+    of ``_PROBLEMS``), ``missing_field`` (samples lacking a column read, as text or as ids) and,
+    unless it is a placeholder for a piece skipped on resume, ``columns``: per text column the
+    tokenizer output as int64 NumPy arrays (rows, L_column), per label column an int64 array (rows,).
     """
 
     def __init__(
@@ -252,8 +266,9 @@ class _PieceDataset(IterableDataset):
         if not samples or placeholder:
             return piece
         payloads = {column: [sample[index] for sample in samples] for index, column in enumerate(self.columns)}
+        labels = {column: np.asarray(payloads.pop(column), dtype=np.int64) for column in self.columns if column in LABEL_COLUMNS}
         if self.use_stored_ids:
-            piece["columns"] = {column: self._pad_stored_ids(ids) for column, ids in payloads.items()}
+            piece["columns"] = {**{column: self._pad_stored_ids(ids) for column, ids in payloads.items()}, **labels}
             return piece
         if self.augment.kind != "none":
             # The anchor stays the original text unless both are augmented; the view number in the
@@ -262,7 +277,7 @@ class _PieceDataset(IterableDataset):
             if self.augment.views == "both":
                 payloads[ANCHOR] = self._augmented(anchors, where, 1)
             payloads[POSITIVE] = self._augmented(anchors, where, 2)
-        piece["columns"] = {column: self._tokens(texts) for column, texts in payloads.items()}
+        piece["columns"] = {**{column: self._tokens(texts) for column, texts in payloads.items()}, **labels}
         return piece
 
     def _pad_stored_ids(self, payloads: list[bytes]) -> dict[str, np.ndarray]:
@@ -307,6 +322,10 @@ class _PieceDataset(IterableDataset):
         read = 0
         kind = "ids" if self.use_stored_ids else "txt"
         fields = [sample_fields(column, kind) for column in self.columns]
+        # A payload as the piece takes it: a label's int, stored ids as they are, a text decoded.
+        decoders = [
+            parse_label if column in LABEL_COLUMNS else (bytes if self.use_stored_ids else _utf8) for column in self.columns
+        ]
         try:
             with ShardStream(url, self.source.checks[index], self.pipe_timeout) as stream:
                 for sample in iter_tar_samples(stream):
@@ -315,7 +334,7 @@ class _PieceDataset(IterableDataset):
                         events["missing_field"] += 1
                         continue
                     read += 1
-                    yield tuple(payloads) if self.use_stored_ids else tuple(payload.decode("utf-8") for payload in payloads)
+                    yield tuple(decode(payload) for decode, payload in zip(decoders, payloads))
         except FileNotFoundError:
             self._bad_shard("missing", url, "listed in the manifest, but the file is gone", events)
             return
@@ -325,7 +344,7 @@ class _PieceDataset(IterableDataset):
             return
         except TimeoutError as err:  # a stalled command is a setup problem, not a bad shard: stop
             raise CorruptShardError(f"pipe: source {url} stalled: {err}") from err
-        except (OSError, EOFError, ValueError) as err:  # ValueError: bad header or UTF-8
+        except (OSError, EOFError, ValueError) as err:  # ValueError: bad header, UTF-8 or label
             self._bad_shard("corrupt", url, f"{type(err).__name__}: {err} after {read} samples", events)
             return
         if expected is not None and read != expected:
@@ -342,10 +361,11 @@ class _PieceDataset(IterableDataset):
 class TrainStream:
     """An infinite stream of per-rank batches; see the module docstring for the guarantees.
 
-    Iterate it once (one consumer). Each batch maps each of :attr:`columns` to a dict of
-    LongTensors (b, L_column) with b == ``per_device_batch_size`` and L_column the longest
+    Iterate it once (one consumer). Each batch maps each text column of :attr:`columns` to a
+    dict of LongTensors (b, L_column) with b == ``per_device_batch_size`` and L_column the longest
     tokenised text of that column in the batch (<= ``max_length``): ``input_ids``,
-    ``attention_mask`` and, when the tokenizer makes them, ``token_type_ids``. The position
+    ``attention_mask`` and, when the tokenizer makes them, ``token_type_ids``; a label column
+    to a LongTensor (b,). The position
     lives in :attr:`layout`; this object adds the bad-shard counters.
     """
 
@@ -433,11 +453,11 @@ class TrainStream:
         self.samples_dropped = int(state.get("samples_dropped", 0))
         self.layout.load_state_dict(state)
 
-    def __iter__(self) -> Iterator[dict[str, dict[str, torch.Tensor]]]:
+    def __iter__(self) -> Iterator[Batch]:
         if self._started:
             raise ValueError("a TrainStream can be iterated once; build another for a second consumer")
         self._started = True
-        # Rows of this pass read but not yet yielded: [epoch, first row index in that epoch, per column tensors (rows, L), rows].
+        # Rows of this pass read but not yet yielded: [epoch, first row index in that epoch, per column tensors (rows, L) or (rows,), rows].
         segments: deque[list] = deque()
         pending = 0
         epoch, skip_rows = self.layout.epoch, self.layout.rows_into_epoch
@@ -460,10 +480,7 @@ class TrainStream:
                     skip_rows -= rows
                     continue
                 assert "columns" in piece, "a placeholder piece reached the rows to yield"
-                tensors = {
-                    column: {key: torch.from_numpy(array[skip_rows:]) for key, array in arrays.items()}
-                    for column, arrays in piece["columns"].items()
-                }
+                tensors = {column: _column_rows(_tensors(arrays), slice(skip_rows, None)) for column, arrays in piece["columns"].items()}
                 segments.append([epoch, first + skip_rows, tensors, rows - skip_rows])
                 pending += rows - skip_rows
                 skip_rows = 0
@@ -514,11 +531,11 @@ class TrainStream:
             f"drew is corrupt, missing or empty{named}; {hint}"
         )
 
-    def _take(self, segments: deque) -> dict[str, dict[str, torch.Tensor]]:
+    def _take(self, segments: deque) -> Batch:
         """Cut the next ``layout.stream_batch_size`` rows off the pending segments, record the
         position, and return this rank's rows of them (``layout.kept_rows``: all, or in global
         mode its b of the global batch)."""
-        parts: list[dict[str, dict[str, torch.Tensor]]] = []
+        parts: list[Batch] = []
         kept = self.layout.kept_rows
         needed, cut = self.layout.stream_batch_size, 0  # cut: rows of this batch taken so far
         while needed:
@@ -538,8 +555,11 @@ class TrainStream:
                 segment[1:] = [first + used, _rows(tensors, slice(used, rows)), rows - used]
         return {column: self._join([part[column] for part in parts]) for column in parts[0]}
 
-    def _join(self, parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """One column's row blocks (r_i, L_i) joined into (b, L), L its longest real row."""
+    def _join(self, parts: list) -> dict[str, torch.Tensor] | torch.Tensor:
+        """One column's row blocks (r_i, L_i) joined into (b, L), L its longest real row; a label
+        column's (r_i,) into (b,)."""
+        if isinstance(parts[0], torch.Tensor):
+            return torch.cat(parts)
         if len(parts) == 1 and parts[0]["input_ids"].shape[0] == self._dataset.batch_size:
             # The common case: one whole worker piece, already padded to its longest row.
             return parts[0]
@@ -550,9 +570,27 @@ class TrainStream:
         return {key: value[:, keep].contiguous() for key, value in joined.items()}
 
 
-def _rows(tensors: dict[str, dict[str, torch.Tensor]], rows: slice) -> dict[str, dict[str, torch.Tensor]]:
+def _utf8(payload: bytes) -> str:
+    return payload.decode("utf-8")
+
+
+def _tensors(arrays: dict[str, np.ndarray] | np.ndarray) -> dict[str, torch.Tensor] | torch.Tensor:
+    """A piece's column as torch tensors, sharing the arrays' memory: a label's (rows,), or a text's token tensors."""
+    if isinstance(arrays, np.ndarray):
+        return torch.from_numpy(arrays)
+    return {key: torch.from_numpy(array) for key, array in arrays.items()}
+
+
+def _column_rows(column: dict[str, torch.Tensor] | torch.Tensor, rows: slice) -> dict[str, torch.Tensor] | torch.Tensor:
+    """The rows ``rows`` of one column: a label's tensor, or each of a text's token tensors."""
+    if isinstance(column, torch.Tensor):
+        return column[rows]
+    return {key: value[rows] for key, value in column.items()}
+
+
+def _rows(tensors: Batch, rows: slice) -> Batch:
     """The rows ``rows`` of every column's tensors."""
-    return {column: {key: value[rows] for key, value in keys.items()} for column, keys in tensors.items()}
+    return {column: _column_rows(value, rows) for column, value in tensors.items()}
 
 
 def _can_use_stored_ids(source: ShardSource, tokenizer, max_length: int) -> bool:

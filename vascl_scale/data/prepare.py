@@ -9,6 +9,18 @@ outside ``--min-words`` / ``--max-chars``, and with ``--dedup`` when its anchor 
 Every input record is counted once: ``lines_read`` = samples written + the drops (+ with NLI
 JSONL, ``negative_lines``: the contradiction lines kept as another row's hard negative).
 
+Labelled pairs (the columns anchor, paired, label: :data:`~vascl_scale.data.columns.LABELLED_PAIR`,
+PairSupCon's data) come two ways. ``--text-field A,B --label-field Y`` reads them as they are,
+the label from field Y (0 or 1, :func:`~vascl_scale.data.inputs.label_value`; any other value
+drops the row as ``bad_label``). ``--labelled-pairs`` makes them from triplets (``--format nli``
+or ``--text-field A,P,N``) as the PairSupCon README does from ``nli_for_simcse.csv``: each triplet
+is two rows, (anchor, positive, 1) and (anchor, negative, 0), each filtered on its own and
+counted in ``rows_read`` = ``lines_read`` + the triplets (= samples + drops + negative lines).
+It needs ``--shuffle-seed``: the two rows of an anchor, side by side, would otherwise fall in one
+batch, where the anchor's second copy is a negative of its first. (Pairs are made here, never in
+the training step, for the same reason.) ``--dedup`` on labelled pairs drops a row whose
+(anchor, paired) was seen before, so both rows of an anchor stay.
+
 Memory stays constant in the number of lines (NLI JSONL pairing aside, see ``pair_nli``):
 - without ``--shuffle-seed`` rows stream into the current shard (one shard of text in memory);
 - ``--dedup`` keeps one 64-bit blake2b digest per kept anchor in a Python set of ints, about
@@ -57,8 +69,8 @@ import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from vascl_scale.data.columns import columns_of, written_fields
-from vascl_scale.data.inputs import NEGATIVE, NLI_DROP_REASONS, Drop, column_problem, open_input
+from vascl_scale.data.columns import LABELLED_PAIR, LABELS, columns_of, written_fields
+from vascl_scale.data.inputs import MISSING, NEGATIVE, NLI_DROP_REASONS, Drop, column_problem, open_input
 from vascl_scale.data.shards import (
     MANIFEST_FORMAT,
     MANIFEST_NAME,
@@ -74,6 +86,7 @@ logger = logging.getLogger(__name__)
 
 # Why a row is dropped, every run; NLI JSONL inputs add inputs.NLI_DROP_REASONS.
 DROP_REASONS = ("empty", "invalid_utf8", "malformed", "missing_column", "too_short", "too_long", "duplicate")
+LABEL_DROP_REASONS = ("bad_label",)  # --label-field adds: a label that is neither 0 nor 1
 MAX_COLUMNS = 64  # an anchor, a positive and up to 62 hard negatives
 SHUFFLE_BUCKETS = 256
 STAGING_PREFIX = ".prepare-"  # the staging directories (and their locks) of runs writing into --output
@@ -94,6 +107,8 @@ class PrepareOptions:
     shuffle_seed: int | None = None
     tokenizer: str | None = None
     max_length: int = 32
+    label_field: str | None = None  # the field of each pair's label (0 or 1): labelled pairs as they are
+    labelled_pairs: bool = False  # each triplet (anchor, positive, negative) -> two labelled pairs
 
     def __post_init__(self) -> None:
         if self.shard_size < 1:
@@ -122,6 +137,46 @@ class PrepareOptions:
             raise ValueError(
                 f"--text-field {self.text_field} does not apply to --format nli, whose fields are fixed; leave it out"
             )
+        self._check_labels()
+
+    def _check_labels(self) -> None:
+        """The rules of --label-field and --labelled-pairs (module docstring)."""
+        label = self.label_field
+        if label is not None and self.labelled_pairs:
+            raise ValueError(
+                f"--label-field {label} reads labelled pairs and --labelled-pairs makes them from triplets; pass one of them"
+            )
+        if label is not None:
+            if not label or "," in label:
+                raise ValueError(f"--label-field takes one field name; got {label!r}")
+            if self.fmt == "nli":
+                raise ValueError(
+                    f"--label-field {label} does not apply to --format nli, whose fields are fixed; pass --labelled-pairs "
+                    "to make labelled pairs of its triplets"
+                )
+            if len(self.text_fields) != 2 or label in self.text_fields:
+                raise ValueError(
+                    f"--label-field {label} labels pairs: pass the pair's two texts with --text-field (e.g. "
+                    f"--text-field sentence1,sentence2 --label-field {label}), neither of them the label; got "
+                    f"--text-field {self.text_field}"
+                )
+        if self.labelled_pairs:
+            if self.fmt != "nli" and len(self.text_fields) != 3:
+                raise ValueError(
+                    "--labelled-pairs makes two labelled pairs of each triplet: pass --format nli or three fields, "
+                    f"--text-field ANCHOR,POSITIVE,NEGATIVE; got --text-field {self.text_field}"
+                )
+            if self.shuffle_seed is None:
+                raise ValueError(
+                    "--labelled-pairs writes each anchor twice, with its positive and with its negative; pass "
+                    "--shuffle-seed N so that the two rows fall in different batches (side by side, the second "
+                    "copy would be a negative of the first)"
+                )
+
+    @property
+    def labelled(self) -> bool:
+        """Whether the rows written are labelled pairs (:data:`~vascl_scale.data.columns.LABELLED_PAIR`)."""
+        return self.label_field is not None or self.labelled_pairs
 
     @property
     def text_fields(self) -> tuple[str, ...]:
@@ -137,17 +192,30 @@ class PrepareResult:
     lines_read: int
     negative_lines: int | None  # None: no NLI JSONL input, which alone keeps lines as negatives
     seconds: float
+    rows_read: int | None = None  # --labelled-pairs: two rows per triplet; None otherwise (one per line)
 
     @property
     def samples(self) -> int:
         return sum(shard["samples"] for shard in self.shards)
 
 
+def _labelled_pairs(record: object) -> list[object]:
+    """A triplet record (anchor, positive, negative) -> its labelled pairs (anchor, positive, 1) and
+    (anchor, negative, 0); any other record (a drop, an NLI negative line) as it is."""
+    if not isinstance(record, tuple):
+        return [record]
+    anchor, positive, negative = record
+    return [(anchor, positive, 1), (anchor, negative, 0)]
+
+
 class _RowFilter:
     """Applies the options to one input record: returns the kept row (texts stripped) or counts why not.
 
     ``--min-words`` and ``--max-chars`` hold for every text of a row; ``--dedup`` looks at the
-    anchor only (rows sharing an anchor are false negatives of each other in a batch).
+    anchor only (rows sharing an anchor are false negatives of each other in a batch), or, in
+    labelled pairs, at (anchor, paired): an anchor's rows with its positive and its negative stay.
+    A labelled pair's record ends with its label (:func:`~vascl_scale.data.inputs.label_value`),
+    kept as its digits.
     """
 
     def __init__(self, options: PrepareOptions) -> None:
@@ -163,20 +231,23 @@ class _RowFilter:
         if isinstance(record, Drop):
             return self._drop(record.reason)
         assert isinstance(record, tuple), record
-        problem = column_problem(record)
+        texts, label = (record[:-1], record[-1]) if self.options.labelled else (record, None)
+        problem = column_problem(texts) or ("missing_column" if label is MISSING else None)
         if problem is not None:
             return self._drop(problem)
-        row = tuple(value.strip() for value in record)  # type: ignore[union-attr]
+        if self.options.labelled and label not in LABELS:
+            return self._drop("bad_label")
+        row = tuple(value.strip() for value in texts)  # type: ignore[union-attr]
         if self.options.min_words and any(len(text.split()) < self.options.min_words for text in row):
             return self._drop("too_short")
         if self.options.max_chars is not None and any(len(text) > self.options.max_chars for text in row):
             return self._drop("too_long")
         if self._seen is not None:
-            digest = int.from_bytes(hashlib.blake2b(row[0].encode("utf-8"), digest_size=8).digest(), "little")
+            digest = _digest(row[:2] if self.options.labelled else row[:1])
             if digest in self._seen:
                 return self._drop("duplicate")
             self._seen.add(digest)
-        return row
+        return row if label is None else (*row, str(label))
 
     def _drop(self, reason: str) -> None:
         self.dropped[reason] += 1
@@ -214,14 +285,17 @@ class _ShardSink:
         # token_ids[column][row]: each column tokenised as a list of its own
         token_ids = None
         if self.tokenizer is not None:
-            token_ids = [self._token_ids([row[column] for row in self._pending]) for column in range(len(self.fields))]
+            token_ids = [
+                None if ids_field is None else self._token_ids([row[column] for row in self._pending])
+                for column, (_, ids_field) in enumerate(self.fields)
+            ]
 
         def samples() -> Iterator[tuple[str, dict[str, bytes]]]:
             for offset, row in enumerate(self._pending):
                 fields = {}
-                for column, (text_field, ids_field) in enumerate(self.fields):
-                    fields[text_field] = row[column].encode("utf-8")
-                    if token_ids is not None:
+                for column, (value_field, ids_field) in enumerate(self.fields):
+                    fields[value_field] = row[column].encode("utf-8")  # a text, or a label's digits
+                    if token_ids is not None and ids_field is not None:
                         fields[ids_field] = token_ids[column][offset]
                 yield f"{self._written + offset:012d}", fields
 
@@ -242,6 +316,15 @@ class _ShardSink:
             encoded = self.tokenizer(texts[start : start + 1024], truncation=True, max_length=self.max_length)
             token_ids.extend(np.asarray(ids, dtype="<i4").tobytes() for ids in encoded["input_ids"])
         return token_ids
+
+
+def _digest(texts: tuple[str, ...]) -> int:
+    """A 64-bit blake2b digest of ``texts``, each prefixed by its length (no two tuples share an encoding)."""
+    digest = hashlib.blake2b(digest_size=8)
+    for text in texts:
+        payload = text.encode("utf-8")
+        digest.update(_LENGTH.pack(len(payload)) + payload)
+    return int.from_bytes(digest.digest(), "little")
 
 
 def _scatter(kept: Iterable[tuple[str, ...]], bucket_dir: Path, seed: int) -> list[Path]:
@@ -382,7 +465,7 @@ def prepare_shards(
     """
     if not inputs:
         raise ValueError("pass at least one input file or directory")
-    readers = [open_input(Path(path), options.fmt, options.text_fields) for path in inputs]
+    readers = [open_input(Path(path), options.fmt, options.text_fields, options.label_field) for path in inputs]
 
     def write(stage: Path) -> PrepareResult:
         tokenizer = _load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
@@ -422,12 +505,12 @@ def _write_set(readers: list, stage: Path, options: PrepareOptions, tokenizer, s
     """Write the shards and ``manifest.json`` of :func:`prepare_shards` into ``stage``."""
     counts = {reader.columns for reader in readers}
     assert len(counts) == 1, counts  # one --format and --text-field for every input; txt refuses several
-    columns = columns_of(counts.pop())
+    columns = LABELLED_PAIR if options.labelled else columns_of(counts.pop())
     pairs_nli = any(reader.pairs_nli for reader in readers)
-    reasons = DROP_REASONS + (NLI_DROP_REASONS if pairs_nli else ())
+    reasons = DROP_REASONS + (LABEL_DROP_REASONS if options.label_field else ()) + (NLI_DROP_REASONS if pairs_nli else ())
     row_filter = _RowFilter(options)
     sink = _ShardSink(stage, columns, options.shard_size, tokenizer, options.max_length)
-    lines_read = 0
+    lines_read = rows_read = 0
     start = time.perf_counter()
     progress = Progress(
         TextColumn("{task.description}"),
@@ -439,16 +522,18 @@ def _write_set(readers: list, stage: Path, options: PrepareOptions, tokenizer, s
     )
 
     def kept_rows() -> Iterator[tuple[str, ...]]:
-        nonlocal lines_read
+        nonlocal lines_read, rows_read
         for reader in readers:
             task = progress.add_task(f"read {reader.path.name}", total=None, lines=0)
             count = 0
             try:
                 for record in reader.records():
                     count += 1
-                    row = row_filter(record)
-                    if row is not None:
-                        yield row
+                    for item in _labelled_pairs(record) if options.labelled_pairs else (record,):
+                        rows_read += 1
+                        row = row_filter(item)
+                        if row is not None:
+                            yield row
                     if count % 16384 == 0:
                         progress.update(task, total=reader.total or None, completed=reader.position(), lines=count)
             except (OSError, EOFError, zlib.error) as err:  # a damaged file: truncated or corrupt gzip, I/O error
@@ -470,18 +555,20 @@ def _write_set(readers: list, stage: Path, options: PrepareOptions, tokenizer, s
     assert set(row_filter.dropped) <= set(reasons), row_filter.dropped  # a reason not in the manifest is lost
     dropped = {reason: row_filter.dropped.get(reason, 0) for reason in reasons}
     samples = sum(s["samples"] for s in sink.shards)
-    assert sum(dropped.values()) + samples + row_filter.negative_lines == lines_read
+    assert sum(dropped.values()) + samples + row_filter.negative_lines == rows_read
+    assert options.labelled_pairs or rows_read == lines_read
     negative_lines = row_filter.negative_lines if pairs_nli else None
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
         "columns": list(columns),
-        "fields": [name for pair in sink.fields for name in (pair if tokenizer is not None else pair[:1])],
+        "fields": [name for pair in sink.fields for name in (pair if tokenizer is not None else pair[:1]) if name is not None],
         "token_ids": None
         if tokenizer is None
         else {"fingerprint": tokenizer_fingerprint(tokenizer), "max_length": options.max_length, "dtype": "<i4"},
         "total_samples": samples,
         "lines_read": lines_read,
+        **({"rows_read": rows_read} if options.labelled_pairs else {}),
         "dropped": dropped,
         **({} if negative_lines is None else {"negative_lines": negative_lines}),
         "sources": [{"path": str(r.path), "format": r.fmt, "text_field": ",".join(r.fields)} for r in readers],
@@ -489,7 +576,8 @@ def _write_set(readers: list, stage: Path, options: PrepareOptions, tokenizer, s
         "shards": sink.shards,
     }
     (stage / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    return PrepareResult(stage, columns, sink.shards, dropped, lines_read, negative_lines, seconds)
+    rows = rows_read if options.labelled_pairs else None
+    return PrepareResult(stage, columns, sink.shards, dropped, lines_read, negative_lines, seconds, rows)
 
 
 def summary_table(result: PrepareResult) -> Table:
@@ -498,6 +586,8 @@ def summary_table(result: PrepareResult) -> Table:
     table.add_column("count", justify="right")
     table.add_row("columns", ", ".join(result.columns))
     table.add_row("lines read", f"{result.lines_read:,}")
+    if result.rows_read is not None:
+        table.add_row("rows read (two labelled pairs per triplet)", f"{result.rows_read:,}")
     table.add_row("samples written", f"{result.samples:,}")
     if result.negative_lines is not None:
         table.add_row("lines kept as hard negatives", f"{result.negative_lines:,}")

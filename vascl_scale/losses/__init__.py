@@ -1,10 +1,11 @@
-"""Contrastive objectives: SimCSE (Eq. 1), supervised SimCSE and VaSCL (Eq. 6), over the global batch.
+"""Contrastive objectives: SimCSE (Eq. 1), supervised SimCSE, VaSCL (Eq. 6) and PairSupCon, over the global batch.
 
 Pure maths on tensors; all communication goes through :mod:`vascl_scale.distributed`.
 ``build_objective(config.objective, config.loss.model_dump())`` gives the configured one behind
 a single interface (:class:`Objective`, returning an :class:`ObjectiveOutput`); ``simcse_loss``,
-``simcse_sup_loss`` and ``vascl_loss`` are the functional API. :data:`OBJECTIVES` (:mod:`vascl_scale.losses.spec`) declares
-what each objective encodes and needs.
+``simcse_sup_loss``, ``vascl_loss`` and ``hard_contrastive_loss`` (PairSupCon's) are the
+functional API. :data:`OBJECTIVES` (:mod:`vascl_scale.losses.spec`) declares what each
+objective encodes and needs.
 
 Importing the package loads no torch (the config reads the declarations): each name below is
 imported from its module on first use.
@@ -20,6 +21,7 @@ _EXPORTS = {
     "Objective": "objective",
     "ObjectiveOutput": "objective",
     "build_objective": "objective",
+    "hard_contrastive_loss": "pairsupcon",
     "neighbourhood_nll": "contrastive",
     "nt_xent": "contrastive",
     "simcse_loss": "simcse",

@@ -4,7 +4,9 @@ An objective is called with this rank's pooled embeddings of the columns it enco
 (``spec.encoded_columns(batch)``, :mod:`vascl_scale.losses.spec`: its inputs, then the data's hard
 negatives where it takes them), one (b, d) tensor per column in that order, the projection head
 h and the loss call's generator; it returns an :class:`ObjectiveOutput`. Each projects through the head itself, so a
-training step knows nothing of either. Another objective is a class with the same call, its
+training step knows nothing of either. One that declares a label column (``spec.label``) is
+also called with ``labels=``, this rank's (b,) labels, and one that declares the classifier
+(``spec.classifier``) with ``classifier=``, the model's pairwise classifier; no other is. Another objective is a class with the same call, its
 declaration in :data:`vascl_scale.losses.spec.OBJECTIVES` and one entry in
 :data:`IMPLEMENTATIONS`.
 """
@@ -17,7 +19,9 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from vascl_scale.flops import head_forward_flops
+from vascl_scale.data.columns import LABELS
+from vascl_scale.flops import classifier_forward_flops, head_forward_flops
+from vascl_scale.losses.pairsupcon import hard_contrastive_loss, pair_classification_loss
 from vascl_scale.losses.simcse import simcse_loss, simcse_sup_loss
 from vascl_scale.losses.spec import OBJECTIVES, ObjectiveSpec, Settings, objective_spec
 from vascl_scale.losses.vascl import Head, project, vascl_objective
@@ -42,7 +46,8 @@ class Objective(Protocol):
         generator: torch.Generator | None = None,
         with_stats: bool = False,
     ) -> ObjectiveOutput:
-        """``views``: (b, d) embeddings of this rank's b rows, one per encoded column, in order."""
+        """``views``: (b, d) embeddings of this rank's b rows, one per encoded column, in order
+        (and, where ``spec`` declares them, keyword-only ``labels`` (b,) and ``classifier``)."""
         ...
 
     def model_flops(self, views: int, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
@@ -50,6 +55,11 @@ class Objective(Protocol):
         columns encoded) of a rank of ``rows`` anchors out of ``global_rows`` (forward and
         backward; :mod:`vascl_scale.flops`)."""
         ...
+
+
+# Keys of the ``loss`` section that only other objectives than VaSCL read: supervised SimCSE's
+# alpha, PairSupCon's negatives and weight.
+OTHER_OBJECTIVES_KEYS = ("hard_negative_weight", "contrast_type", "beta")
 
 
 def _contrastive_flops(projected: int, anchors: int, candidates: int, hidden: int, out_dim: int) -> int:
@@ -126,8 +136,8 @@ class VaSCLObjective:
     spec = OBJECTIVES["vascl"]
 
     def __init__(self, settings: Settings) -> None:
-        # The section's keys are vascl_objective's keywords, but supervised SimCSE's alpha.
-        self.settings = {key: value for key, value in settings.items() if key != "hard_negative_weight"}
+        # The section's keys are vascl_objective's keywords, but those of the other objectives.
+        self.settings = {key: value for key, value in settings.items() if key not in OTHER_OBJECTIVES_KEYS}
 
     def __call__(
         self,
@@ -152,8 +162,53 @@ class VaSCLObjective:
         return _contrastive_flops(2 * rows, 2 * rows, 2 * global_rows, hidden, out_dim) + search + power + augmented
 
 
+class PairSupConObjective:
+    """PairSupCon (Zhang et al. 2021, the authors' code; see :mod:`vascl_scale.losses.pairsupcon`):
+    ``beta`` x their HardConLoss on the label-1 pairs against every feature of the global batch,
+    plus the pairwise classifier's cross-entropy on every pair."""
+
+    spec = OBJECTIVES["pairsupcon"]
+
+    def __init__(self, settings: Settings) -> None:
+        self.temperature = settings["temperature"]
+        self.contrast_type = settings["contrast_type"]
+        self.beta = settings["beta"]
+
+    def __call__(
+        self,
+        views: list[Tensor],
+        head: Head,
+        generator: torch.Generator | None = None,
+        with_stats: bool = False,
+        *,
+        labels: Tensor,
+        classifier: Head,
+    ) -> ObjectiveOutput:
+        first, second = views  # (b, d) each: e1, e2 of the pairs, before the head
+        z1, z2 = project(head, first), project(head, second)  # (b, D) each
+        instdisc = hard_contrastive_loss(z1, z2, labels, temperature=self.temperature, contrast_type=self.contrast_type)
+        logits = classifier(first, second)  # (b, 2): the classifier on [e1, e2, |e1 - e2|]
+        classification = pair_classification_loss(logits, labels)
+        loss = self.beta * instdisc + classification  # training.py: beta on the instance loss only
+        terms = {"instdisc": instdisc.detach(), "classification": classification.detach()}
+        stats = {}
+        if with_stats:
+            accuracy = (logits.detach().argmax(dim=-1) == labels).float().mean()
+            values = torch.stack([loss.detach().float(), instdisc.detach().float(), classification.detach().float(), accuracy])
+            stats = dict(zip(("loss", "instdisc", "classification", "classifier_accuracy"), values.tolist()))
+        return ObjectiveOutput(loss, terms, stats)
+
+    def model_flops(self, views: int, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
+        """Both texts through the head (2b rows), their (2b, 2B) logits, the classifier on the b pairs."""
+        assert views == 2, views  # spec: (anchor, paired)
+        classifier = 3 * classifier_forward_flops(rows, hidden, len(LABELS))
+        return _contrastive_flops(2 * rows, 2 * rows, 2 * global_rows, hidden, out_dim) + classifier
+
+
 # Each declared objective's implementation, by name.
-IMPLEMENTATIONS: dict[str, type] = {cls.spec.name: cls for cls in (VaSCLObjective, SimCSEObjective, SupervisedSimCSEObjective)}
+IMPLEMENTATIONS: dict[str, type] = {
+    cls.spec.name: cls for cls in (VaSCLObjective, SimCSEObjective, SupervisedSimCSEObjective, PairSupConObjective)
+}
 assert IMPLEMENTATIONS.keys() == OBJECTIVES.keys(), "every declared objective needs an implementation"
 
 

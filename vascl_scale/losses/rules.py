@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 SIMILARITIES = ("dot", "cosine")
+CONTRAST_TYPES = ("orig", "hardneg")  # PairSupCon's HardConLoss: contrast_type Orig | HardNeg
 STRENGTH_MODES = ("absolute", "relative", "relative_instance")
 
 
@@ -26,6 +27,21 @@ def check_hard_negative_weight(weight: float, prefix: str = "") -> None:
     """Supervised SimCSE's alpha, added to the logit of each anchor's own hard negative: any finite number."""
     if not math.isfinite(weight):
         raise ValueError(f"{prefix}hard_negative_weight must be a finite number (SimCSE's alpha, 0 by default); got {weight}")
+
+
+def check_contrast_type(contrast_type: str, prefix: str = "") -> None:
+    """PairSupCon's negatives: uniform (orig) or hardness-weighted (hardneg)."""
+    if contrast_type not in CONTRAST_TYPES:
+        raise ValueError(f"{prefix}contrast_type must be one of {', '.join(CONTRAST_TYPES)}; got {contrast_type!r}")
+
+
+def check_beta(beta: float, prefix: str = "") -> None:
+    """The weight of PairSupCon's instance loss beside its classification loss."""
+    if not (math.isfinite(beta) and beta >= 0):
+        raise ValueError(
+            f"{prefix}beta (the weight of PairSupCon's instance loss beside its classification loss) must be a finite "
+            f"number >= 0 (the authors use 1); got {beta}"
+        )
 
 
 def check_vascl_settings(

@@ -17,7 +17,11 @@ sentences), the anchor stands in for it: the same tokens encoded a second time, 
 dropout mask, the second view of unsupervised SimCSE. With ``data.augment`` the loader makes
 the positive column from the anchor (:mod:`vascl_scale.data.augment`). Supervised SimCSE
 encodes (anchor, positive, negative_0, ..., negative_{N-1}): SimCSE's NLI triplets are N = 1. It
-has no stand-ins: data without a positive and at least one hard negative is refused.
+has no stand-ins: data without a positive and at least one hard negative is refused. PairSupCon
+encodes labelled pairs (anchor, paired) and reads their ``label`` (its ``label``: the column
+passed to it as ``labels``), and trains the model's pairwise classifier (its ``classifier``: the
+model is built with one, and the objective is called with it); data without the three columns
+is refused.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Mapping, Sequence
 
-from vascl_scale.data.columns import ANCHOR, POSITIVE, negative, negative_columns
+from vascl_scale.data.columns import ANCHOR, LABEL, PAIRED, POSITIVE, negative, negative_columns
 from vascl_scale.losses.rules import (
+    check_beta,
+    check_contrast_type,
     check_hard_negative_weight,
     check_neighbour_count,
     check_temperature,
@@ -52,6 +58,8 @@ class ObjectiveSpec:
     hard_negatives: bool = False
     # Rules on the settings and the global batch that no single key's check can make (ValueError).
     rules: Callable[[Settings, int], None] = _no_rules
+    label: str | None = None  # the label column it reads (one integer per row), passed to it as ``labels``
+    classifier: bool = False  # it trains the model's pairwise classifier, passed to it as ``classifier``
 
     def negatives(self, available: Collection[str]) -> tuple[str, ...]:
         """The hard-negative columns of ``available`` it encodes after its inputs, in order."""
@@ -59,8 +67,8 @@ class ObjectiveSpec:
 
     def columns_read(self, available: Sequence[str]) -> tuple[str, ...]:
         """The columns of ``available`` (the data's, in its order) that it reads: its inputs and
-        hard negatives there."""
-        wanted = {*self.inputs, *self.negatives(available)}
+        hard negatives there, and its label."""
+        wanted = {*self.inputs, *self.negatives(available), *(() if self.label is None else (self.label,))}
         return tuple(column for column in available if column in wanted)
 
     def unread_columns(self, available: Sequence[str]) -> tuple[str, ...]:
@@ -72,6 +80,8 @@ class ObjectiveSpec:
         """The columns it needs that ``available`` has neither of nor a stand-in for (with
         ``hard_negatives``, ``negative_0`` when the data has no hard negative)."""
         missing = [c for c in self.inputs if c not in available and self.stand_ins.get(c) not in available]
+        if self.label is not None and self.label not in available:
+            missing.append(self.label)
         if self.hard_negatives and not self.negatives(available):
             missing.append(negative(0))
         return tuple(missing)
@@ -107,6 +117,8 @@ OBJECTIVES: dict[str, ObjectiveSpec] = {
     "simcse": ObjectiveSpec("simcse", (ANCHOR, POSITIVE), stand_ins=_POSITIVE_OR_ANCHOR),
     # Every hard negative the data has, N >= 1: SimCSE's NLI triplets (sent0, sent1, hard_neg) are N = 1.
     "simcse_sup": ObjectiveSpec("simcse_sup", (ANCHOR, POSITIVE), hard_negatives=True),
+    # PairSupCon's labelled pairs (text1, text2, pairsimi) and its pairwise classification head.
+    "pairsupcon": ObjectiveSpec("pairsupcon", (ANCHOR, PAIRED), label=LABEL, classifier=True),
 }
 
 
@@ -126,6 +138,8 @@ def check_loss_settings(settings: Settings) -> None:
     """The rules of the ``loss`` section's keys, each objective's alike (``loss.`` in the messages)."""
     check_temperature(settings["temperature"], prefix="loss.")
     check_hard_negative_weight(settings["hard_negative_weight"], prefix="loss.")
+    check_contrast_type(settings["contrast_type"], prefix="loss.")
+    check_beta(settings["beta"], prefix="loss.")
     check_vascl_settings(
         k=settings["k"],
         xi=settings["xi"],

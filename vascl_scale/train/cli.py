@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from vascl_scale.log import process_rank
+from vascl_scale.losses.spec import OBJECTIVES
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,9 @@ def train_command(
     main_process_port: Optional[int] = typer.Option(None, "--main-process-port", help="A free port on machine rank 0."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Same as --set train.max_steps=S."),
     output: Optional[Path] = typer.Option(None, "--output", help="Run directory (same as --set train.output_dir=DIR)."),
-    objective: Optional[str] = typer.Option(None, "--objective", help="vascl or simcse (same as --set objective=...)."),
+    objective: Optional[str] = typer.Option(
+        None, "--objective", help=f"{', '.join(OBJECTIVES)} (same as --set objective=...)."
+    ),
     resume: bool = typer.Option(False, "--resume", help="Continue from the latest complete checkpoint of the run directory."),
     resume_from: Optional[Path] = typer.Option(
         None, "--resume-from", help="Continue from DIR: a checkpoint, or a run directory (its latest checkpoint)."

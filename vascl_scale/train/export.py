@@ -3,7 +3,8 @@
 The directory holds the encoder (``config.json``, ``model.safetensors``), the tokenizer, the
 sentence-transformers module files (Transformer -> Pooling, no normalisation, so the
 embeddings equal :meth:`SentenceEncoder.encode`) and, beside them, the projection head in
-``head.safetensors`` (never inside the encoder weights). ``AutoModel.from_pretrained(dir)``,
+``head.safetensors`` and a PairSupCon run's pairwise classifier in ``classifier.safetensors``
+(never inside the encoder weights). ``AutoModel.from_pretrained(dir)``,
 ``SentenceTransformer(dir)`` and ``SentenceEncoder.from_pretrained(dir)`` all load it.
 
 Under ZeRO-3 the parameters are sharded; ``accelerator.get_state_dict`` gathers the full
@@ -17,10 +18,17 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
+from vascl_scale.model import CLASSIFIER_FILE
 from vascl_scale.sentence_transformers_format import write_sentence_transformers_files
 from vascl_scale.train.atomic import replace_directory, staging_directory
 
 logger = logging.getLogger(__name__)
+
+
+def _submodule_state(state: dict, name: str) -> dict:
+    """The entries of submodule ``name`` in a model's state, named as in the submodule."""
+    prefix = f"{name}."
+    return {key.removeprefix(prefix): value.contiguous() for key, value in state.items() if key.startswith(prefix)}
 
 
 def export_model(accelerator, model, target: Path, max_seq_length: int) -> None:
@@ -28,13 +36,14 @@ def export_model(accelerator, model, target: Path, max_seq_length: int) -> None:
     state = accelerator.get_state_dict(model)  # full state on the main process (ZeRO-3 gathers)
     if accelerator.is_main_process:
         encoder_module = accelerator.unwrap_model(model)
-        encoder_state = {k.removeprefix("encoder."): v.contiguous() for k, v in state.items() if k.startswith("encoder.")}
-        head_state = {k.removeprefix("head."): v.contiguous() for k, v in state.items() if k.startswith("head.")}
+        encoder_state, head_state, classifier_state = (_submodule_state(state, name) for name in ("encoder", "head", "classifier"))
         target = Path(target)
         staging = staging_directory(target)
         encoder_module.encoder.save_pretrained(str(staging), state_dict=encoder_state, safe_serialization=True)
         encoder_module.tokenizer.save_pretrained(str(staging))
         save_file(head_state, str(staging / "head.safetensors"))
+        if classifier_state:
+            save_file(classifier_state, str(staging / CLASSIFIER_FILE))
         write_sentence_transformers_files(staging, encoder_module.hidden_size, encoder_module.pooling, max_seq_length)
         replace_directory(staging, target)  # the previous export goes only once the new one is complete
         logger.info("exported %s", target)

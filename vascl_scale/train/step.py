@@ -9,8 +9,10 @@ gives the second view; with ``data.augment`` the loader made the positive). The 
 padded to one width L and enter the encoder in one forward, stacked ((n b, L) -> (n b, d): one
 forward, because ZeRO-3 gathers the parameters for each), and the objective runs on the n
 blocks of b, all under the run's autocast (:mod:`vascl_scale.precision`), its gathers spanning
-every rank. An optimiser step: ``grad_accum_steps`` loss calls, each checked finite on every
-rank before its backward, then clipping (outside DeepSpeed, which clips itself) and the update.
+every rank. An objective that declares a label column also gets this rank's b labels, and one
+that declares the pairwise classifier the model's (PairSupCon: :mod:`vascl_scale.losses.spec`).
+An optimiser step: ``grad_accum_steps`` loss calls, each checked finite on every rank before
+its backward, then clipping (outside DeepSpeed, which clips itself) and the update.
 
 The cached loss call (``chunk_size`` c > 0; GradCache, Gao et al. 2021, for a neighbourhood
 objective) holds the activations of c sentences at a time instead of n b:
@@ -18,13 +20,17 @@ objective) holds the activations of c sentences at a time instead of n b:
 1. each view's b rows go through the encoder in chunks of c without gradient, the RNG
    state before every (view, chunk) forward kept (the chunk boundaries are fixed first);
 2. the objective runs on the whole global batch of these embeddings, made leaves (float32 or
-   wider), and ``autograd.grad`` gives d loss / d e (the gathers' backward already sums what
-   every rank's loss sends to this rank's rows);
+   wider), with the rank's b labels where it reads them, and ``autograd.grad`` gives
+   d loss / d e (the gathers' backward already sums what every rank's loss sends to this
+   rank's rows);
 3. each (view, chunk) is encoded again with gradient, its RNG state replayed (the same dropout
    masks, and different ones per view, also where two views encode one column), and the
    surrogate sum(e_chunk * d loss / d e_chunk), whose gradient is the chunk's share of
    d loss / d theta, back-propagated like a loss; the first of these backwards also carries
-   the loss itself, for the head's gradient.
+   the loss itself, for the gradient of the head (and of the pairwise classifier). That
+   backward goes through the objective's graph a second time, after ``autograd.grad``; ZeRO-3
+   gathers a module's parameters for one backward per forward call, so a head it released
+   after the first (PairSupCon's classifier, called once) is gathered again for it.
 
 Step 3 gives the parameters exactly the gradient of the one-forward step whose forwards draw
 these masks. Each backward is scaled as a loss is (accumulation, fp16 loss scale). Gradient
@@ -52,7 +58,7 @@ import torch
 from torch import Tensor
 
 from vascl_scale.data.columns import TOKEN_KEYS
-from vascl_scale.data.loader import Padding, widen
+from vascl_scale.data.loader import Batch, Padding, widen
 from vascl_scale.flops import EncoderShape
 from vascl_scale.losses import Objective, ObjectiveOutput
 from vascl_scale.precision import autocast
@@ -131,10 +137,11 @@ class TrainingStep:
         self.chunk_size = chunk_size
         self.precision = precision  # resolved: no, bf16 or fp16 (vascl_scale.precision)
         self.deepspeed = accelerator.state.deepspeed_plugin is not None
+        self.zero3 = self.deepspeed and int(accelerator.state.deepspeed_plugin.zero_stage) == 3
         assert 0 <= chunk_size <= per_device_batch, (chunk_size, per_device_batch)  # RunConfig.per_device_batch_size checks it
         # DDP (accelerate wraps even one process in it when a launcher started it) needs a
-        # gradient for every parameter in the backward that reduces: the head's came in the
-        # cached loss call's first backward, so the last one touches it with zero.
+        # gradient for every parameter in the backward that reduces: the heads' came in the
+        # cached loss call's first backward, so the last one touches them with zero.
         self.ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
         module = accelerator.unwrap_model(model)
         self.encoder_shape = EncoderShape.of(module.encoder.config)
@@ -157,6 +164,17 @@ class TrainingStep:
         """The projection head of the unwrapped module (the objectives call it directly)."""
         return self.accelerator.unwrap_model(self.model).head
 
+    @property
+    def classifier(self) -> torch.nn.Module | None:
+        """The pairwise classifier of the unwrapped module, None when it has none."""
+        return self.accelerator.unwrap_model(self.model).classifier
+
+    def _head_parameters(self) -> Iterator[torch.nn.Parameter]:
+        """The trainable parameters of every module the objective calls besides the encoder."""
+        for module in (self.head, self.classifier):
+            if module is not None:
+                yield from (p for p in module.parameters() if p.requires_grad)
+
     def _autocast(self) -> AbstractContextManager:
         """The autocast of the encoder forwards and the objective: the accelerator's on CUDA;
         on a CPU the step's own (the accelerator runs in float32 there, see build_accelerator)."""
@@ -164,13 +182,11 @@ class TrainingStep:
             return autocast("cpu", self.precision)
         return self.accelerator.autocast()
 
-    def view_width(self, batch: dict[str, dict[str, Tensor]]) -> int:
+    def view_width(self, batch: Batch) -> int:
         """L, the width every view of ``batch`` is encoded at: the longest of its columns encoded."""
         return max(batch[column]["input_ids"].shape[1] for column in self.objective.spec.encoded_columns(batch))
 
-    def _inputs(
-        self, batch: dict[str, dict[str, Tensor]], loss_call: int
-    ) -> tuple[list[dict[str, Tensor]], torch.Generator]:
+    def _inputs(self, batch: Batch, loss_call: int) -> tuple[list[dict[str, Tensor]], torch.Generator]:
         """This rank's model inputs of each of the objective's inputs, in order, on the device and
         at one width, (b, L) each (an input encoded from its stand-in is the same tensors again),
         the global RNG seeded for the loss call's dropout masks, and the generator of its
@@ -191,7 +207,19 @@ class TrainingStep:
         generator = torch.Generator(device=acc.device).manual_seed(loss_call_seed(self.seed, loss_call, 0))
         return [on_device[column] for column in columns], generator
 
-    def loss_call(self, batch: dict[str, dict[str, Tensor]], loss_call: int, with_stats: bool = False) -> ObjectiveOutput:
+    def _declared_arguments(self, batch: Batch) -> dict[str, object]:
+        """The keywords the objective declares beyond its views: its label column's b labels of
+        this rank (b,) on the device, the pairwise classifier."""
+        spec, arguments = self.objective.spec, {}
+        if spec.label is not None:
+            labels = batch[spec.label]
+            assert labels.shape == (self.per_device_batch,), labels.shape  # cut with the rows of the columns
+            arguments["labels"] = labels.to(self.accelerator.device)
+        if spec.classifier:
+            arguments["classifier"] = self.classifier
+        return arguments
+
+    def loss_call(self, batch: Batch, loss_call: int, with_stats: bool = False) -> ObjectiveOutput:
         """The objective on one batch of this rank's b rows (tokenised columns, (b, L) tensors)."""
         views, generator = self._inputs(batch, loss_call)
         rows = self.per_device_batch
@@ -199,11 +227,9 @@ class TrainingStep:
         with self._autocast():
             embeddings = self.model(**stacked)  # (n b, d), view v in rows [v b, (v + 1) b)
             blocks = [embeddings[view * rows : (view + 1) * rows] for view in range(len(views))]  # (b, d) each
-            return self.objective(blocks, self.head, generator, with_stats)
+            return self.objective(blocks, self.head, generator, with_stats, **self._declared_arguments(batch))
 
-    def cached_loss_call(
-        self, batch: dict[str, dict[str, Tensor]], loss_call: int, step: int, with_stats: bool = False
-    ) -> ObjectiveOutput:
+    def cached_loss_call(self, batch: Batch, loss_call: int, step: int, with_stats: bool = False) -> ObjectiveOutput:
         """The loss call in chunks of ``chunk_size`` (module doc), its backwards included.
 
         Returns the objective's output with the loss detached; the gradients are in place.
@@ -222,7 +248,7 @@ class TrainingStep:
             for view in range(len(views))
         ]
         with self._autocast():
-            out = self.objective(leaves, self.head, generator, with_stats)
+            out = self.objective(leaves, self.head, generator, with_stats, **self._declared_arguments(batch))
         self._require_finite(out.loss, step)
         # d loss / d e (n b, d), rows in span order; the graph stays for the head's gradient.
         cached = torch.cat(torch.autograd.grad(out.loss, leaves, retain_graph=True))
@@ -236,15 +262,28 @@ class TrainingStep:
                     chunk = self.model(**{k: v[start:stop] for k, v in views[view].items()})  # (c, d), the masks of pass 1
                 surrogate = (chunk.to(leaf_dtype) * cached[row : row + stop - start]).sum()  # d/d chunk = cached rows
                 if index == 0:
-                    # The head's gradient joins the first backward: ZeRO-3 copies a parameter's
+                    # The heads' gradient joins the first backward: ZeRO-3 copies a parameter's
                     # first gradient of a step into its buffer and adds the later ones, so every
                     # parameter must receive one in the step's first backward.
                     surrogate = surrogate + out.loss
                 if final and self.ddp:
-                    surrogate = surrogate + sum((p * 0).sum() for p in self.head.parameters() if p.requires_grad)
-                self._backward(surrogate, final=final)
+                    surrogate = surrogate + sum((p * 0).sum() for p in self._head_parameters())
+                with self._released_heads_gathered() if index == 0 else nullcontext():
+                    self._backward(surrogate, final=final)
             row += stop - start
         return ObjectiveOutput(out.loss.detach(), out.terms, out.stats)
+
+    def _released_heads_gathered(self) -> AbstractContextManager:
+        """Under ZeRO-3, the heads' parameters it has released gathered again, for the backward
+        that goes through the objective's graph a second time (module doc): its hooks gather a
+        module's parameters for as many backwards as the module had forward calls, and a module
+        called once (PairSupCon's classifier) is released after ``autograd.grad``'s."""
+        if not self.zero3:
+            return nullcontext()
+        from deepspeed.runtime.zero.partition_parameters import GatheredParameters, ZeroParamStatus
+
+        released = [p for p in self._head_parameters() if p.ds_status == ZeroParamStatus.NOT_AVAILABLE]
+        return GatheredParameters(released)  # a no-op when none is released
 
     def _backward(self, value: Tensor, *, final: bool) -> None:
         """Back-propagate a loss-like scalar, divided by the accumulation steps (and fp16-scaled);
@@ -260,7 +299,7 @@ class TrainingStep:
         if self.accelerator.reduce(bad, reduction="sum").item() > 0:
             raise NonFiniteLossError(f"non-finite loss at step {step + 1}; the update was not applied")
 
-    def __call__(self, batches: Iterator[dict[str, dict[str, Tensor]]], step: int, with_stats: bool = False) -> StepResult:
+    def __call__(self, batches: Iterator[Batch], step: int, with_stats: bool = False) -> StepResult:
         """Optimiser step ``step`` (0-based): ``grad_accum_steps`` loss calls and one update."""
         acc = self.accelerator
         accum = self.grad_accum_steps

@@ -110,11 +110,16 @@ def freeze_unreached_parameters(model: SentenceEncoder) -> list[str]:
     """Freeze parameters that get no gradient from the loss (e.g. BERT's pooler under mean pooling).
 
     DDP and ZeRO expect a gradient for every trainable parameter at every step; one probe
-    forward/backward on two sentences finds the ones the objective never reaches.
+    forward/backward on two sentences through every module an objective calls (the head, and
+    the pairwise classifier on them as one pair where the model has one) finds the ones the
+    objective never reaches.
     """
     batch = model.tokenizer(["a probe sentence", "another"], padding=True, return_tensors="pt")
     e = model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS})  # (2, d)
-    model.head(e).sum().backward()
+    probe = model.head(e).sum()
+    if model.classifier is not None:
+        probe = probe + model.classifier(e[:1], e[1:]).sum()
+    probe.backward()
     unreached = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
     for name, p in model.named_parameters():
         p.grad = None
@@ -124,9 +129,11 @@ def freeze_unreached_parameters(model: SentenceEncoder) -> list[str]:
 
 
 def build_optimizer(model: SentenceEncoder, config: RunConfig) -> torch.optim.Optimizer:
-    """AdamW with the encoder at ``optim.lr`` and the head at ``optim.head_lr`` (Appendix A)."""
+    """AdamW with the encoder at ``optim.lr`` and the head at ``optim.head_lr`` (Appendix A);
+    PairSupCon's classifier is in the head's group (the authors scale both heads' rate alike)."""
     encoder_params = [p for p in model.encoder.parameters() if p.requires_grad]
-    head_params = [p for p in model.head.parameters() if p.requires_grad]
+    heads = [module for module in (model.head, model.classifier) if module is not None]
+    head_params = [p for module in heads for p in module.parameters() if p.requires_grad]
     return torch.optim.AdamW(
         [
             {"params": encoder_params, "lr": config.optim.lr},
@@ -250,6 +257,7 @@ def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume
         pooling=config.model.pooling,
         head_dim=config.model.head_dim,
         trust_remote_code=config.model.trust_remote_code,
+        pair_classifier=objective_spec(config.objective).classifier,
     )
     frozen = freeze_unreached_parameters(model)
     model.train()
