@@ -98,7 +98,7 @@ def synthetic_columns(specs: list[ObjectiveSpec], negatives: int) -> tuple[str, 
 def bench_views(specs: list[ObjectiveSpec], negatives: int) -> int:
     """The most views an objective of ``specs`` encodes on the synthetic batch (what its forward holds)."""
     columns = synthetic_columns(specs, negatives)
-    return max(len(spec.encoded_columns(columns)) for spec in specs)
+    return max(len(spec.encoded_columns(columns + (() if spec.label is None else (spec.label,)))) for spec in specs)
 
 
 def synthetic_batch(
