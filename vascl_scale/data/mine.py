@@ -476,7 +476,7 @@ def mine_shards(
             "shards": sink.shards,
         }
         (stage / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        return MineResult(output, columns, sink.shards, dropped, lines_read, None, summary["seconds"], summary)
+        return MineResult(output, columns, sink.shards, dropped, lines_read, None, summary["seconds"], summary=summary)
 
     result = write_shard_set(output, overwrite, write)
     logger.info(
