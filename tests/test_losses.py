@@ -764,7 +764,7 @@ def test_pairsupcon_declares_labelled_pairs_and_the_classifier_and_counts_its_fl
 
     spec = OBJECTIVES["pairsupcon"]
     assert spec.inputs == ("anchor", "paired") and spec.label == "label" and spec.classifier and not spec.stand_ins
-    assert spec.columns == ("anchor", "paired", "label")
+    assert spec.columns_read(("anchor", "positive", "paired", "label", "negative_0")) == ("anchor", "paired", "label")
     assert spec.encoded_columns(("anchor", "paired", "label")) == ("anchor", "paired")
     with pytest.raises(ValueError, match=r"objective 'pairsupcon' needs the column\(s\) paired, label, which the batch lacks"):
         spec.encoded_columns(("anchor", "positive", "negative_0"))
@@ -773,7 +773,7 @@ def test_pairsupcon_declares_labelled_pairs_and_the_classifier_and_counts_its_fl
     expected = 3 * (head_forward_flops(2 * rows, hidden, out_dim) + 2 * (2 * rows) * (2 * global_rows) * out_dim)
     expected += 3 * 2 * rows * 3 * hidden * 2
     assert classifier_forward_flops(rows, hidden, 2) == 2 * rows * 3 * hidden * 2
-    assert build_objective("pairsupcon", LossConfig().model_dump()).model_flops(rows, global_rows, hidden, out_dim) == expected
+    assert build_objective("pairsupcon", LossConfig().model_dump()).model_flops(2, rows, global_rows, hidden, out_dim) == expected
 
 
 def test_pairsupcon_refuses_bad_settings_and_labels() -> None:
