@@ -4,7 +4,7 @@ Usage: python launchers/pairs_study_table.py EVAL_JSON LABEL=PART_OF_MODEL_NAME 
 
 STS-B train pairs made the paired data, so STS-B is reported apart and left out of the STS
 average (the other six tasks of Table 1); clustering and few-shot intent are the families'
-averages as ``eval all`` writes them (intent: the mean over its K of each dataset's accuracy).
+average as ``eval all`` writes it (the launcher leaves few-shot intent out).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from vascl_scale.eval.report import AVERAGED, EvalReport
 HELD_OUT = "stsb"  # the paired data's source: not in the average
 
 
-def family_mean(results: dict, family: str, leave_out: str = "") -> float:
+def family_mean(results: list, family: str, leave_out: str = "") -> float:
     """Mean primary metric of ``family``'s averaged tasks (every variant), ``leave_out`` excluded."""
     values = [r.primary for r in results if r.family == family and r.task in AVERAGED[family] and r.task != leave_out]
     assert values and all(v is not None for v in values), f"{family}: missing results"
@@ -27,8 +27,8 @@ def family_mean(results: dict, family: str, leave_out: str = "") -> float:
 
 def main(path: str, labelled: list[str]) -> None:
     report = EvalReport.load(path)
-    print(f"| Model | STS avg (6, no STS-B) | STS-B | SICK-R | clustering avg | intent avg |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| Model | STS avg (6, no STS-B) | STS-B | SICK-R | clustering avg |")
+    print("|---|---:|---:|---:|---:|")
     for item in labelled:
         label, part = item.split("=", 1)
         [model] = [m for m in report.models if part in m.model["name"]]
@@ -38,7 +38,6 @@ def main(path: str, labelled: list[str]) -> None:
             by_task[HELD_OUT],
             by_task["sickr"],
             family_mean(model.results, "clustering"),
-            family_mean(model.results, "intent"),
         ]
         print(f"| {label} | " + " | ".join(f"{value:.2f}" for value in cells) + " |")
 
