@@ -14,7 +14,7 @@ from itertools import islice
 import pytest
 import torch
 
-from tests.data_helpers import make_paired_shards, make_shards, minilm_tokenizer, paired_rows, sentences
+from tests.data_helpers import labelled_rows, make_paired_shards, make_shards, minilm_tokenizer, paired_rows, sentences
 from tests.test_data_loader import _stream, time_limit
 
 GLOBAL_BATCH = 16
@@ -135,7 +135,7 @@ def test_global_mode_needs_failing_on_corrupt_shards_and_one_shard_per_worker_an
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
-    """test_train's workspace with a dropout-free tiny model (dropout masks are per rank), and triplets."""
+    """test_train's workspace with a dropout-free tiny model (dropout masks are per rank), triplets and labelled pairs."""
     import random
 
     from tests.test_train import WORDS, write_dev_tsv, write_texts, write_tiny_model
@@ -148,12 +148,13 @@ def workspace(tmp_path_factory):
     columns = ("anchor", "positive", "negative_0")
     rows = [{column: " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) for column in columns} for _ in range(96)]
     make_paired_shards(root / "triplets", rows, shard_size=24)
+    make_paired_shards(root / "labelled", labelled_rows(96), shard_size=24)
     return root
 
 
 # One source per objective: unsupervised on lines of text (dropout off: both views are equal,
 # the negatives still train), supervised on triplet shards.
-OBJECTIVES = {"simcse": "train.txt", "vascl": "train.txt", "simcse_sup": "triplets"}
+OBJECTIVES = {"simcse": "train.txt", "vascl": "train.txt", "simcse_sup": "triplets", "pairsupcon": "labelled"}
 
 
 def _train(workspace, directory, objective: str, *extra: str, stop_at: int | None = None):
@@ -197,15 +198,18 @@ def one_process_runs(workspace, tmp_path_factory):
     return run_of
 
 
-def _assert_same_run(workspace, tmp_path, one_process_runs, objective: str, *engine: str, stop_at: int | None = None) -> None:
+def _assert_same_run(
+    workspace, tmp_path, one_process_runs, objective: str, *engine: str, stop_at: int | None = None, ranks: int = 2
+) -> None:
     from safetensors.torch import load_file
 
     from tests.test_train import assert_same_weights, final_weights
 
-    result, records, run = _train(workspace, tmp_path, objective, "--num-processes", "2", *engine, stop_at=stop_at)
-    assert "global mode, rank 0 of 2" in result.stderr and "rows 0-7 of each global batch of 16" in result.stderr
+    result, records, run = _train(workspace, tmp_path, objective, "--num-processes", str(ranks), *engine, stop_at=stop_at)
+    log = result.stderr
+    assert f"global mode, rank 0 of {ranks}" in log and f"rows 0-{16 // ranks - 1} of each global batch of 16" in log
     assert stop_at is None or f"at step {stop_at}" in result.stderr  # resumed
-    # The run used 4 global batches of 16 rows (each rank read all 64), not 2 x 64.
+    # The run used 4 global batches of 16 rows (each rank read all 64), not W x 64.
     assert records[-1]["step"] == 4 and records[-1]["data/samples"] == 64
     reference = one_process_runs(objective)
     assert_same_weights(run, reference, atol=1e-5)  # the largest steps: 4e-3 (encoder), 4e-2 (head)
@@ -218,10 +222,12 @@ def _assert_same_run(workspace, tmp_path, one_process_runs, objective: str, *eng
 
 
 # The supervised run is stopped after 2 steps and resumed: each rank's data state continues the
-# one stream exactly.
-@pytest.mark.parametrize("objective,stop_at", [("simcse", None), ("vascl", None), ("simcse_sup", 2)])
-def test_two_ddp_ranks_in_global_mode_end_with_the_one_process_weights(workspace, tmp_path, one_process_runs, objective, stop_at):
-    _assert_same_run(workspace, tmp_path, one_process_runs, objective, stop_at=stop_at)
+# one stream exactly. Four ranks once, on the triplets.
+@pytest.mark.parametrize(
+    "objective,stop_at,ranks", [("simcse", None, 2), ("vascl", None, 2), ("simcse_sup", 2, 2), ("pairsupcon", None, 2), ("simcse_sup", None, 4)]
+)
+def test_ddp_ranks_in_global_mode_end_with_the_one_process_weights(workspace, tmp_path, one_process_runs, objective, stop_at, ranks):
+    _assert_same_run(workspace, tmp_path, one_process_runs, objective, stop_at=stop_at, ranks=ranks)
 
 
 @pytest.mark.deepspeed
