@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vascl_scale import precision
-from vascl_scale.precision import EMULATE_ENV, autocast, resolve_precision, train_precision
+from vascl_scale.precision import EMULATE_ENV, autocast, precision_reason, resolve_precision, train_precision
 
 
 @pytest.fixture
@@ -16,36 +16,37 @@ def cpu_without_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
 
 
-@pytest.fixture
-def cpu_with_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(EMULATE_ENV, raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
-
-
 def test_a_cpu_without_native_bf16_runs_float32_and_refuses_bf16_saying_what_to_use(cpu_without_bf16) -> None:
-    assert resolve_precision("auto", "cpu", "train.precision", True) == "no"
-    assert resolve_precision("no", "cpu", "train.precision", True) == "no"
+    assert resolve_precision("auto", "cpu", "train.precision") == "no"
+    assert resolve_precision("no", "cpu", "train.precision") == "no"
     with pytest.raises(ValueError, match=r"train.precision = 'bf16' needs native bf16.*AVX512-BF16 or AMX.*use 'no'"):
-        resolve_precision("bf16", "cpu", "train.precision", True)
+        resolve_precision("bf16", "cpu", "train.precision")
     with pytest.raises(ValueError, match=r"--precision = 'fp16' needs a CUDA device"):
-        resolve_precision("fp16", "cpu", "--precision", False)
+        resolve_precision("fp16", "cpu", "--precision")
     with pytest.raises(ValueError, match="must be one of auto, no, bf16, fp16; got 'fp8'"):
-        resolve_precision("fp8", "cpu", "--precision", False)
+        resolve_precision("fp8", "cpu", "--precision")
 
 
-def test_a_cpu_with_native_bf16_takes_bf16_and_auto_only_once_its_quality_check_held(cpu_with_bf16, monkeypatch) -> None:
-    assert resolve_precision("bf16", "cpu", "train.precision", False) == "bf16"
-    assert resolve_precision("auto", "cpu", "train.precision", True) == "bf16"
-    assert resolve_precision("auto", "cpu", "--precision", False) == "no"
+@pytest.mark.parametrize(("native", "expected"), [(True, "bf16"), (False, "no")])
+def test_auto_trains_and_evaluates_in_bf16_exactly_where_the_cpu_has_it(monkeypatch, native: bool, expected: str) -> None:
+    # Detection mocked at the one function that asks torch.
+    monkeypatch.delenv(EMULATE_ENV, raising=False)
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert train_precision("auto") == "no"  # the CPU demo in bf16 has not been checked yet
-    monkeypatch.setattr(precision, "CPU_TRAINING_BF16_CHECKED", True)
-    assert train_precision("auto") == "bf16"
+    assert train_precision("auto") == expected
+    assert resolve_precision("auto", "cpu", "--precision") == expected
+    assert train_precision("no") == "no"
+    reason = precision_reason("auto", expected, "cpu", "train.precision")
+    if native:
+        assert reason == "bf16 (train.precision auto: this CPU computes bf16 natively)"
+    else:
+        assert reason.startswith("float32 (train.precision auto: this CPU lacks native bf16, no AVX512-BF16 or AMX")
+    assert precision_reason("no", "no", "cpu", "train.precision") == "float32 (train.precision no)"
 
 
 def test_emulation_is_allowed_when_asked_for(cpu_without_bf16, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(EMULATE_ENV, "emulate")
-    assert resolve_precision("bf16", "cpu", "train.precision", False) == "bf16"
+    assert resolve_precision("bf16", "cpu", "train.precision") == "bf16"
 
 
 def test_the_autocast_of_each_precision() -> None:

@@ -26,6 +26,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from vascl_scale.precision import precision_reason, train_precision
+
 REPO = Path(__file__).resolve().parents[1]
 # DeepSpeed's first start compiles a small op (about 2 minutes on 2 cores, then cached).
 ZERO2 = str(REPO / "configs" / "deepspeed" / "zero2.json")
@@ -229,6 +231,8 @@ def test_single_process_run_writes_a_complete_run_directory(workspace: Path, tmp
     run = tmp_path / "run"
     result = run_train(config, run, "--set", "checkpoint.keep_last=1", "--set", "train.peak_tflops=2")
     assert "global contrastive batch 16 sentences = 1 ranks x 16 per device" in result.stderr
+    # The precision and its reason, whichever this CPU resolves `auto` to.
+    assert f"training in {precision_reason('auto', train_precision('auto'), 'cpu', 'train.precision')}" in result.stderr
     assert "Setting accelerator to CPU" not in result.stderr + result.stdout  # DeepSpeed's, without --deepspeed
 
     saved = yaml.safe_load((run / "config.yaml").read_text())

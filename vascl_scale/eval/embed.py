@@ -298,7 +298,7 @@ class Embedder:
         chunk_batches: int = 16,
         precision: str = "no",
     ) -> None:
-        from vascl_scale.precision import EVAL_BF16_CHECKED, resolve_precision
+        from vascl_scale.precision import resolve_precision
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1; got {batch_size}")
@@ -310,7 +310,7 @@ class Embedder:
         self.device = resolve_device(device)
         self.chunk_size = batch_size * chunk_batches  # texts per progress update and per cache part
         self.device_type = self.device.split(":")[0]  # "cuda:1" -> "cuda"
-        self.stats = EmbeddingStats(precision=resolve_precision(precision, self.device_type, "--precision", EVAL_BF16_CHECKED))
+        self.stats = EmbeddingStats(precision=resolve_precision(precision, self.device_type, "--precision"))
 
     def _load_encoder(self):
         import transformers

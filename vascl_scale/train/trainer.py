@@ -31,7 +31,7 @@ from vascl_scale.flops import tflops_and_mfu
 from vascl_scale.losses import build_objective
 from vascl_scale.losses.spec import ObjectiveSpec, objective_spec, objectives_reading_all
 from vascl_scale.model import SentenceEncoder
-from vascl_scale.precision import train_precision
+from vascl_scale.precision import local_device_type, precision_reason, train_precision
 from vascl_scale.train.atomic import replace_directory, staging_directory
 from vascl_scale.train.checkpoint import (
     STATE_FILE,
@@ -288,6 +288,8 @@ def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume
     # The scheduler stays outside prepare(): the loop steps it once per optimiser step and
     # saves it in trainer_state.json.
     prepared_model, prepared_optimizer = prepare_for_training(acc, model, optimizer, config)
+    precision = train_precision(config.train.precision)
+    logger.info("training in %s", precision_reason(config.train.precision, precision, local_device_type(), "train.precision"))
     step = TrainingStep(
         acc,
         prepared_model,
@@ -298,7 +300,7 @@ def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume
         grad_accum_steps=config.train.grad_accum_steps,
         max_grad_norm=config.optim.max_grad_norm,
         chunk_size=config.train.chunk_size,
-        precision=train_precision(config.train.precision),
+        precision=precision,
     )
     stream = build_stream(config, model.tokenizer, acc.process_index, world_size, per_device_batch)
     _log_batch_arithmetic(config, world_size, per_device_batch, len(step.objective.spec.encoded_columns(stream.columns)))
