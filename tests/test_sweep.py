@@ -59,10 +59,10 @@ def _flat(text: str) -> str:
     return " ".join(text.split())
 
 
-def test_two_by_two_sweep_runs_resumes_and_reports(workspace: Path) -> None:
+def test_two_by_two_sweep_at_equal_updates_runs_resumes_and_reports(workspace: Path) -> None:
     out = workspace / "s2x2"
     args = ["--config", str(workspace / "base.yaml"), "--grid", "train.global_batch_size=8,16", "--grid", "loss.k=2,3"]
-    args += ["--output", str(out), "--eval", "none"]
+    args += ["--max-steps", "3", "--output", str(out), "--eval", "none"]
     result = _sweep(*args)
     assert result.exit_code == 0, result.output
     rows = list(csv.DictReader((out / "results.csv").open()))
@@ -72,11 +72,14 @@ def test_two_by_two_sweep_runs_resumes_and_reports(workspace: Path) -> None:
         ("16", "2", "done"),
         ("16", "3", "done"),
     ]
+    # Equal updates: every cell takes 3 optimiser steps, so the larger batch sees more sentences.
+    assert [(r["optimiser_steps"], r["sentences_seen"]) for r in rows] == [("3", "24"), ("3", "24"), ("3", "48"), ("3", "48")]
     for row in rows:
         assert float(row["step_seconds"]) > 0 and float(row["sentences_per_second"]) > 0
         assert float(row["peak_rss_mb"]) > 50 and float(row["wall_seconds"]) > 0
     markdown = (out / "results.md").read_text()
-    assert "| train.global_batch_size | loss.k | seeds |" in markdown
+    assert "| train.global_batch_size | loss.k | seeds | optimiser_steps | sentences_seen |" in markdown
+    assert "| 16 | 3 | 1 | 3 | 48 |" in markdown
     for name in ("step_seconds", "sentences_per_second", "peak_rss_mb"):
         assert (out / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     status_times = {p: p.stat().st_mtime_ns for p in out.glob("cells/*/status.json")}
@@ -132,7 +135,7 @@ def test_skip_invalid_drops_and_lists_cells_and_sentences_per_cell_sets_each_len
     plan = SweepPlan.load(out)
     assert [cell.index for cell in plan.cells] == [0, 1, 2]
     steps = {(c.values["train.global_batch_size"], c.values["loss.k"]): c.derived["train.max_steps"] for c in plan.cells}
-    assert steps == {(8, 2): 8, (32, 2): 2, (32, 16): 2}  # 64 sentences each
+    assert steps == {(8, 2): 8, (32, 2): 2, (32, 16): 2}  # 64 sentences each (equal sentences, unequal updates)
     assert "train.max_steps=8" in plan.cells[0].assignments()
     assert list(plan.skipped) == ["train.global_batch_size-8__loss.k-16__seed-0"]
     assert "#SBATCH --array=0-2" in (out / "sweep.sbatch").read_text()
@@ -196,7 +199,8 @@ def test_variant_sweep_applies_each_bundle_and_reports_it(workspace: Path) -> No
     chosen = CliRunner().invoke(app, ["sweep", "collect", str(out), "--metric", "sentences_per_second"])
     assert chosen.exit_code == 0, chosen.output
     summary = (out / "results.md").read_text().split("## Mean")[0]
-    assert "| variant | loss.k | seeds | sentences_per_second |" in summary and "step_seconds" not in summary
+    summary_columns = "| variant | loss.k | seeds | optimiser_steps | sentences_seen | sentences_per_second |"
+    assert summary_columns in summary and "step_seconds" not in summary
     unknown = CliRunner().invoke(app, ["sweep", "collect", str(out), "--metric", "sts/stsb"])
     assert unknown.exit_code == 2 and "has metric(s) ['sts/stsb']" in _flat(unknown.output)
 

@@ -1,6 +1,7 @@
 """Collect a sweep's cells into one table (CSV, JSON, Markdown) and plots (PNG).
 
-One row per cell: the grid values, the seed, the state, every evaluation primary metric,
+One row per cell: the grid values, the seed, the state, how long it trained (optimiser steps
+and sentences: equal steps and equal sentences are different studies), every evaluation primary metric,
 the median step time and sentences/s over the logged windows (the first window, which
 holds warm-up, is left out when there are others), the best STS-B dev score, the peak
 resident memory of the training process tree and the wall time. A second table averages
@@ -22,6 +23,7 @@ from vascl_scale.sweep.grid import SweepPlan
 from vascl_scale.sweep.run import cell_dir, read_status
 
 COST_COLUMNS = ("step_seconds", "sentences_per_second", "peak_rss_mb", "wall_seconds")
+LENGTH_COLUMNS = ("optimiser_steps", "sentences_seen")  # from the last training record of metrics.jsonl
 
 
 def _metrics_summary(run_dir: Path) -> dict[str, float]:
@@ -32,6 +34,10 @@ def _metrics_summary(run_dir: Path) -> dict[str, float]:
     windows = [r for r in records if "step_seconds" in r]
     steady = windows[1:] or windows
     summary: dict[str, float] = {}
+    trained = [r for r in records if "data/samples" in r]
+    if trained:
+        summary["optimiser_steps"] = trained[-1]["step"]
+        summary["sentences_seen"] = int(trained[-1]["data/samples"])
     for key in ("step_seconds", "sentences_per_second"):
         values = [r[key] for r in steady if isinstance(r.get(key), (int, float))]
         if values:
@@ -90,17 +96,17 @@ def metric_columns(rows: list[dict[str, Any]], plan: SweepPlan) -> list[str]:
         for key, value in row.items():
             if key not in fixed and key not in found and isinstance(value, (int, float)):
                 found.append(key)
-    quality = sorted(k for k in found if k not in COST_COLUMNS)
-    return quality + [k for k in COST_COLUMNS if k in found]
+    quality = sorted(k for k in found if k not in COST_COLUMNS and k not in LENGTH_COLUMNS)
+    return [k for k in LENGTH_COLUMNS if k in found] + quality + [k for k in COST_COLUMNS if k in found]
 
 
 def headline_columns(metrics: list[str]) -> list[str]:
-    """What fits a terminal: family averages (or the lone task of a family), then the costs."""
+    """What fits a terminal: the training length, family averages (or the lone task of a family), then the costs."""
     averages = [m for m in metrics if m.endswith("/avg")]
     families_with_average = {m.split("/")[0] for m in averages}
     singles = [m for m in metrics if "/" in m and m.split("/")[0] not in families_with_average and m not in averages]
     costs = [m for m in ("step_seconds", "sentences_per_second", "peak_rss_mb") if m in metrics]
-    return averages + singles + costs
+    return [m for m in LENGTH_COLUMNS if m in metrics] + averages + singles + costs
 
 
 def aggregate(rows: list[dict[str, Any]], plan: SweepPlan, metrics: list[str]) -> list[dict[str, Any]]:
@@ -116,7 +122,9 @@ def aggregate(rows: list[dict[str, Any]], plan: SweepPlan, metrics: list[str]) -
         for metric in metrics:
             values = [m[metric] for m in members if isinstance(m.get(metric), (int, float))]
             if values:
-                entry[metric] = statistics.fmean(values)
+                mean = statistics.fmean(values)
+                # Counts (steps, sentences) stay whole numbers where every seed agrees.
+                entry[metric] = int(mean) if all(isinstance(v, int) for v in values) and mean.is_integer() else mean
                 if len(values) > 1:  # a single seed has no spread to report
                     entry[f"{metric}_std"] = statistics.stdev(values)
         table.append(entry)
@@ -197,14 +205,14 @@ def plot(entries: list[dict[str, Any]], plan: SweepPlan, metrics: list[str], hea
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for metric in metrics:
+    for metric in (m for m in metrics if m not in LENGTH_COLUMNS):
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         if _draw(ax, entries, plan, metric):
             fig.tight_layout()
             written.append(out_dir / (metric.replace("/", "_") + ".png"))
             fig.savefig(written[-1], dpi=110)
         plt.close(fig)
-    overview = [m for m in headline if m not in COST_COLUMNS]
+    overview = [m for m in headline if m not in COST_COLUMNS and m not in LENGTH_COLUMNS]
     if len(overview) > 1:
         fig, axes = plt.subplots(1, len(overview), figsize=(4.2 * len(overview), 3.8), squeeze=False)
         for ax, metric in zip(axes[0], overview):
@@ -230,7 +238,12 @@ def collect(sweep_dir: Path, headline: list[str] | None = None) -> dict[str, Any
     unknown = [m for m in headline or [] if m not in metrics]
     if unknown:
         raise ValueError(f"no cell of {sweep_dir} has metric(s) {unknown}; choose from {', '.join(metrics)}")
-    headline = list(headline or headline_columns(metrics))
+    # The training length always leads the summary: without it equal-steps and equal-sentences
+    # studies read alike.
+    if headline:
+        headline = [m for m in LENGTH_COLUMNS if m in metrics and m not in headline] + list(headline)
+    else:
+        headline = headline_columns(metrics)
     entries = aggregate(rows, plan, metrics)
     grid_columns = plan.columns
 
