@@ -5,8 +5,8 @@
 #   3. eval:    STS, clustering and few-shot intent on the trained model (eval all); with
 #               DEMO_BASELINE=1 the packaged model too, side by side (about 12 more minutes
 #               the first time, then cached)
-# VASCL_DATA must point at the data directory (corpus/, sts/, clustering/, intent/: README,
-# Data; `vascl-scale data download --to DIR` fills one); it defaults to ../shared/data next to
+# VASCL_DATA must point at the data directory (corpus/, sts/, clustering/, intent/:
+# docs/data.md; `vascl-scale data download --to DIR` fills one); it defaults to ../shared/data next to
 # this checkout. DEMO_LINES sets the slice (default 20000),
 # DEMO_OUT the output directory (default runs/demo-e2e; replaced on the next run, and refused if
 # it exists without being this demo's).

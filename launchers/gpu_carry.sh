@@ -8,7 +8,7 @@
 #   minilm-bf16/   the packaged all-MiniLM-L6-v2 with its weights in bf16 (45 MB instead of 91;
 #                  the proof widens them to float32 on disk)
 #   data/          the 7 STS test sets, STS-B dev and a seeded sample of CARRY_LINES corpus
-#                  sentences, from $VASCL_DATA (default ../shared/data), in the README's Data layout
+#                  sentences, from $VASCL_DATA (default ../shared/data), in the layout of docs/data.md
 #   MANIFEST.json  every file's size and sha256 (the proof checks them before anything else)
 # Checks that the working tree and the carry fit the 64 MiB a device command may take, then
 # prints the sizes, the carry list and the command for the device.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU proof: what a CPU cannot show, in one command of at most 8 minutes on one GPU with no
-# network (README, GPU proof). Stages, in this order:
+# network (docs/gpu-proof.md). Stages, in this order:
 #   install         the carried wheelhouse (gpu-carry/wheels, packed by launchers/gpu_carry.sh),
 #                   --no-index, only what is missing; torch and its neighbours stay as installed
 #   env             GPU, memory, driver, torch / CUDA / NCCL versions, the dense bf16 peak for MFU

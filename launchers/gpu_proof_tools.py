@@ -95,7 +95,7 @@ def pack_data(data_dir: Path, target: Path, lines: int, seed: int = 0) -> None:
     from the corpus (wiki1m is in article order: a prefix would be a few articles)."""
     missing = [name for name in (*STS_FILES, "corpus/wiki1m.txt.gz") if not (data_dir / name).is_file()]
     if missing:
-        raise SystemExit(f"{data_dir} lacks {', '.join(missing)}: set VASCL_DATA to a data directory (README, Data)")
+        raise SystemExit(f"{data_dir} lacks {', '.join(missing)}: set VASCL_DATA to a data directory (docs/data.md)")
     for name in STS_FILES:
         (target / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(data_dir / name, target / name)

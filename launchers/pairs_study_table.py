@@ -1,4 +1,4 @@
-"""The table of the pairs study (README, Training on pairs) from its ``eval all`` results.
+"""The table of the pairs study (docs/findings/pairs-study.md) from its ``eval all`` results.
 
 Usage: python launchers/pairs_study_table.py EVAL_JSON LABEL=PART_OF_MODEL_NAME ...
 

@@ -406,11 +406,11 @@ def test_converting_the_original_files_in_shared_data_reproduces_the_evaluators_
             assert file_sha256(tmp_path / name / relative) == digest == file_sha256(SHARED_DATA / relative), relative
 
 
-def test_the_readme_table_of_sources_is_the_registrys() -> None:
+def test_the_data_page_table_of_sources_is_the_registrys() -> None:
     from vascl_scale.data.download import registry_markdown
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    assert registry_markdown(list(load_registry().datasets)) in readme
+    page = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text(encoding="utf-8")
+    assert registry_markdown(list(load_registry().datasets)) in page
 
 
 def test_resume_starts_over_when_the_server_ignores_range_or_the_file_changed(tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ def test_missing_column_is_reported(tmp_path):
 
 
 def test_missing_file_names_file_and_layout(tmp_path):
-    with pytest.raises(MissingDataError, match=r"sts/stsb/test\.tsv not found; expected the data layout \(README, Data\).*data download"):
+    with pytest.raises(MissingDataError, match=r"sts/stsb/test\.tsv not found; expected the data layout \(docs/data\.md\).*data download"):
         load_sts_task(tmp_path, "stsb")
     with pytest.raises(ValueError, match="unknown STS task"):
         load_sts_task(tmp_path, "sts99")

@@ -8,10 +8,10 @@ One resolution for training (``train.precision``) and evaluation (``eval --preci
   float32 (:func:`vascl_scale.losses.contrastive.full_precision`). On CUDA it needs a GPU with
   bf16; on a CPU it needs native bf16 arithmetic (AVX512-BF16 or AMX): without it autocast
   falls back to converting every operand, which made a training step 22x *slower* than float32
-  on an AMD EPYC with AVX2 only (README, "Speed"), so it is refused rather than run.
+  on an AMD EPYC with AVX2 only (docs/speed.md), so it is refused rather than run.
 - ``fp16``: CUDA only (loss scaling through accelerate).
 - ``auto``: bf16 wherever it is native (a GPU with bf16, a CPU with AVX512-BF16 or AMX), else
-  ``no``, for training and evaluation alike: both quality checks held (README, "Speed": the
+  ``no``, for training and evaluation alike: both quality checks held (docs/speed.md: the
   CPU demo trained in bf16 matched float32 within 0.01 on every STS task, and bf16 evaluation
   of the packaged model within 0.01). Fidelity figures pass ``no`` explicitly.
 

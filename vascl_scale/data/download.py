@@ -409,7 +409,7 @@ def registry_table(datasets: list[Dataset]) -> Table:
 
 
 def registry_markdown(datasets: list[Dataset]) -> str:
-    """The registry as the README's Markdown table (``data download --list --markdown``): a row
+    """The registry as docs/data.md's Markdown table (``data download --list --markdown``): a row
     per converted file with its sha256 ("not pinned" where the registry pins none)."""
     lines = ["| dataset | file | sha256 | source | licence |", "|---|---|---|---|---|"]
     for dataset in datasets:

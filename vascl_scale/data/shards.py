@@ -139,7 +139,7 @@ def iter_tar_samples(stream: IO[bytes]) -> Iterator[dict[str, str | bytes]]:
     WebDataset rule). Kept instead of webdataset's ``tar_file_expander`` + ``group_by_keys``
     because those parse headers with ``tarfile``: 45-51 us per one-member sample against 6-9
     here (a 10,000-sample shard of wiki1m, one core), which takes ``bench data`` below its
-    floor (README, "Training data"). And ``tarfile`` ends a stream silently where the data is
+    floor (docs/shards.md). And ``tarfile`` ends a stream silently where the data is
     cut between two members or a header after the first is corrupt; this reader raises
     ``EOFError`` on truncated data and ``ValueError`` on a corrupt header (bad checksum or size
     field).

@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
 app = typer.Typer(help="Evaluate checkpoints: STS, short text clustering, few-shot intent.", no_args_is_help=True)
 
 MODEL = typer.Option(..., "--model", help="Run dir (best/, else final/), HF or sentence-transformers dir; repeatable.")
-DATA_DIR = typer.Option(None, "--data-dir", help="Evaluation data directory (README, Data; `data download` fills one); default $VASCL_DATA.")
+DATA_DIR = typer.Option(None, "--data-dir", help="Evaluation data directory (docs/data.md; `data download` fills one); default $VASCL_DATA.")
 OUTPUT = typer.Option(
     None,
     "--output",
@@ -38,7 +38,7 @@ POOLING = typer.Option(None, "--pooling", help="mean or cls; default: the model'
 DEVICE = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ...; default: cuda when available.")
 CACHE = typer.Option(None, "--cache-dir", help="Embedding cache; default $VASCL_CACHE/embeddings or ~/.cache/vascl-scale.")
 PRECISION = typer.Option(
-    "auto", "--precision", help="auto (bf16 where native, else float32), no (float32) or bf16; see README, Speed."
+    "auto", "--precision", help="auto (bf16 where native, else float32), no (float32) or bf16; see docs/speed.md."
 )
 NO_CACHE = typer.Option(False, "--no-cache", help="Encode everything afresh and store nothing.")
 SHOTS = typer.Option(None, "--shots", min=1, help="Few-shot sizes K of the intent tasks (repeatable); default 5 10 20.")

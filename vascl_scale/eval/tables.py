@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator, Sequence, TextIO
 
 LAYOUT_HINT = (
-    "expected the data layout (README, Data): sts/<task>/<split>.tsv, clustering/<name>.tsv, "
+    "expected the data layout (docs/data.md): sts/<task>/<split>.tsv, clustering/<name>.tsv, "
     "intent/<name>/<split>.tsv; `vascl-scale data download --to DIR` fetches it"
 )
 
