@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-HEAVY = ("torch", "transformers", "deepspeed", "accelerate", "webdataset", "scipy", "sklearn", "matplotlib")
+HEAVY = ("torch", "transformers", "deepspeed", "accelerate", "webdataset", "scipy", "sklearn", "matplotlib", "mteb")
 
 
 def _heavy_modules_after(code: str) -> list[str]:
@@ -22,7 +22,7 @@ def _heavy_modules_after(code: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "args", [["--help"], ["train", "--help"], ["eval", "--help"], ["data", "download", "--help"], ["data", "mine", "--help"], ["sweep"]]
+    "args", [["--help"], ["train", "--help"], ["eval", "--help"], ["eval", "mteb", "--help"], ["data", "download", "--help"], ["data", "mine", "--help"], ["sweep"]]
 )
 def test_help_imports_no_heavy_library(args: list[str]) -> None:
     code = f"from vascl_scale.cli import app\ntry:\n    app({args!r}, prog_name='vascl-scale')\nexcept SystemExit:\n    pass\n"

@@ -14,7 +14,7 @@ from vascl_scale.log import fail, print_table
 
 logger = logging.getLogger(__name__)
 
-app = typer.Typer(help="Evaluate checkpoints: STS, short text clustering, few-shot intent.", no_args_is_help=True)
+app = typer.Typer(help="Evaluate checkpoints: STS, short text clustering, few-shot intent; MTEB through the mteb library.", no_args_is_help=True)
 
 MODEL = typer.Option(..., "--model", help="Run dir (best/, else final/), HF or sentence-transformers dir; repeatable.")
 DATA_DIR = typer.Option(None, "--data-dir", help="Evaluation data directory (docs/data.md; `data download` fills one); default $VASCL_DATA.")
@@ -214,6 +214,79 @@ for _name, _families, _missing_ok, _doc in (
     ),
 ):
     app.command(_name)(_family_command(_name, _families, _missing_ok, _doc))
+
+
+MTEB_EXTRA = "pip install 'vascl-scale[mteb]'"
+
+
+def _mteb_runner():
+    """:mod:`vascl_scale.eval.mteb_runner`, or a ValueError saying how to install mteb: the
+    library is an optional extra, imported only when ``eval mteb`` runs (never for --help)."""
+    try:
+        import mteb  # noqa: F401
+    except ImportError as err:
+        raise ValueError(f"eval mteb needs the mteb library, which is not installed ({err}); install the extra: {MTEB_EXTRA}") from None
+    from vascl_scale.eval import mteb_runner
+
+    return mteb_runner
+
+
+@app.command("mteb")
+def mteb_command(
+    model: List[Path] = MODEL,
+    task: Optional[List[str]] = typer.Option(
+        None, "--task", help="An mteb task by its mteb name (repeatable), e.g. --task STSBenchmark --task SICK-R."
+    ),
+    benchmark: Optional[str] = typer.Option(
+        None, "--benchmark", help="All tasks of an mteb benchmark, e.g. 'MTEB(eng, v2)' (41 tasks; a GPU job, see README)."
+    ),
+    output: Optional[Path] = OUTPUT,
+    markdown_path: Optional[Path] = MARKDOWN,
+    batch_size: int = BATCH,
+    max_length: Optional[int] = MAX_LENGTH,
+    pooling: Optional[str] = POOLING,
+    device: Optional[str] = DEVICE,
+    precision: str = PRECISION,
+    mteb_cache: Optional[Path] = typer.Option(
+        None, "--mteb-cache", help="mteb's result cache, where finished tasks are kept and found again; default $MTEB_CACHE or ~/.cache/mteb."
+    ),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Evaluate every task afresh and store nothing in mteb's result cache."),
+) -> None:
+    """MTEB tasks scored by mteb's own evaluators on this project's embeddings (as eval sts embeds).
+    Needs the mteb extra: pip install 'vascl-scale\\[mteb]'. Datasets come from the Hugging Face hub
+    (its cache; HF_HUB_OFFLINE=1 uses the cache alone)."""
+    from vascl_scale.eval.embed import resolve_device, resolve_model
+    from vascl_scale.eval.report import EvalReport, markdown, rich_tables
+    from vascl_scale.paths import check_output_dir, check_output_file
+
+    started = time.perf_counter()
+    try:
+        runner = _mteb_runner()
+        device = resolve_device(device)
+        output = check_output_file(output or default_output(model, "mteb"), "--output")
+        markdown_path = check_output_file(markdown_path or output.with_suffix(".md"), "--markdown")
+        if mteb_cache is not None and no_cache:
+            raise ValueError("--mteb-cache and --no-cache exclude each other; give one")
+        cache = check_output_dir(mteb_cache, "--mteb-cache") if mteb_cache is not None else None
+        tasks = runner.resolve_tasks(task or [], benchmark)
+        specs = [resolve_model(path, pooling, max_length) for path in model]
+        reports = [
+            runner.evaluate_with_mteb(spec, tasks, batch_size, device, precision, cache, not no_cache, benchmark)
+            for spec in specs
+        ]
+    except ValueError as err:
+        fail(err)
+    report = EvalReport(reports)
+    for table in rich_tables(report):
+        print_table(table)
+    report.save(output)
+    markdown_path.parent.mkdir(parents=True, exist_ok=True)
+    markdown_path.write_text(markdown(report), encoding="utf-8")
+    logger.info("wrote %s and %s; wall time %.1f s", output, markdown_path, time.perf_counter() - started)
+    failed = sorted({r.task for m in reports for r in m.results if r.status == "failed"})
+    if failed:
+        logger.error("%d task(s) failed: %s (their errors are in %s)", len(failed), ", ".join(failed), output)
+        raise typer.Exit(1)
 
 
 @app.command("neighbours")

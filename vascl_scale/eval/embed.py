@@ -180,6 +180,13 @@ def model_fingerprint(spec: ModelSpec) -> str:
     return digest.hexdigest()[:32]
 
 
+def embedding_fingerprint(spec: ModelSpec, precision: str) -> str:
+    """What keys a model's embeddings: :func:`model_fingerprint`, with the precision the
+    encoder runs in (``no`` or ``bf16``) appended unless float32, so float32 keys stay what they were."""
+    fingerprint = model_fingerprint(spec)
+    return fingerprint if precision == "no" else f"{fingerprint}-{precision}"
+
+
 def text_key(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
 
@@ -268,7 +275,8 @@ class TextEmbeddings:
 
 @dataclass
 class EmbeddingStats:
-    """What one :meth:`Embedder.embed` call did, for the JSON and the speed report."""
+    """What the :meth:`Embedder.embed` calls of one embedder did, summed over the calls (one for
+    ``eval sts`` and its kind, one per encode request of ``eval mteb``), for the JSON and the speed report."""
 
     distinct_texts: int = 0
     from_cache: int = 0
@@ -286,7 +294,10 @@ class Embedder:
     """Encodes distinct texts once, longest first in length-sorted batches, through the cache.
 
     ``precision`` (``auto``, ``no`` or ``bf16``, :mod:`vascl_scale.precision`) is the encoder's
-    autocast; bf16 embeddings are cached apart from float32 ones.
+    autocast; bf16 embeddings are cached apart from float32 ones. The encoder is loaded at the
+    first text to encode and kept for later calls. ``allow_blank``: embed empty or blank texts
+    as the model encodes them (its special tokens alone) with a warning that counts them, instead
+    of refusing them (the project's own data never holds one; a benchmark's data may).
     """
 
     def __init__(
@@ -297,6 +308,7 @@ class Embedder:
         device: str | None = None,
         chunk_batches: int = 16,
         precision: str = "no",
+        allow_blank: bool = False,
     ) -> None:
         from vascl_scale.precision import resolve_precision
 
@@ -310,35 +322,39 @@ class Embedder:
         self.device = resolve_device(device)
         self.chunk_size = batch_size * chunk_batches  # texts per progress update and per cache part
         self.device_type = self.device.split(":")[0]  # "cuda:1" -> "cuda"
+        self.allow_blank = allow_blank
         self.stats = EmbeddingStats(precision=resolve_precision(precision, self.device_type, "--precision"))
+        self._encoder = None  # SentenceEncoder, loaded at the first text to encode
 
-    def _load_encoder(self):
-        import transformers
+    def _loaded_encoder(self):
+        if self._encoder is None:
+            import transformers
 
-        from vascl_scale.model import SentenceEncoder
+            from vascl_scale.model import SentenceEncoder
 
-        transformers.utils.logging.disable_progress_bar()  # a bar per local weight file is noise in every log
-        model = SentenceEncoder.from_pretrained(self.spec.directory, pooling=self.spec.pooling)
-        return model.to(self.device)
+            transformers.utils.logging.disable_progress_bar()  # a bar per local weight file is noise in every log
+            model = SentenceEncoder.from_pretrained(self.spec.directory, pooling=self.spec.pooling)
+            self._encoder = model.to(self.device)
+        return self._encoder
 
     def embed(self, texts: Iterable[str]) -> TextEmbeddings:
         """Embeddings (float32) of every distinct text, from the cache or freshly encoded."""
         # Longest first, so similar lengths share a batch; ties broken by the text itself, so a
         # run's batches (and the last float bits of every embedding) do not depend on hash order.
         distinct = sorted(set(texts), key=lambda text: (-len(text), text))
-        blank = next((text for text in distinct if not text.strip()), None)
-        if blank is not None:
-            raise ValueError(f"cannot embed an empty text ({blank!r}); remove it from the data")
+        blanks = [text for text in distinct if not text.strip()]
+        if blanks and not self.allow_blank:
+            raise ValueError(f"cannot embed an empty text ({blanks[0]!r}); remove it from the data")
+        if blanks:
+            logger.warning("%s: %d empty or blank texts, embedded as the model encodes an empty input", self.spec.name, len(blanks))
         started = time.perf_counter()
         cache = None
         if self.cache_dir is not None:
-            self.stats.fingerprint = model_fingerprint(self.spec)
-            if self.stats.precision != "no":  # float32 fingerprints stay what they were
-                self.stats.fingerprint += f"-{self.stats.precision}"
+            self.stats.fingerprint = embedding_fingerprint(self.spec, self.stats.precision)
             cache = EmbeddingCache(self.cache_dir, self.stats.fingerprint, embedding_width(self.spec))
         found = {text: cache.get(text_key(text)) for text in distinct} if cache is not None else {}
         todo = [text for text in distinct if found.get(text) is None]
-        self.stats.load_seconds = time.perf_counter() - started
+        self.stats.load_seconds += time.perf_counter() - started
         logger.info(
             "%s: %d distinct texts, %d cached, %d to encode", self.spec.name, len(distinct), len(distinct) - len(todo), len(todo)
         )
@@ -347,7 +363,7 @@ class Embedder:
             from vascl_scale.precision import autocast
 
             started = time.perf_counter()
-            model = self._load_encoder()
+            model = self._loaded_encoder()
             with LoopProgress("encoding", len(todo), "texts") as progress:
                 for start in range(0, len(todo), self.chunk_size):
                     chunk = todo[start : start + self.chunk_size]
@@ -366,11 +382,12 @@ class Embedder:
                         cache.add([text_key(text) for text in chunk], vectors)
                     encoded.update(zip(chunk, vectors))
                     progress.update(start + len(chunk))
-            self.stats.encode_seconds = time.perf_counter() - started
-            logger.info("encoded %d texts in %.1f s", len(todo), self.stats.encode_seconds)
-        self.stats.distinct_texts = len(distinct)
-        self.stats.from_cache = len(distinct) - len(todo)
-        self.stats.encoded = len(todo)
+            seconds = time.perf_counter() - started
+            self.stats.encode_seconds += seconds
+            logger.info("encoded %d texts in %.1f s", len(todo), seconds)
+        self.stats.distinct_texts += len(distinct)
+        self.stats.from_cache += len(distinct) - len(todo)
+        self.stats.encoded += len(todo)
         if not distinct:
             return TextEmbeddings([], np.zeros((0, 0), dtype=np.float32))
         rows = [found[text] if found.get(text) is not None else encoded[text] for text in distinct]

@@ -18,16 +18,20 @@ from rich.table import Table
 from vascl_scale import __version__
 from vascl_scale.eval.clustering import CLUSTERING_TASKS
 from vascl_scale.eval.intent import INTENT_TASKS
-from vascl_scale.eval.results import FAMILIES, TaskResult
+from vascl_scale.eval.results import FAMILIES, MTEB_FAMILY, TaskResult
 from vascl_scale.eval.sts import PAPER_STS_TASKS, STS_TASKS
 
+# Families in the order their tables appear; mteb's tasks keep the order they were run in.
+REPORTED_FAMILIES = (*FAMILIES, MTEB_FAMILY)
 TASK_ORDER = {"sts": tuple(STS_TASKS), "clustering": CLUSTERING_TASKS, "intent": INTENT_TASKS}
-# Tasks averaged in the "Avg." column: the paper's columns (sickr-full and stsb-dev are extras).
+# Tasks averaged in the "Avg." column: the paper's columns (sickr-full and stsb-dev are extras);
+# for mteb, every task run (MTEB's mean over tasks).
 AVERAGED = {"sts": PAPER_STS_TASKS, "clustering": CLUSTERING_TASKS, "intent": INTENT_TASKS}
 TITLES = {
     "sts": "STS: Spearman x 100 of cosine similarity (Table 1)",
     "clustering": "Short text clustering: KMeans accuracy x 100, mean of seeds (Table 2)",
     "intent": "Few-shot intent classification: test accuracy x 100, mean +- std of splits (Table 3)",
+    MTEB_FAMILY: "MTEB: each task's main score x 100, from mteb's own evaluators; Avg.: the mean over tasks",
 }
 
 
@@ -102,8 +106,8 @@ class EvalReport:
 
 
 def _ordered_tasks(results: Sequence[TaskResult], family: str) -> list[str]:
-    present = {r.task for r in results if r.family == family}
-    return [task for task in TASK_ORDER[family] if task in present]
+    present = list(dict.fromkeys(r.task for r in results if r.family == family))
+    return [task for task in TASK_ORDER[family] if task in present] if family in TASK_ORDER else present
 
 
 def _variants(results: Sequence[TaskResult], family: str) -> list[str]:
@@ -115,7 +119,7 @@ def _cell(result: TaskResult | None, with_std: bool) -> str:
     if result is None:
         return ""
     if result.status != "ok":
-        return "missing"
+        return result.status  # missing or failed
     if with_std and "accuracy_std" in result.details:
         return f"{result.primary:.2f}±{result.details['accuracy_std']:.2f}"
     return f"{result.primary:.2f}"
@@ -123,11 +127,13 @@ def _cell(result: TaskResult | None, with_std: bool) -> str:
 
 def _average(results: dict[str, TaskResult], family: str) -> str:
     """Mean of the primary metric over the family's averaged tasks; "*" if some are missing
-    (not run, as with --task, or without data): then it is not the paper's average."""
-    present = [task for task in AVERAGED[family] if task in results and results[task].status == "ok"]
+    (not run, as with --task, without data, or failed): then it is not the paper's (or the
+    benchmark's) average."""
+    averaged = AVERAGED.get(family, tuple(results))
+    present = [task for task in averaged if task in results and results[task].status == "ok"]
     if not present:
         return ""
-    return f"{np.mean([results[task].primary for task in present]):.2f}" + ("*" if len(present) < len(AVERAGED[family]) else "")
+    return f"{np.mean([results[task].primary for task in present]):.2f}" + ("*" if len(present) < len(averaged) else "")
 
 
 def family_rows(report: EvalReport, family: str) -> tuple[list[str], list[list[str]]]:
@@ -149,7 +155,7 @@ def family_rows(report: EvalReport, family: str) -> tuple[list[str], list[list[s
 
 def families_in(report: EvalReport) -> list[str]:
     present = {r.family for m in report.models for r in m.results}
-    return [family for family in FAMILIES if family in present]
+    return [family for family in REPORTED_FAMILIES if family in present]
 
 
 def family_title(report: EvalReport, family: str) -> str:
@@ -183,15 +189,15 @@ def markdown(report: EvalReport) -> str:
         lines.append("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
         lines += ["| " + " | ".join(row) + " |" for row in rows]
         parts.append("\n".join(lines))
-    note = "\n\n`missing`: dataset file absent; `*`: average over the tasks present.\n"
+    note = "\n\n`missing`: dataset file absent; `failed`: the task raised (its error is in the JSON); `*`: average over the tasks present.\n"
     return "\n\n".join(parts) + note
 
 
 def _paper_order(key: str) -> tuple:
     """Sort key of "family/task[/variant]": variants as K grows, then tasks in paper order."""
-    _, task, *variant = key.split("/")
+    family, task, *variant = key.split("/")
     variant_name = variant[0] if variant else ""
-    tasks = next(order for family, order in TASK_ORDER.items() if key.startswith(family + "/"))
+    tasks = TASK_ORDER.get(family, ())  # mteb's tasks: by name
     return (len(variant_name), variant_name, tasks.index(task) if task in tasks else len(tasks), task)
 
 
@@ -201,7 +207,7 @@ def compare_rows(baseline: ModelReport, candidate: ModelReport) -> list[list[str
     first = {r.key: r for r in baseline.results}
     second = {r.key: r for r in candidate.results}
     rows = []
-    for family in FAMILIES:
+    for family in REPORTED_FAMILIES:
         diffs = []
         keys = [k for k in dict.fromkeys(list(first) + list(second)) if k.split("/")[0] == family]
         for key in sorted(keys, key=_paper_order):

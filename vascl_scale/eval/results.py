@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-FAMILIES = ("sts", "clustering", "intent")
+FAMILIES = ("sts", "clustering", "intent")  # the project's own evaluators
+MTEB_FAMILY = "mteb"  # ``eval mteb``: tasks as mteb names them, scored by mteb's evaluators
 
 
 @dataclass
@@ -20,7 +21,7 @@ class TaskResult:
     metric: str
     primary: float | None = None
     variant: str = ""
-    status: str = "ok"  # "ok" or "missing"
+    status: str = "ok"  # "ok", "missing" (no data) or "failed" (mteb's task raised); both with details["error"]
     details: dict[str, Any] = field(default_factory=dict)
 
     @property
