@@ -277,7 +277,7 @@ def test_numbers_take_ints_and_numeric_strings_and_sections_validate_alone() -> 
 def test_run_config_is_one_typed_tree() -> None:
     config = config_from_dict(minimal())
     assert isinstance(config, RunConfig)
-    assert set(config.to_dict()) == {"model", "data", "objective", "loss", "optim", "train", "eval", "checkpoint"}
+    assert set(config.to_dict()) == {"model", "data", "objective", "loss", "optim", "train", "eval", "checkpoint", "card"}
 
 
 LAUNCHERS = CONFIGS.parent / "launchers"

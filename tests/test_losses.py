@@ -525,8 +525,7 @@ def test_declarations_stand_the_anchor_in_for_a_missing_positive_and_name_what_i
 
 def test_the_objective_is_called_with_its_views_in_declared_order() -> None:
     from vascl_scale.config import LossConfig
-    from vascl_scale.losses import build_objective
-    from vascl_scale.losses.objective import OTHER_OBJECTIVES_KEYS
+    from vascl_scale.losses import OBJECTIVES, build_objective
 
     head = ProjectionHead(4, 3)
     anchor, positive = torch.randn(6, 4, dtype=torch.float64), torch.randn(6, 4, dtype=torch.float64)
@@ -535,11 +534,36 @@ def test_the_objective_is_called_with_its_views_in_declared_order() -> None:
     simcse = build_objective("simcse", settings)([anchor, positive], head)
     assert torch.equal(simcse.loss, simcse_loss(project(head, anchor), project(head, positive), temperature=0.1))
     vascl = build_objective("vascl", settings)([anchor, positive], head, torch.Generator().manual_seed(3))
-    vascl_settings = {key: value for key, value in settings.items() if key not in OTHER_OBJECTIVES_KEYS}
+    vascl_settings = {key: settings[key] for key in OBJECTIVES["vascl"].loss_keys}
     expected = vascl_objective(anchor, positive, head, generator=torch.Generator().manual_seed(3), with_stats=False, **vascl_settings)
     assert torch.equal(vascl.loss, expected.loss)
     with pytest.raises(ValueError, match="objective must be one of 'vascl', 'simcse', 'simcse_sup', 'pairsupcon'; got 'simclr'"):
         build_objective("simclr", settings)
+
+
+class _RecordedSettings(dict):
+    """A ``loss`` section that records the keys read from it."""
+
+    def __init__(self, values) -> None:
+        super().__init__(values)
+        self.read: set[str] = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+def test_each_objective_reads_exactly_its_declared_loss_keys() -> None:
+    from vascl_scale.config import LossConfig
+    from vascl_scale.losses import OBJECTIVES, build_objective
+
+    declared = set()
+    for name, spec in OBJECTIVES.items():
+        settings = _RecordedSettings(LossConfig().model_dump())
+        build_objective(name, settings)
+        assert settings.read == set(spec.loss_keys), name
+        declared |= set(spec.loss_keys)
+    assert declared == set(LossConfig.model_fields)  # every key of the section is some objective's
 
 
 def reference_simcse_sup(anchor, positive, negatives, head, temperature, alpha):

@@ -1,7 +1,7 @@
 """The one typed configuration tree of a training run, loaded from YAML and validated at load.
 
 A run is described by :class:`RunConfig` (sections ``model``, ``data``, ``loss``, ``optim``,
-``train``, ``eval``, ``checkpoint`` and the top-level ``objective``). Files in ``configs/``
+``train``, ``eval``, ``checkpoint``, ``card`` and the top-level ``objective``). Files in ``configs/``
 are read with yaml's safe loader, which here also refuses a key written twice in one mapping
 and aliases that expand past :data:`MAX_YAML_VALUES` values; ``--set section.key=value``
 overrides any leaf (the value is parsed as YAML, so ``--set loss.detach=false`` gives a bool).
@@ -322,6 +322,16 @@ def _no_is_no(value: Any) -> Any:
     return "no" if value is False else value  # YAML 1.1 reads a bare `no` as false
 
 
+# train.report_to's names, as Hugging Face Trainer's report_to spells them; "all" and "none"
+# stand alone, as there.
+TRACKERS = ("jsonl", "tensorboard", "wandb")
+ALL_TRACKERS, NO_TRACKER = "all", "none"
+
+
+def _name_is_a_list(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value  # report_to: tensorboard, as HF Trainer takes it
+
+
 class TrainConfig(_Strict):
     """Batch, length of the run, precision and where the run directory goes."""
 
@@ -341,12 +351,32 @@ class TrainConfig(_Strict):
     output_dir: NonEmpty = "runs/vascl"
     """the run directory: config.yaml, metrics.jsonl, checkpoints/, last/, best/ and final/"""
     log_every: int = Field(10, ge=1)
-    """steps between metric lines (JSONL, TensorBoard, progress bar)"""
+    """steps between metric lines (JSONL, trackers, progress bar)"""
+    report_to: Annotated[list[str] | None, BeforeValidator(_name_is_a_list)] = None
+    """Where rank 0 sends the metrics: "jsonl" (metrics.jsonl, always written: sweeps, the GPU
+    proof and a resumed run read it), "tensorboard" (<run>/tensorboard/), "wandb" (Weights &
+    Biases; its WANDB_* variables apply); "all": every one installed; "none": metrics.jsonl
+    alone. Unset: metrics.jsonl, and TensorBoard when it is installed."""
     peak_tflops: float = Field(0.0, ge=0)
     """The device's peak dense TFLOP/s in the run's precision (e.g. 989 for an H100 SXM in bf16):
     the log then gives MFU beside the achieved TFLOP/s per device. 0: no MFU."""
     dist_timeout_minutes: int = Field(30, ge=1)
     """a collective waiting longer than this fails the run"""
+
+    @field_validator("report_to")
+    @classmethod
+    def _known_trackers(cls, names: list[str] | None) -> list[str] | None:
+        if names is None:
+            return None
+        choices = ", ".join(repr(name) for name in (*TRACKERS, ALL_TRACKERS, NO_TRACKER))
+        unknown = [name for name in names if name not in (*TRACKERS, ALL_TRACKERS, NO_TRACKER)]
+        if unknown:
+            raise ValueError(f"names {shown(unknown[0])}, which is no tracker; choose from {choices}")
+        if len(names) > 1 and ({ALL_TRACKERS, NO_TRACKER} & set(names)):
+            raise ValueError(f"holds {ALL_TRACKERS!r} or {NO_TRACKER!r} beside other names; write it alone ({shown(names)})")
+        if len(set(names)) < len(names):
+            raise ValueError(f"names a tracker twice ({shown(names)})")
+        return names
 
 
 class EvalConfig(_Strict):
@@ -371,6 +401,18 @@ class CheckpointConfig(_Strict):
     """complete checkpoints kept; older ones are deleted"""
 
 
+class CardConfig(_Strict):
+    """What the model card (README.md of each export, :mod:`vascl_scale.model_card`) cannot
+    learn from the run: Hugging Face hub metadata, written into its front matter when set."""
+
+    datasets: list[NonEmpty] = []
+    """hub ids of the training data, e.g. princeton-nlp/datasets-for-simcse"""
+    language: list[NonEmpty] = []
+    """languages of the training data, e.g. [en]"""
+    license: str | None = None
+    """a hub licence id, e.g. apache-2.0"""
+
+
 class RunConfig(_Strict):
     """Everything a training run needs, validated as a whole."""
 
@@ -383,6 +425,7 @@ class RunConfig(_Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    card: CardConfig = Field(default_factory=CardConfig)
     # Set by resolve_paths: the same config with its paths as the user wrote them.
     _written: RunConfig | None = PrivateAttr(default=None)
 

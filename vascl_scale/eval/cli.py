@@ -140,6 +140,7 @@ def _run(
     report.save(output)
     markdown_path.parent.mkdir(parents=True, exist_ok=True)
     markdown_path.write_text(markdown(report), encoding="utf-8")
+    _refresh_model_cards(report, command, output)
     wall = time.perf_counter() - started
     for model in report.models:
         encode = model.embedding["encode_seconds"]
@@ -155,6 +156,18 @@ def _run(
             ratio if len(report.models) == 1 else "",
         )
     logger.info("wrote %s and %s; wall time %.1f s", output, markdown_path, wall)
+
+
+def _refresh_model_cards(report, command: str, output: Path) -> None:
+    """Add the results to the model card of each evaluated export of a training run whose run
+    directory holds the results file (``<run>/eval-<command>.json``, where results of one run go
+    by default); results written elsewhere (``--output``) leave the cards as they are."""
+    from vascl_scale.model_card import CARD_FILE, attach_evaluation
+
+    for model in report.models:
+        directory = Path(model.model["directory"])
+        if output.resolve().parent == directory.resolve().parent and attach_evaluation(directory, command, model.to_json(), report.created):
+            logger.info("added the results to the model card %s", directory / CARD_FILE)
 
 
 def _family_command(name: str, families: list[str], missing_ok: bool, doc: str):

@@ -57,11 +57,6 @@ class Objective(Protocol):
         ...
 
 
-# Keys of the ``loss`` section that only other objectives than VaSCL read: supervised SimCSE's
-# alpha, PairSupCon's negatives and weight.
-OTHER_OBJECTIVES_KEYS = ("hard_negative_weight", "contrast_type", "beta")
-
-
 def _contrastive_flops(projected: int, anchors: int, candidates: int, hidden: int, out_dim: int) -> int:
     """``projected`` rows through the head and the (anchors, candidates) logits, forward and backward."""
     return 3 * (head_forward_flops(projected, hidden, out_dim) + 2 * anchors * candidates * out_dim)
@@ -136,8 +131,8 @@ class VaSCLObjective:
     spec = OBJECTIVES["vascl"]
 
     def __init__(self, settings: Settings) -> None:
-        # The section's keys are vascl_objective's keywords, but those of the other objectives.
-        self.settings = {key: value for key, value in settings.items() if key not in OTHER_OBJECTIVES_KEYS}
+        # Its loss keys are vascl_objective's keywords.
+        self.settings = {key: settings[key] for key in self.spec.loss_keys}
 
     def __call__(
         self,

@@ -60,6 +60,9 @@ class ObjectiveSpec:
     rules: Callable[[Settings, int], None] = _no_rules
     label: str | None = None  # the label column it reads (one integer per row), passed to it as ``labels``
     classifier: bool = False  # it trains the model's pairwise classifier, passed to it as ``classifier``
+    # The keys of the ``loss`` section it reads (its implementation takes these and no other; the
+    # model card states them as the objective's settings).
+    loss_keys: tuple[str, ...] = ("temperature",)
 
     def negatives(self, available: Collection[str]) -> tuple[str, ...]:
         """The hard-negative columns of ``available`` it encodes after its inputs, in order."""
@@ -113,12 +116,22 @@ _POSITIVE_OR_ANCHOR = {POSITIVE: ANCHOR}
 # The registry: ``objective`` in a config names one of these; its implementation is in
 # :mod:`vascl_scale.losses.objective`.
 OBJECTIVES: dict[str, ObjectiveSpec] = {
-    "vascl": ObjectiveSpec("vascl", (ANCHOR, POSITIVE), stand_ins=_POSITIVE_OR_ANCHOR, rules=_vascl_rules),
+    "vascl": ObjectiveSpec(
+        "vascl",
+        (ANCHOR, POSITIVE),
+        stand_ins=_POSITIVE_OR_ANCHOR,
+        rules=_vascl_rules,
+        loss_keys=("temperature", "k", "xi", "eps", "power_iters", "detach", "similarity", "eps_mode", "xi_mode"),
+    ),
     "simcse": ObjectiveSpec("simcse", (ANCHOR, POSITIVE), stand_ins=_POSITIVE_OR_ANCHOR),
     # Every hard negative the data has, N >= 1: SimCSE's NLI triplets (sent0, sent1, hard_neg) are N = 1.
-    "simcse_sup": ObjectiveSpec("simcse_sup", (ANCHOR, POSITIVE), hard_negatives=True),
+    "simcse_sup": ObjectiveSpec(
+        "simcse_sup", (ANCHOR, POSITIVE), hard_negatives=True, loss_keys=("temperature", "hard_negative_weight")
+    ),
     # PairSupCon's labelled pairs (text1, text2, pairsimi) and its pairwise classification head.
-    "pairsupcon": ObjectiveSpec("pairsupcon", (ANCHOR, PAIRED), label=LABEL, classifier=True),
+    "pairsupcon": ObjectiveSpec(
+        "pairsupcon", (ANCHOR, PAIRED), label=LABEL, classifier=True, loss_keys=("temperature", "contrast_type", "beta")
+    ),
 }
 
 

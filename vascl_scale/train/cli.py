@@ -64,6 +64,7 @@ def train_command(
         launch_workers,
     )
     from vascl_scale.train.run_lock import HELD_ENV, RunDirectoryLock
+    from vascl_scale.train.tracking import resolve_trackers
 
     run_lock: RunDirectoryLock | None = None
     try:
@@ -87,6 +88,7 @@ def train_command(
         run_config = resolve_paths(run_config)
         run_config.per_device_batch_size(plan.world_size)
         train_precision(run_config.train.precision)
+        resolve_trackers(run_config.train.report_to)  # a tracker asked for but not installed
         run_dir = Path(run_config.train.output_dir)
         check_writable(run_dir)
         if deepspeed is not None and not deepspeed.is_file():

@@ -4,7 +4,8 @@ The directory holds the encoder (``config.json``, ``model.safetensors``), the to
 sentence-transformers module files (Transformer -> Pooling, no normalisation, so the
 embeddings equal :meth:`SentenceEncoder.encode`) and, beside them, the projection head in
 ``head.safetensors`` and a PairSupCon run's pairwise classifier in ``classifier.safetensors``
-(never inside the encoder weights). ``AutoModel.from_pretrained(dir)``,
+(never inside the encoder weights), and the model card (``README.md``, rendered from
+``model_card.json``: :mod:`vascl_scale.model_card`). ``AutoModel.from_pretrained(dir)``,
 ``SentenceTransformer(dir)`` and ``SentenceEncoder.from_pretrained(dir)`` all load it.
 
 Under ZeRO-3 the parameters are sharded; ``accelerator.get_state_dict`` gathers the full
@@ -19,6 +20,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from vascl_scale.model import CLASSIFIER_FILE
+from vascl_scale.model_card import CardFacts, write_model_card
 from vascl_scale.sentence_transformers_format import write_sentence_transformers_files
 from vascl_scale.train.atomic import replace_directory, staging_directory
 
@@ -31,8 +33,9 @@ def _submodule_state(state: dict, name: str) -> dict:
     return {key.removeprefix(prefix): value.contiguous() for key, value in state.items() if key.startswith(prefix)}
 
 
-def export_model(accelerator, model, target: Path, max_seq_length: int) -> None:
-    """Write ``target`` atomically from the (possibly wrapped) model; all ranks call this."""
+def export_model(accelerator, model, target: Path, max_seq_length: int, card: CardFacts) -> None:
+    """Write ``target`` atomically from the (possibly wrapped) model, with the card of ``card``;
+    all ranks call this."""
     state = accelerator.get_state_dict(model)  # full state on the main process (ZeRO-3 gathers)
     if accelerator.is_main_process:
         encoder_module = accelerator.unwrap_model(model)
@@ -45,6 +48,7 @@ def export_model(accelerator, model, target: Path, max_seq_length: int) -> None:
         if classifier_state:
             save_file(classifier_state, str(staging / CLASSIFIER_FILE))
         write_sentence_transformers_files(staging, encoder_module.hidden_size, encoder_module.pooling, max_seq_length)
+        write_model_card(staging, card)
         replace_directory(staging, target)  # the previous export goes only once the new one is complete
         logger.info("exported %s", target)
     accelerator.wait_for_everyone()

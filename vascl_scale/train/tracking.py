@@ -1,29 +1,123 @@
-"""Where training metrics go: a JSONL file, TensorBoard (when installed) and the progress
-(a bar on a terminal, plain lines in a log file).
+"""Where training metrics go: metrics.jsonl, the trackers of ``train.report_to`` (TensorBoard,
+Weights & Biases) and the progress (a bar on a terminal, plain lines in a log file).
 
 Rank 0 writes through a :class:`MetricsSink` (the numbers it receives are already averaged
-over ranks by the trainer); the other ranks get a :class:`NullMetricsSink`.
+over ranks by the trainer); the other ranks get a :class:`NullMetricsSink`, so a run of any
+world size makes one TensorBoard log and one W&B run. metrics.jsonl is always written (sweeps,
+the GPU proof and a resumed run read it). A resumed run continues each: metrics.jsonl loses
+the records past the checkpoint it starts from, TensorBoard purges those steps (its
+``purge_step``), and W&B continues the run whose id ``<run>/wandb-run-id`` holds (W&B keeps
+the first value it got for a step, the one the resumed run logs again).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
+from vascl_scale.config import ALL_TRACKERS, NO_TRACKER, TRACKERS
 from vascl_scale.log import LoopProgress
 
 logger = logging.getLogger(__name__)
 
+JSONL = "jsonl"
+# Each optional tracker: the module it needs, and the pip extra that installs it.
+OPTIONAL_TRACKERS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
+assert (JSONL, *OPTIONAL_TRACKERS) == TRACKERS, "every name train.report_to takes has a writer here"
+WANDB_ID_FILE = "wandb-run-id"
 
-def _tensorboard_writer(log_dir: Path):
-    try:
+
+def tracker_installed(name: str) -> bool:
+    """Whether the module tracker ``name`` needs can be imported (found, not imported)."""
+    return importlib.util.find_spec(OPTIONAL_TRACKERS[name][0]) is not None
+
+
+def resolve_trackers(report_to: list[str] | None) -> tuple[str, ...]:
+    """The trackers a run writes to, ``jsonl`` first, from ``train.report_to``.
+
+    Unset: jsonl, and TensorBoard when it is installed (said at debug level only, as nobody
+    asked for it). A tracker asked for by name but not installed is a ValueError naming its
+    pip extra; ``all`` takes those installed.
+    """
+    optional = tuple(OPTIONAL_TRACKERS)
+    if report_to is None:
+        if tracker_installed("tensorboard"):
+            return (JSONL, "tensorboard")
+        logger.debug("TensorBoard is not installed; metrics go to metrics.jsonl only (train.report_to)")
+        return (JSONL,)
+    if report_to == [NO_TRACKER]:
+        return (JSONL,)
+    if report_to == [ALL_TRACKERS]:
+        return (JSONL, *(name for name in optional if tracker_installed(name)))
+    for name in report_to:
+        if name != JSONL and not tracker_installed(name):
+            module, extra = OPTIONAL_TRACKERS[name]
+            raise ValueError(
+                f"train.report_to asks for {name}, whose Python package {module} is not installed: "
+                f"pip install 'vascl-scale[{extra}]', or remove {name} from train.report_to"
+            )
+    return (JSONL, *(name for name in optional if name in report_to))
+
+
+class _TensorBoard:
+    """Scalars into ``<run>/tensorboard/``; a resumed run hides the steps after its checkpoint."""
+
+    def __init__(self, run_dir: Path, start_step: int) -> None:
         from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        logger.info("TensorBoard is not installed; metrics go to metrics.jsonl only")
-        return None
-    return SummaryWriter(str(log_dir))
+
+        # Steps past start_step were logged by the stopped run after its checkpoint: this run logs them again.
+        self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            self.writer.add_scalar(name, value, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def describe(self) -> str:
+        return "TensorBoard (tensorboard/)"
+
+
+class _WandB:
+    """One W&B run per run directory, its id kept in ``<run>/wandb-run-id`` so that a resumed
+    training continues it; the run's config is logged once, at its start. WANDB_PROJECT
+    (default vascl-scale), WANDB_MODE, WANDB_DIR (default: the run directory) and the other
+    WANDB_* variables apply as W&B documents them."""
+
+    def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
+        import wandb
+
+        id_file = run_dir / WANDB_ID_FILE
+        run_id = id_file.read_text(encoding="utf-8").strip() if id_file.is_file() else None  # None: W&B draws one
+        try:
+            self.run = wandb.init(
+                project=os.environ.get("WANDB_PROJECT", "vascl-scale"),
+                name=run_dir.name,
+                id=run_id,
+                resume="allow",
+                dir=None if "WANDB_DIR" in os.environ else str(run_dir),
+                config=config,
+            )
+        except wandb.errors.Error as err:  # no API key, no network: a setup error, said as one
+            raise ValueError(
+                f"train.report_to: W&B could not start a run ({err}); run `wandb login`, or set WANDB_MODE=offline "
+                "(sync later with `wandb sync`)"
+            ) from err
+        id_file.write_text(self.run.id + "\n", encoding="utf-8")
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        self.run.log(values, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+    def describe(self) -> str:
+        return f"W&B (run {self.run.id}, {self.run.settings.mode} mode)"
 
 
 def _step_of(line: str) -> int | None:
@@ -61,13 +155,26 @@ def _drop_records_past(path: Path, step: int) -> None:
 
 
 class MetricsSink:
-    """metrics.jsonl (one JSON object per line, appended across resumes) + TensorBoard + progress."""
+    """metrics.jsonl (one JSON object per line, appended across resumes), the other trackers
+    (:func:`resolve_trackers`) and the progress.
 
-    def __init__(self, run_dir: Path, start_step: int, max_steps: int) -> None:
-        path = Path(run_dir) / "metrics.jsonl"
+    ``config``: the run's config as written, logged by the trackers that keep one (W&B).
+    """
+
+    def __init__(
+        self, run_dir: Path, start_step: int, max_steps: int, trackers: tuple[str, ...], config: dict[str, Any]
+    ) -> None:
+        assert trackers[0] == JSONL, trackers
+        run_dir = Path(run_dir)
+        path = run_dir / "metrics.jsonl"
         _drop_records_past(path, start_step)
         self.jsonl = path.open("a", encoding="utf-8")
-        self.tensorboard = _tensorboard_writer(Path(run_dir) / "tensorboard")
+        self.trackers: list[_TensorBoard | _WandB] = []
+        if "tensorboard" in trackers:
+            self.trackers.append(_TensorBoard(run_dir, start_step))
+        if "wandb" in trackers:
+            self.trackers.append(_WandB(run_dir, config))
+        logger.info("metrics: metrics.jsonl%s", "".join(f", {tracker.describe()}" for tracker in self.trackers))
         self.progress = LoopProgress("train", max_steps, "steps", completed=start_step, keep=True).start()
 
     def advance(self, step: int) -> None:
@@ -77,17 +184,16 @@ class MetricsSink:
         record = {"step": step, **values}
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
-        if self.tensorboard is not None:
-            for name, value in values.items():
-                self.tensorboard.add_scalar(name, value, step)
+        for tracker in self.trackers:
+            tracker.log(step, values)
         if summary is not None:
             self.progress.update(step, note=summary)
 
     def close(self) -> None:
         self.progress.stop()
         self.jsonl.close()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+        for tracker in self.trackers:
+            tracker.close()
 
 
 class NullMetricsSink:

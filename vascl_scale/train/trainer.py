@@ -26,11 +26,13 @@ import torch
 import transformers
 from torch import Tensor
 
+from vascl_scale import __version__
 from vascl_scale.config import RunConfig, save_config
 from vascl_scale.flops import tflops_and_mfu
 from vascl_scale.losses import build_objective
 from vascl_scale.losses.spec import ObjectiveSpec, objective_spec, objectives_reading_all
 from vascl_scale.model import SentenceEncoder
+from vascl_scale.model_card import CardFacts
 from vascl_scale.precision import local_device_type, precision_reason, train_precision
 from vascl_scale.train.atomic import replace_directory, staging_directory
 from vascl_scale.train.checkpoint import (
@@ -46,7 +48,7 @@ from vascl_scale.train.checkpoint import (
 from vascl_scale.train.export import export_model
 from vascl_scale.train.run_lock import HELD_ENV, RunDirectoryLock
 from vascl_scale.train.step import MODEL_INPUTS, NonFiniteLossError, TrainingStep, chunk_spans, rows_per_forward
-from vascl_scale.train.tracking import MetricsSink, NullMetricsSink
+from vascl_scale.train.tracking import MetricsSink, NullMetricsSink, resolve_trackers
 
 logger = logging.getLogger(__name__)
 
@@ -413,16 +415,35 @@ class Trainer:
             self.config.checkpoint.keep_last,
         )
 
-    def _select(self, step: int, metrics: MetricsSink | NullMetricsSink) -> None:
-        """Evaluate; export last/ and, when the dev score improved, best/."""
+    def _card(self, dev_score: float | None) -> CardFacts:
+        """The model card's facts of the weights now (``dev_score``: their STS-B dev score, if measured)."""
+        return CardFacts(
+            config=self.config.as_written().to_dict(),
+            step=self.state.step,
+            world_size=self.world_size,
+            zero_stage=self._zero_stage(),
+            device_type=self.accelerator.device.type,
+            precision=self.step.precision,
+            embedding_dimension=self.accelerator.unwrap_model(self.step.model).hidden_size,
+            vascl_scale_version=__version__,
+            stsb_dev_spearman=dev_score if dev_score is not None and math.isfinite(dev_score) else None,
+        )
+
+    def _export(self, name: str, dev_score: float | None) -> None:
+        """Export the weights now to ``<run>/<name>``, with their card; all ranks call this."""
+        export_model(self.accelerator, self.step.model, self.run_dir / name, self.config.eval.max_length, self._card(dev_score))
+
+    def _select(self, step: int, metrics: MetricsSink | NullMetricsSink) -> float | None:
+        """Evaluate; export last/ and, when the dev score improved, best/. Returns the dev score
+        (None when off; on rank 0 only, unless under ZeRO-3)."""
         score = self._evaluate()
-        export_model(self.accelerator, self.step.model, self.run_dir / "last", self.config.eval.max_length)
+        self._export("last", score)
         if score is None:
-            return
+            return None
         if not math.isfinite(score):  # constant or non-finite similarities: a collapsed encoder, no candidate
             if self.accelerator.is_main_process:
                 logger.warning("step %d: STS-B dev Spearman is undefined (the encoder's similarities are constant or not finite); best/ is kept", step)
-            return
+            return None
         if self.accelerator.is_main_process:
             best = self.state.best_score
             previous = f"best so far {best:.2f} at step {self.state.best_step}" if best is not None else "the first evaluation"
@@ -436,6 +457,7 @@ class Trainer:
                 shutil.copytree(self.run_dir / "last", staging, dirs_exist_ok=True)
                 replace_directory(staging, best)
         metrics.log(step, {"stsb_dev_spearman": score})
+        return score
 
     def _stopped_by_a_non_finite_loss(self, err: NonFiniteLossError) -> NonFiniteLossError:
         """The error with what is left to resume from."""
@@ -453,11 +475,16 @@ class Trainer:
         acc = self.accelerator
         sentences_per_step = cfg.train.global_batch_size * cfg.train.grad_accum_steps
         # Rank 0 writes metrics; every other rank gets a sink that drops them.
-        metrics = MetricsSink(self.run_dir, self.state.step, cfg.train.max_steps) if acc.is_main_process else NullMetricsSink()
+        metrics = (
+            MetricsSink(self.run_dir, self.state.step, cfg.train.max_steps, resolve_trackers(cfg.train.report_to), cfg.as_written().to_dict())
+            if acc.is_main_process
+            else NullMetricsSink()
+        )
         batches: Iterator[dict[str, Tensor]] = iter(self.stream)
         start_step = self.state.step
         step_seconds: list[float] = []  # optimiser steps only: evaluation and checkpoints excluded
         window = _Window()
+        dev_score = None  # of the weights now: measured at the latest step, if evaluated there
         try:
             for step in range(start_step, cfg.train.max_steps):
                 done = step + 1
@@ -475,14 +502,15 @@ class Trainer:
                     self._log_window(done, window, result.stats, step_seconds[-1], sentences_per_step, metrics)
                     window = _Window()
                 metrics.advance(done)  # after the window's losses, so a plain progress line carries them
+                dev_score = None
                 if cfg.eval.every_steps and done % cfg.eval.every_steps == 0:
-                    self._select(done, metrics)
+                    dev_score = self._select(done, metrics)
                 if cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0 and done != cfg.train.max_steps:
                     self._save()
             if cfg.eval.every_steps and self.state.step % cfg.eval.every_steps != 0:
-                self._select(self.state.step, metrics)
+                dev_score = self._select(self.state.step, metrics)
             self._save()
-            export_model(acc, self.step.model, self.run_dir / "final", cfg.eval.max_length)
+            self._export("final", dev_score)
         finally:
             metrics.close()
         steps_run = len(step_seconds)
