@@ -500,6 +500,39 @@ def test_an_undefined_dev_score_never_selects_a_model(workspace: Path, tmp_path:
     assert records and not any("stsb_dev_spearman" in record for record in records)
 
 
+def test_each_evaluation_says_whether_it_is_a_new_best(
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Dev scores 86.92, 87.03, 86.50: the second is a new best, the third is not."""
+    import logging
+
+    from accelerate.state import AcceleratorState
+
+    from vascl_scale.config import load_config
+    from vascl_scale.eval import sts
+    from vascl_scale.train import trainer as trainer_module
+
+    scores = iter([86.92, 87.03, 86.50])
+    monkeypatch.setattr(sts, "spearman_score", lambda encode, pairs: next(scores))
+    run = tmp_path / "run"
+    config = load_config(write_config(workspace, tmp_path / "config.yaml", checkpoint={"every_steps": 0}),
+                         [f"train.output_dir={run}", "train.max_steps=6"])  # fmt: skip
+    logger = logging.getLogger("vascl_scale")
+    monkeypatch.setattr(logger, "propagate", True)  # the CLI's setup (another test) may have cut it off from caplog
+    try:
+        with caplog.at_level(logging.INFO, logger="vascl_scale"):
+            result = trainer_module.build_trainer(config).fit()
+    finally:
+        AcceleratorState._reset_state(True)
+    lines = [record.getMessage() for record in caplog.records if "STS-B dev Spearman" in record.getMessage()]
+    assert lines == [
+        "step 2: STS-B dev Spearman 86.92, new best (the first evaluation)",
+        "step 4: STS-B dev Spearman 87.03, new best (the previous best 86.92 at step 2)",
+        "step 6: STS-B dev Spearman 86.50, best so far 87.03 at step 4",
+    ]
+    assert result.best_score == 87.03
+
+
 def test_an_unset_variable_in_a_path_fails_once_in_the_launcher(workspace: Path, tmp_path: Path) -> None:
     config = write_config(workspace, tmp_path / "config.yaml", model={"path": "${VASCL_TEST_UNSET}/model"})
     failure = run_train(config, tmp_path / "a", "--num-processes", "2", expect=2)

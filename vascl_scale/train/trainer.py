@@ -423,18 +423,23 @@ class Trainer:
             if self.accelerator.is_main_process:
                 logger.warning("step %d: STS-B dev Spearman is undefined (the encoder's similarities are constant or not finite); best/ is kept", step)
             return
+        best, best_step = self.state.best_score, self.state.best_step
+        improved = best is None or score > best
         if self.accelerator.is_main_process:
-            best = self.state.best_score
-            previous = f"best so far {best:.2f} at step {self.state.best_step}" if best is not None else "the first evaluation"
-            logger.info("step %d: STS-B dev Spearman %.2f (%s)", step, score, previous)
-        improved = self.state.best_score is None or score > self.state.best_score
+            if best is None:
+                verdict = "new best (the first evaluation)"
+            elif improved:
+                verdict = f"new best (the previous best {best:.2f} at step {best_step})"
+            else:
+                verdict = f"best so far {best:.2f} at step {best_step}"
+            logger.info("step %d: STS-B dev Spearman %.2f, %s", step, score, verdict)
         if improved:
             self.state.best_score, self.state.best_step = score, step
             if self.accelerator.is_main_process:
-                best = self.run_dir / "best"
-                staging = staging_directory(best)
+                best_dir = self.run_dir / "best"
+                staging = staging_directory(best_dir)
                 shutil.copytree(self.run_dir / "last", staging, dirs_exist_ok=True)
-                replace_directory(staging, best)
+                replace_directory(staging, best_dir)
         metrics.log(step, {"stsb_dev_spearman": score})
 
     def _stopped_by_a_non_finite_loss(self, err: NonFiniteLossError) -> NonFiniteLossError:
