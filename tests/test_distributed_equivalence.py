@@ -145,16 +145,26 @@ def test_unequal_rows_are_refused() -> None:
 
 def gather_backward(rank: int, world_size: int, device: str) -> dict[str, object]:
     """Rank r owns rows [r + 1, ...] and weighs the gathered (W * 2, 3) rows by (r + 1) * j:
-    the gradient of its two rows is the sum of every rank's weights for them."""
+    the gradient of its two rows is the sum of every rank's weights for them. Also the
+    deprecation warnings the gather and its backward raised (torch warns on old collective names)."""
+    import warnings
+
     from vascl_scale.distributed import all_gather_with_grad, record_traffic
 
     dtype = torch.float64 if device == "cpu" else torch.float32
     local = torch.full((2, 3), float(rank + 1), dtype=dtype, device=device, requires_grad=True)  # (b, d)
     weights = (rank + 1) * torch.arange(world_size * 2 * 3, dtype=dtype, device=device).reshape(world_size * 2, 3)
-    with record_traffic() as traffic:
+    with record_traffic() as traffic, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         gathered = all_gather_with_grad(local)  # (W * b, d)
         (weights * gathered).sum().backward()
-    return {"gathered": gathered.detach().cpu().numpy(), "grad": local.grad.cpu().numpy(), "collectives": [c for c, _, _ in traffic]}
+    deprecations = [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))]
+    return {
+        "gathered": gathered.detach().cpu().numpy(),
+        "grad": local.grad.cpu().numpy(),
+        "collectives": [c for c, _, _ in traffic],
+        "deprecations": deprecations,
+    }
 
 
 def _expected_gather(world_size: int) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -171,6 +181,7 @@ def test_the_gather_backward_sums_every_ranks_gradient_into_the_owner_with_all_r
         np.testing.assert_array_equal(result["gathered"], gathered)
         np.testing.assert_array_equal(result["grad"], grads[rank])
         assert result["collectives"] == ["all_gather", "all_reduce"]  # gloo has no reduce-scatter
+        assert result["deprecations"] == []
 
 
 @pytest.mark.gpu
@@ -181,6 +192,7 @@ def test_the_gather_backward_reduce_scatters_on_nccl() -> None:
         np.testing.assert_allclose(result["gathered"], gathered)
         np.testing.assert_allclose(result["grad"], grads[rank])
         assert result["collectives"] == ["all_gather", "reduce_scatter"]
+        assert result["deprecations"] == []  # reduce_scatter_tensor warns on torch 2.13
 
 
 SUP_ALPHAS = (0.0, 1.5)  # supervised SimCSE's hard_negative_weight: the paper's Eq. 5, and weighted hard negatives

@@ -225,16 +225,22 @@ def test_bf16_embeddings_are_close_to_float32_cached_apart_and_refused_without_n
     assert result.exit_code == 2 and "--precision = 'bf16' needs native bf16" in result.output
 
 
-def test_compare_prints_per_task_differences(tmp_path):
-    def report(stsb: float, agnews: float) -> EvalReport:
+def test_compare_prints_per_task_differences_and_flags_a_precision_difference(tmp_path):
+    def report(stsb: float, agnews: float, embedding: dict) -> EvalReport:
         results = [TaskResult("sts", "stsb", "spearman", stsb), TaskResult("clustering", "agnews", "accuracy", agnews)]
-        return EvalReport([ModelReport({"name": "m"}, {}, {}, results)])
+        return EvalReport([ModelReport({"name": "m"}, embedding, {}, results)])
 
-    report(80.0, 60.0).save(tmp_path / "a.json")
-    report(81.5, 57.25).save(tmp_path / "b.json")
+    report(80.0, 60.0, {}).save(tmp_path / "a.json")  # a file from before --precision: float32
+    report(81.5, 57.25, {"precision": "no"}).save(tmp_path / "b.json")
+    report(81.5, 57.25, {"precision": "bf16"}).save(tmp_path / "c.json")
     result = invoke("compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
     assert result.exit_code == 0, result.output
     assert "+1.50" in result.output and "-2.75" in result.output
+    assert "precisions differ" not in result.output
+    result = invoke("compare", str(tmp_path / "a.json"), str(tmp_path / "c.json"))
+    assert result.exit_code == 0, result.output
+    assert "precisions differ: A encoded in float32, B in bf16" in " ".join(result.output.split())
+    assert "+1.50" in result.output  # still shown: the precision moves scores by tenths, the title says so
     result = invoke("compare", str(tmp_path / "a.json"), str(tmp_path / "nothing.json"))
     assert result.exit_code == 2 and "not found" in result.output
 
@@ -271,6 +277,8 @@ def test_neighbours_plot_defaults_to_eval_results_never_the_working_directory(ti
     result = invoke("neighbours", "--model", str(tiny_model), "--dataset", "agnews", "--data-dir", str(data_dir), "--k", "1", "--no-cache")
     assert result.exit_code == 0, result.output
     assert (tmp_path / "eval-results" / "neighbours-agnews.png").is_file() and not list(tmp_path.glob("*.png"))
+    record = json.loads((tmp_path / "eval-results" / "neighbours-agnews.json").read_text())  # the JSON beside it
+    assert record["dataset"] == "agnews" and set(next(iter(record["neighbours"].values()))) == {"1"}
 
 
 @pytest.mark.realdata
@@ -322,9 +330,9 @@ def test_augmentation_cosines_table_plot_and_json(tiny_model, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(" ".join(WORDS[(i + j) % len(WORDS)] for j in range(6 + i % 4)) for i in range(40)) + "\nshort\n")
     common = ["--model", str(tiny_model), "--corpus", str(corpus), "--no-cache", "--plot", str(tmp_path / "aug.png")]
-    result = invoke("augmentation", *common, "--fraction", "0.1,0.5", "--samples", "30", "--output", str(tmp_path / "aug.json"))
+    result = invoke("augmentation", *common, "--fraction", "0.1,0.5", "--samples", "30")
     assert result.exit_code == 0, result.output
-    record = json.loads((tmp_path / "aug.json").read_text())
+    record = json.loads((tmp_path / "aug.json").read_text())  # by default beside the --plot PNG
     assert record["samples"] == 30  # drawn from the 40 lines of 3+ words
     (cosines,) = record["cosines"].values()
     for share in ("0.1", "0.5"):
@@ -371,8 +379,12 @@ def test_results_go_inside_the_evaluated_run_or_to_eval_results(tiny_model, data
     run = tmp_path / "run"
     shutil.copytree(tiny_model, run / "final")
     common = ["--data-dir", str(data_dir), "--no-cache", "--task", "stsb"]
-    assert invoke("sts", "--model", str(run), *common).exit_code == 0
+    first = invoke("sts", "--model", str(run), *common)
+    assert first.exit_code == 0 and "will replace" not in first.output
     assert (run / "eval-sts.json").is_file() and (run / "eval-sts.md").is_file()
+    again = " ".join(invoke("sts", "--model", str(run), *common).output.split())  # says, before any work, what it replaces
+    for option, path in (("--output", run / "eval-sts.json"), ("--markdown", run / "eval-sts.md")):
+        assert f"{option} {path}: this run will replace the file written " in again and f"(pass another {option} to keep it)" in again
     assert invoke("sts", "--model", str(tiny_model), *common).exit_code == 0
     assert (tmp_path / "eval-results" / "sts.json").is_file()
 

@@ -146,3 +146,32 @@ def test_the_average_column_is_starred_unless_every_paper_task_was_scored() -> N
     assert _average(scored(["stsb", "sickr-full"]), "sts") == "70.00*"
     assert _average(scored(PAPER_STS_TASKS, missing=("sts12",)), "sts").endswith("*")
     assert _average(scored(["sickr-full"]), "sts") == ""
+
+
+def test_the_tables_say_what_a_starred_average_averages(tmp_path) -> None:
+    """The issue's `eval sts --task stsb --task sickr-full`: Avg. 82.04* is STS-B's alone, and the
+    rich table's caption and the Markdown say so; a second model missing sickr has its own set."""
+    import io
+
+    from rich.console import Console
+
+    from vascl_scale.eval.report import EvalReport, ModelReport, average_note, markdown, rich_tables
+    from vascl_scale.eval.results import TaskResult
+    from vascl_scale.eval.sts import PAPER_STS_TASKS
+
+    subset = [TaskResult("sts", "stsb", "spearman", 82.04), TaskResult("sts", "sickr-full", "spearman", 77.58)]
+    report = EvalReport([ModelReport({"name": "pkg/model"}, {}, {}, subset)])
+    note = "Avg.* is the mean of stsb only (1 of the 7 tasks the paper averages); sickr-full is not averaged."
+    assert average_note(report, "sts") == note
+    assert f"| 82.04* |\n\n{note}" in markdown(report)
+    console = Console(file=io.StringIO(), width=400)
+    console.print(*rich_tables(report))
+    assert note in " ".join(console.file.getvalue().split())  # the caption wraps at the table's width
+
+    full = [TaskResult("sts", task, "spearman", 70.0) for task in PAPER_STS_TASKS]
+    no_sickr = [*full[:-1], TaskResult.missing("sts", "sickr", "spearman", FileNotFoundError("sickr/test.tsv"))]
+    report = EvalReport([ModelReport({"name": "a/full"}, {}, {}, full), ModelReport({"name": "b/part"}, {}, {}, no_sickr)])
+    assert average_note(report, "sts") == (
+        "Avg.* is the mean of sts12, sts13, sts14, sts15, sts16, stsb only (6 of the 7 tasks the paper averages)."
+    )
+    assert average_note(EvalReport([ModelReport({"name": "a/full"}, {}, {}, full)]), "sts") == ""  # the paper's Avg.

@@ -9,6 +9,27 @@ import typer
 from vascl_scale import __version__
 from vascl_scale.log import setup_logging
 
+
+def _render_flags_without_a_value() -> None:
+    """Typer's rich help prints every option's type after its name, flags too (``--resume
+    <bool>``), as if they took a value; its plain help already leaves a flag's type out
+    (``TyperOption.get_help_record``). The rich column is made to follow the plain help. Typer
+    versions whose options have no ``display_type_rich`` render flags bare already."""
+    from typer.core import TyperOption
+
+    typed = getattr(TyperOption, "display_type_rich", None)
+    if typed is None or getattr(typed, "renders_flags_bare", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx) -> str | None:
+        return None if self.is_flag or self.count else typed(self, ctx)
+
+    display_type_rich.renders_flags_bare = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_render_flags_without_a_value()
+
 app = typer.Typer(
     name="vascl-scale",
     help="Train VaSCL / SimCSE sentence encoders over a global batch, and evaluate them.",
@@ -26,7 +47,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
 ) -> None:
     try:
         setup_logging(log_level)

@@ -80,7 +80,10 @@ class _AllGatherWithGrad(torch.autograd.Function):
         if dist.get_backend() == "nccl":
             own = grad_global.new_empty((ctx.rows, *grad_global.shape[1:]))  # (b, ...)
             _note("reduce_scatter", grad_global, world_size)
-            dist.reduce_scatter_tensor(own, grad_global, op=dist.ReduceOp.SUM)
+            # torch 2.13 deprecates reduce_scatter_tensor (it warns) for reduce_scatter_single;
+            # older torch releases have only the old name.
+            reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            reduce_scatter(own, grad_global, op=dist.ReduceOp.SUM)
             return own
         summed = grad_global.clone()
         _note("all_reduce", summed, world_size)

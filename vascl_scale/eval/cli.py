@@ -42,6 +42,7 @@ PRECISION = typer.Option(
 )
 NO_CACHE = typer.Option(False, "--no-cache", help="Encode everything afresh and store nothing.")
 SHOTS = typer.Option(None, "--shots", min=1, help="Few-shot sizes K of the intent tasks (repeatable); default 5 10 20.")
+FIGURE_JSON = typer.Option(None, "--output", help="The numbers as JSON; default: the --plot path with .json.")
 CLUSTERING_MAX_TEXTS = typer.Option(
     None,
     "--clustering-max-texts",
@@ -151,7 +152,7 @@ def _run(
             model.embedding["distinct_texts"],
             model.embedding["encoded"],
             encode,
-            {"no": "float32"}.get(model.embedding.get("precision", "no"), model.embedding.get("precision")),
+            model.precision,
             model.embedding["from_cache"],
             ratio if len(report.models) == 1 else "",
         )
@@ -311,7 +312,7 @@ def neighbours(
     plot: Optional[Path] = typer.Option(
         None, "--plot", help="PNG path; default <run dir>/eval-neighbours-<dataset>.png for one training run, else eval-results/neighbours-<dataset>.png."
     ),
-    output: Optional[Path] = typer.Option(None, "--output", help="Also write the numbers as JSON."),
+    output: Optional[Path] = FIGURE_JSON,
     batch_size: int = BATCH,
     max_length: Optional[int] = MAX_LENGTH,
     pooling: Optional[str] = POOLING,
@@ -336,8 +337,7 @@ def neighbours(
             raise ValueError(f"unknown dataset {dataset!r}; choose from {', '.join(CLUSTERING_TASKS)}")
         device = resolve_device(device)
         plot = check_output_file(plot or default_output(model, f"neighbours-{dataset}").with_suffix(".png"), "--plot")
-        if output is not None:
-            check_output_file(output, "--output")
+        output = check_output_file(output or plot.with_suffix(".json"), "--output")
         cache = embedding_cache(cache_dir, no_cache)
         data = resolve_data_dir(data_dir)
         texts, labels = load_labelled_texts(data / "clustering" / f"{dataset}.tsv")
@@ -363,9 +363,8 @@ def neighbours(
         table.add_row(name, *cells, f"{geometry[name]['alignment']:.3f}", f"{geometry[name]['uniformity']:.3f}")
     print_table(table)
     logger.info("wrote %s", plot_neighbours(statistics, plot, dataset))
-    if output is not None:
-        record = {"dataset": dataset, "neighbours": statistics, "stsb_dev": geometry}
-        logger.info("wrote %s", write_json(output, record))
+    record = {"dataset": dataset, "neighbours": statistics, "stsb_dev": geometry}
+    logger.info("wrote %s", write_json(output, record))
 
 
 @app.command("augmentation")
@@ -382,7 +381,7 @@ def augmentation(
     plot: Optional[Path] = typer.Option(
         None, "--plot", help="PNG path; default <run dir>/eval-augmentation.png for one training run, else eval-results/augmentation.png."
     ),
-    output: Optional[Path] = typer.Option(None, "--output", help="Also write the numbers as JSON."),
+    output: Optional[Path] = FIGURE_JSON,
     batch_size: int = BATCH,
     max_length: Optional[int] = MAX_LENGTH,
     pooling: Optional[str] = POOLING,
@@ -404,8 +403,7 @@ def augmentation(
     try:
         device = resolve_device(device)
         plot = check_output_file(plot or default_output(model, "augmentation").with_suffix(".png"), "--plot")
-        if output is not None:
-            check_output_file(output, "--output")
+        output = check_output_file(output or plot.with_suffix(".json"), "--output")
         cache = embedding_cache(cache_dir, no_cache)
         kinds = list(dict.fromkeys(augment))
         unknown = [kind for kind in kinds if kind not in AUGMENTATIONS[1:]]
@@ -451,9 +449,8 @@ def augmentation(
             table.add_row(name, kind, *[f"{by_kind[kind][str(share)]['mean']:.4f}" for share in shares])
     print_table(table)
     logger.info("wrote %s", plot_augmentation_cosines(results, plot))
-    if output is not None:
-        record = {"corpus": str(source), "samples": len(originals), "seed": seed, "cosines": results}
-        logger.info("wrote %s", write_json(output, record))
+    record = {"corpus": str(source), "samples": len(originals), "seed": seed, "cosines": results}
+    logger.info("wrote %s", write_json(output, record))
 
 
 @app.command("compare")

@@ -10,7 +10,7 @@ import datetime as dt
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from rich.table import Table
@@ -60,6 +60,12 @@ class ModelReport:
     @property
     def label(self) -> str:
         return short_label(self.model["name"])
+
+    @property
+    def precision(self) -> str:
+        """What the encoder ran in: float32 or bf16 (files from before --precision: float32)."""
+        precision = self.embedding.get("precision", "no")
+        return "float32" if precision == "no" else precision
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -125,32 +131,61 @@ def _cell(result: TaskResult | None, with_std: bool) -> str:
     return f"{result.primary:.2f}"
 
 
+def _averaged_tasks(results: dict[str, TaskResult], family: str) -> list[str]:
+    """The tasks of the paper's average (a benchmark's: all of its tasks) that ``results`` (one
+    row's, by task) scored."""
+    return [task for task in AVERAGED.get(family, tuple(results)) if task in results and results[task].status == "ok"]
+
+
 def _average(results: dict[str, TaskResult], family: str) -> str:
     """Mean of the primary metric over the family's averaged tasks; "*" if some are missing
     (not run, as with --task, without data, or failed): then it is not the paper's (or the
     benchmark's) average."""
     averaged = AVERAGED.get(family, tuple(results))
-    present = [task for task in averaged if task in results and results[task].status == "ok"]
+    present = _averaged_tasks(results, family)
     if not present:
         return ""
     return f"{np.mean([results[task].primary for task in present]):.2f}" + ("*" if len(present) < len(averaged) else "")
 
 
-def family_rows(report: EvalReport, family: str) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of one family's table (the same cells for rich and Markdown)."""
+def _rows_by_task(report: EvalReport, family: str) -> Iterator[tuple[str, str, dict[str, TaskResult]]]:
+    """(model label, variant, that row's results by task) of each row of the family's table."""
     everything = [r for m in report.models for r in m.results]
-    tasks = _ordered_tasks(everything, family)
-    variants = _variants(everything, family)
-    header = ["Model"] + (["K"] if family == "intent" else []) + tasks + ["Avg."]
-    rows = []
-    for variant in variants:
+    for variant in _variants(everything, family):
         for model in report.models:
             by_task = {r.task: r for r in model.results if r.family == family and r.variant == variant}
-            if not by_task:
-                continue
-            cells = [_cell(by_task.get(task), with_std=family == "intent") for task in tasks]
-            rows.append([model.label] + ([variant] if family == "intent" else []) + cells + [_average(by_task, family)])
+            if by_task:
+                yield model.label, variant, by_task
+
+
+def family_rows(report: EvalReport, family: str) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of one family's table (the same cells for rich and Markdown)."""
+    tasks = _ordered_tasks([r for m in report.models for r in m.results], family)
+    header = ["Model"] + (["K"] if family == "intent" else []) + tasks + ["Avg."]
+    rows = []
+    for label, variant, by_task in _rows_by_task(report, family):
+        cells = [_cell(by_task.get(task), with_std=family == "intent") for task in tasks]
+        rows.append([label] + ([variant] if family == "intent" else []) + cells + [_average(by_task, family)])
     return header, rows
+
+
+def average_note(report: EvalReport, family: str) -> str:
+    """What a starred "Avg." averages (each distinct set of tasks), and which tasks in the table
+    no "Avg." includes (the extras, e.g. sickr-full); "" when every Avg. is the paper's (or,
+    for a benchmark without one, the mean of what ran)."""
+    if family not in AVERAGED:
+        return ""
+    paper = AVERAGED[family]
+    partial: list[list[str]] = []  # in the order of the rows
+    for *_, by_task in _rows_by_task(report, family):
+        tasks = _averaged_tasks(by_task, family)
+        if 0 < len(tasks) < len(paper) and tasks not in partial:
+            partial.append(tasks)
+    notes = [f"Avg.* is the mean of {', '.join(tasks)} only ({len(tasks)} of the {len(paper)} tasks the paper averages)" for tasks in partial]
+    extras = [task for task in _ordered_tasks([r for m in report.models for r in m.results], family) if task not in paper]
+    if extras:
+        notes.append(f"{', '.join(extras)} {'is' if len(extras) == 1 else 'are'} not averaged")
+    return "; ".join(notes) + "." if notes else ""
 
 
 def families_in(report: EvalReport) -> list[str]:
@@ -172,7 +207,8 @@ def rich_tables(report: EvalReport) -> list[Table]:
     tables = []
     for family in families_in(report):
         header, rows = family_rows(report, family)
-        table = Table(title=family_title(report, family), title_justify="left")
+        note = average_note(report, family)
+        table = Table(title=family_title(report, family), title_justify="left", caption=note or None, caption_justify="left")
         for i, name in enumerate(header):
             table.add_column(name, justify="left" if i == 0 else "right", style="bold" if name == "Avg." else None)
         for row in rows:
@@ -188,9 +224,9 @@ def markdown(report: EvalReport) -> str:
         lines = [f"### {family_title(report, family)}", "", "| " + " | ".join(header) + " |"]
         lines.append("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
         lines += ["| " + " | ".join(row) + " |" for row in rows]
-        parts.append("\n".join(lines))
-    note = "\n\n`missing`: dataset file absent; `failed`: the task raised (its error is in the JSON); `*`: average over the tasks present.\n"
-    return "\n\n".join(parts) + note
+        note = average_note(report, family)
+        parts.append("\n".join(lines) + (f"\n\n{note}" if note else ""))
+    return "\n\n".join(parts) + "\n\n`missing`: dataset file absent; `failed`: the task raised (its error is in the JSON).\n"
 
 
 def _paper_order(key: str) -> tuple:
@@ -230,8 +266,20 @@ def compare_rows(baseline: ModelReport, candidate: ModelReport) -> list[list[str
     return rows
 
 
+def compare_title(baseline: ModelReport, candidate: ModelReport) -> str:
+    """B minus A, and when the two encoded in different precisions, that the differences include
+    the precision's (bf16 moves clustering and intent scores by a few tenths)."""
+    title = f"{candidate.label} minus {baseline.label}"
+    if baseline.precision != candidate.precision:
+        title += (
+            f"; precisions differ: A encoded in {baseline.precision}, B in {candidate.precision}, so each "
+            "difference includes the precision's (evaluate both with the same --precision to compare models)"
+        )
+    return title
+
+
 def compare_table(baseline: ModelReport, candidate: ModelReport) -> Table:
-    table = Table(title=f"{candidate.label} minus {baseline.label}", title_justify="left")
+    table = Table(title=compare_title(baseline, candidate), title_justify="left")
     for name, justify in (("Task", "left"), ("A", "right"), ("B", "right"), ("B - A", "right")):
         table.add_column(name, justify=justify)
     for row in compare_rows(baseline, candidate):

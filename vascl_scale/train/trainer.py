@@ -17,6 +17,7 @@ import math
 import os
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -85,9 +86,25 @@ def build_accelerator(config: RunConfig, deepspeed_config: str | None):
             backend=None if cuda else "gloo", timeout=timedelta(minutes=config.train.dist_timeout_minutes)
         )
         kwargs["kwargs_handlers"] = [process_group]
+    if not cuda:
+        # DeepSpeed's accelerator detection warns "Setting accelerator to CPU ... unable to detect
+        # it" in every process that imports it on a machine without a GPU (each rank of a ZeRO run;
+        # without DeepSpeed too, as transformers' save_pretrained and accelerate's unwrap_model
+        # import it). Naming the accelerator before that import picks the same CPU accelerator the
+        # detection falls back to, without the warning; a user's own DS_ACCELERATOR is kept.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if deepspeed_config is not None:
         if not Path(deepspeed_config).is_file():
             raise ValueError(f"--deepspeed {deepspeed_config}: no such file")
+        # DeepSpeed's ZeRO partitioning calls torch.distributed's old names for these two
+        # collectives, which torch now warns about on every rank; only DeepSpeed can change
+        # that. Our own collectives (vascl_scale.distributed) use the current names, and the gloo
+        # tests run them without this filter.
+        warnings.filterwarnings(
+            "ignore",
+            message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
+            category=FutureWarning,
+        )
         kwargs["deepspeed_plugin"] = DeepSpeedPlugin(
             hf_ds_config=str(deepspeed_config),
             gradient_accumulation_steps=config.train.grad_accum_steps,
@@ -99,12 +116,6 @@ def build_accelerator(config: RunConfig, deepspeed_config: str | None):
         )
     else:
         kwargs["cpu"] = not cuda
-        if not cuda:
-            # DeepSpeed is imported even here (transformers' save_pretrained and accelerate's
-            # unwrap_model look for its engine), and its accelerator detection then warns "Setting
-            # accelerator to CPU ... unable to detect it" on every machine without a GPU: naming the
-            # accelerator, which nothing in a run without DeepSpeed uses, skips the detection.
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
     return Accelerator(**kwargs)
 
 
@@ -444,18 +455,23 @@ class Trainer:
             if self.accelerator.is_main_process:
                 logger.warning("step %d: STS-B dev Spearman is undefined (the encoder's similarities are constant or not finite); best/ is kept", step)
             return None
+        best, best_step = self.state.best_score, self.state.best_step
+        improved = best is None or score > best
         if self.accelerator.is_main_process:
-            best = self.state.best_score
-            previous = f"best so far {best:.2f} at step {self.state.best_step}" if best is not None else "the first evaluation"
-            logger.info("step %d: STS-B dev Spearman %.2f (%s)", step, score, previous)
-        improved = self.state.best_score is None or score > self.state.best_score
+            if best is None:
+                verdict = "new best (the first evaluation)"
+            elif improved:
+                verdict = f"new best (the previous best {best:.2f} at step {best_step})"
+            else:
+                verdict = f"best so far {best:.2f} at step {best_step}"
+            logger.info("step %d: STS-B dev Spearman %.2f, %s", step, score, verdict)
         if improved:
             self.state.best_score, self.state.best_step = score, step
             if self.accelerator.is_main_process:
-                best = self.run_dir / "best"
-                staging = staging_directory(best)
+                best_dir = self.run_dir / "best"
+                staging = staging_directory(best_dir)
                 shutil.copytree(self.run_dir / "last", staging, dirs_exist_ok=True)
-                replace_directory(staging, best)
+                replace_directory(staging, best_dir)
         metrics.log(step, {"stsb_dev_spearman": score})
         return score
 
