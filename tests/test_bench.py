@@ -70,25 +70,6 @@ def test_bench_step_gives_simcse_sup_n_hard_negative_columns_and_counts_their_fl
     assert refused.exit_code != 0 and "--negatives must be >= 1: simcse_sup encodes" in " ".join(refused.output.split())
 
 
-def test_bench_step_compares_with_sentence_transformers_in_the_same_rounds(tmp_path: Path) -> None:
-    from tests.test_eval_cli import save_tiny_bert
-
-    model = save_tiny_bert(tmp_path / "model")  # weights and tokenizer: the peer loads the same directory
-    result, report = _bench_step(
-        tmp_path / "step.json", "--model", str(model), "--global-batch", "8", "--k", "3", "--steps", "2",
-        "--warmup", "1", "--max-length", "8", "--compare", "sentence-transformers",
-    )  # fmt: skip
-    assert set(report["objectives"]) == {"vascl", "simcse", "sentence-transformers"}
-    peer = report["objectives"]["sentence-transformers"]
-    assert len(peer["times_s"]) == 2 and peer["model_flops_per_device"] > 0
-    for objective in ("vascl", "simcse"):
-        assert report["speedup_over_peer"][objective] == pytest.approx(peer["median_s"] / report["objectives"][objective]["median_s"])
-    text = " ".join(result.output.split())
-    assert "vascl-scale simcse: " in text and "x the sentences/s of sentence-transformers" in text
-    refused = CliRunner().invoke(app, ["bench", "step", "--model", str(model), "--compare", "open_clip", "--steps", "1"])
-    assert refused.exit_code != 0 and "--compare takes sentence-transformers" in " ".join(refused.output.split())
-
-
 def test_bench_step_grid_runs_each_cell_alone_and_skips_what_would_not_fit(tiny_config: Path, tmp_path: Path) -> None:
     out, plot = tmp_path / "grid.json", tmp_path / "grid.png"
     result = CliRunner().invoke(

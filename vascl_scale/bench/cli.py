@@ -79,14 +79,27 @@ def step(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Grid: also plot memory and time against the batch (PNG)."),
     peak_tflops: float = typer.Option(0.0, "--peak-tflops", min=0, help="The device's peak TFLOP/s in this precision: adds MFU."),
     compare: Optional[str] = typer.Option(
-        None, "--compare", help="sentence-transformers: also time its MNRL SimCSE step, alternating (one process)."
+        None,
+        "--compare",
+        help="sentence-transformers: also time its MNRL SimCSE step, alternating, and `vascl-scale train` itself per objective (one process).",
     ),
     output: Optional[Path] = typer.Option(None, "--output", help="Also write the result as JSON here."),
 ) -> None:
     """Median / p10 / p90 time, model TFLOP/s per device (MFU with --peak-tflops) and peak memory of full training steps, uncached or cached; a
     grid over global batches and chunk sizes runs each cell as its own process."""
     from vascl_scale.bench import save_result
-    from vascl_scale.bench.step import bench_objectives, bench_views, grid_cells, grid_table, plot_grid, run_grid, run_step_bench, step_table
+    from vascl_scale.bench.loop import LoopFailedError
+    from vascl_scale.bench.step import (
+        COMPARE_ALONE,
+        bench_objectives,
+        bench_views,
+        grid_cells,
+        grid_table,
+        plot_grid,
+        run_grid,
+        run_step_bench,
+        step_table,
+    )
     from vascl_scale.log import console, fail, print_table
     from vascl_scale.train.launch import LaunchPlan, become_single_rank, exit_with_parent, in_distributed_worker, launch_workers
 
@@ -95,6 +108,8 @@ def step(
         batches, chunks = _integers(global_batch, "--global-batch"), _integers(chunk_size, "--chunk-size")
         _check_outputs(output=output, plot=plot)
         views = bench_views(bench_objectives(objectives), negatives)
+        if compare is not None and (num_processes > 1 or deepspeed is not None):
+            raise ValueError(COMPARE_ALONE)
     except ValueError as err:
         fail(err)
     if len(batches) * len(chunks) > 1:
@@ -137,7 +152,7 @@ def step(
             compare=compare,
             negatives=negatives,
         )
-    except ValueError as err:
+    except (ValueError, LoopFailedError) as err:
         fail(err)
     if result["rank"] != 0:
         return
@@ -146,6 +161,9 @@ def step(
         console.print(f"VaSCL / SimCSE median step time: {result['vascl_over_simcse']:.3f}")
     for objective, speedup in result.get("speedup_over_peer", {}).items():
         console.print(f"vascl-scale {objective}: {speedup:.2f}x the sentences/s of {compare}")
+    for objective, ratio in result.get("loop_over_step", {}).items():
+        speedup = result["loop_speedup_over_peer"][objective]
+        console.print(f"vascl-scale {objective} train loop: {ratio:.2f}x the sentences/s of its step, {speedup:.2f}x those of {compare}")
     ranks = " + ".join(f"{mb:.0f}" for mb in result["peak_rss_mb_per_rank"])
     console.print(f"peak resident memory: {result['peak_rss_mb']:.0f} MiB (ranks: {ranks})")
     if output is not None:

@@ -21,14 +21,28 @@ PEERS = ("sentence-transformers",)
 PEER_LABEL = "sentence-transformers MNRL (SimCSE)"
 
 
+def comparable_model_directory(model: str) -> Path:
+    """The model directory ``--model`` names (a directory, ``package:MODULE/SUBDIR``, a hub id):
+    the peer and the training loop load weights and tokenizer from it; ValueError for anything else."""
+    from vascl_scale.hub import locate_model
+
+    directory = locate_model(model, "--model").directory
+    if not directory.is_dir():
+        raise ValueError(
+            f"--compare needs --model to name a model directory (sentence-transformers and the training loop load its "
+            f"weights and tokenizer), a package:MODULE/SUBDIR or a hub id; got {model}"
+        )
+    return directory
+
+
 def sentence_transformers_step(model: str, rows: int, tokens: int, precision: str) -> tuple[Callable[[dict], None], int]:
     """One optimiser step of the peer on a batch's anchor column, (rows, tokens), and its model FLOPs.
 
-    ``model`` must be a model directory (the peer loads weights and tokenizer from it);
-    ``precision``: resolved (``no`` or ``bf16``), the peer's forward under the same autocast.
+    ``model``: a model directory (:func:`comparable_model_directory`; the peer loads weights and
+    tokenizer from it); ``precision``: resolved (``no`` or ``bf16``), the peer's forward under the
+    same autocast.
     """
-    if not Path(model).is_dir():
-        raise ValueError(f"--compare needs --model to be a model directory (sentence-transformers loads it); got {model}")
+    assert Path(model).is_dir(), model
     from sentence_transformers import SentenceTransformer
 
     try:  # sentence-transformers >= 6

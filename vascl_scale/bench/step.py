@@ -15,7 +15,10 @@ objective would leave without a gradient: it is benched on its own. Objectives a
 steps of each objective are dropped. Reported per objective: median, p10 and p90 step time,
 sentences/s at the median, and peak memory (GPU: max allocated per objective; CPU: the
 process's peak resident set, which only grows, so it is shown once); then the ratio of the
-VaSCL median to the SimCSE median. Peak resident memory is each rank's own (``ru_maxrss``),
+VaSCL median to the SimCSE median. With ``--compare`` a peer's step (:mod:`vascl_scale.bench.peer`)
+runs in the same rounds, and, first, ``vascl-scale train`` itself per objective on shards of the
+same kind of batch, its step times read from its metrics (:mod:`vascl_scale.bench.loop`): the
+loop, step and peer rows of one table. Peak resident memory is each rank's own (``ru_maxrss``),
 summed over the ranks: an upper bound of the process tree's peak (the launcher excluded).
 
 Several global batches or chunk sizes (``--global-batch 64,256 --chunk-size 0,64``) make a
@@ -30,6 +33,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import resource
 import statistics
 import subprocess
@@ -52,6 +56,8 @@ from vascl_scale.model import SentenceEncoder
 from vascl_scale.train.step import rows_per_forward
 
 logger = logging.getLogger(__name__)
+
+COMPARE_ALONE = "--compare runs on one process without DeepSpeed (the peer is a single-process trainer)"
 
 def build_bench_model(model: str, head_dim: int, pair_classifier: bool = False) -> SentenceEncoder:
     """A Hugging Face ``config.json`` (random init), or pretrained weights named as ``model.path``
@@ -117,7 +123,7 @@ def synthetic_batch(
 
 
 def bench_config(
-    objective: str, model: str, global_batch: int, max_length: int, k: int, eps: float, precision: str, chunk_size: int = 0
+    objective: str, model: str, global_batch: int, max_length: int, k: int, eps: float, precision: str, chunk_size: int = 0, seed: int = 0
 ) -> RunConfig:
     """The run config a training run with these settings would have (validated the same way)."""
     return config_from_dict(
@@ -126,7 +132,7 @@ def bench_config(
             "model": {"path": model},
             "data": {"train": "synthetic", "max_length": max_length},
             "loss": {"k": k, "eps": eps, "xi": eps},
-            "train": {"global_batch_size": global_batch, "precision": precision, "chunk_size": chunk_size},
+            "train": {"global_batch_size": global_batch, "precision": precision, "chunk_size": chunk_size, "seed": seed},
         }
     )
 
@@ -152,7 +158,8 @@ def run_step_bench(
     ``peak_tflops``: the device's peak, for MFU (0: none). ``compare``: a peer
     (:data:`vascl_scale.bench.peer.PEERS`) timed in the same rounds, on one process only.
     ``negatives``: the hard-negative columns of the batch of an objective that takes them."""
-    from vascl_scale.bench.peer import PEERS, sentence_transformers_step
+    from vascl_scale.bench.loop import LoopTimes, run_training_loops
+    from vascl_scale.bench.peer import PEERS, comparable_model_directory, sentence_transformers_step
     from vascl_scale.losses import build_objective
     from vascl_scale.precision import train_precision
     from vascl_scale.train.step import TrainingStep
@@ -162,11 +169,18 @@ def run_step_bench(
     views = bench_views(specs, negatives)
     if steps < 1 or warmup < 0:
         raise ValueError(f"--steps must be >= 1 and --warmup >= 0; got {steps} and {warmup}")
-    configs = {o: bench_config(o, model, global_batch, max_length, k, eps, precision, chunk_size) for o in objectives}
+    configs = {o: bench_config(o, model, global_batch, max_length, k, eps, precision, chunk_size, seed) for o in objectives}
     first = configs[objectives[0]]
     run_precision = train_precision(first.train.precision)
-    if compare is not None and compare not in PEERS:
-        raise ValueError(f"--compare takes {', '.join(PEERS)}; got {compare!r}")
+    loops: dict[str, LoopTimes] = {}
+    if compare is not None:
+        if compare not in PEERS:
+            raise ValueError(f"--compare takes {', '.join(PEERS)}; got {compare!r}")
+        if deepspeed is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise ValueError(COMPARE_ALONE)
+        model_dir = comparable_model_directory(model)
+        # Before this process builds anything: the loop's process has the machine to itself.
+        loops = run_training_loops(configs, model_dir, synthetic_columns(specs, negatives), steps, warmup)
 
     torch.manual_seed(seed)
     encoder = build_bench_model(model, first.model.head_dim, pair_classifier=specs[0].classifier)
@@ -190,9 +204,7 @@ def run_step_bench(
 
     timed = {o: ours(o) for o in objectives}  # name -> (round index -> model FLOPs of the step)
     if compare is not None:
-        if world_size > 1 or deepspeed is not None:
-            raise ValueError("--compare runs on one process without DeepSpeed (the peer is a single-process trainer)")
-        peer_step, peer_flops = sentence_transformers_step(model, rows, max_length, run_precision)
+        peer_step, peer_flops = sentence_transformers_step(str(model_dir), rows, max_length, run_precision)
 
         def peer(index: int) -> int:
             peer_step(next(batches)[ANCHOR])
@@ -244,37 +256,55 @@ def run_step_bench(
         "peak_rss_mb": sum(rank_peaks_mb),
         "peak_rss_mb_per_rank": rank_peaks_mb,
     }
-    return {**_summary(times, flops, peak_mb, global_batch, setup), "rank": rank}
+    return {**_summary(times, flops, peak_mb, global_batch, setup, loops), "rank": rank}
 
 
 def _summary(
-    times: dict[str, list[float]], flops: dict[str, int], peak_mb: dict[str, float], global_batch: int, setup: dict[str, Any]
+    times: dict[str, list[float]],
+    flops: dict[str, int],
+    peak_mb: dict[str, float],
+    global_batch: int,
+    setup: dict[str, Any],
+    loops: dict[str, "LoopTimes"],
 ) -> dict[str, Any]:
-    """Per objective: median, p10, p90 step time, sentences/s at the median, model TFLOP/s per
-    device at the median (and MFU against the setup's peak), peak memory."""
+    """Per objective (and peer): :func:`_row`; per objective's training loop (``loops``) the
+    same under ``"loops"``, its FLOPs those of the objective's step (the same shapes); and the
+    ratios of their sentences/s."""
     result: dict[str, Any] = {**setup, "objectives": {}}
-    for objective in times:
-        values = times[objective]
-        median = statistics.median(values)
-        tflops, mfu = tflops_and_mfu(flops[objective], median, setup["peak_tflops"])
-        result["objectives"][objective] = {
-            "model_flops_per_device": flops[objective],
-            "tflops_per_device": tflops,
-            "mfu": mfu,
-            "median_s": median,
-            "p10_s": float(np.percentile(values, 10)),  # linear interpolation
-            "p90_s": float(np.percentile(values, 90)),
-            "sentences_per_s": global_batch / median,
-            "peak_memory_mb": peak_mb.get(objective),
-            "times_s": values,
-        }
+    for objective, values in times.items():
+        result["objectives"][objective] = _row(values, flops[objective], peak_mb.get(objective), global_batch, setup["peak_tflops"])
     stats = result["objectives"]
     if "vascl" in times and "simcse" in times:
         result["vascl_over_simcse"] = stats["vascl"]["median_s"] / stats["simcse"]["median_s"]
     peers = [name for name in times if name not in OBJECTIVES]
     if peers:  # sentences/s of each vascl-scale objective over the peer's, at the same batch
         result["speedup_over_peer"] = {o: stats[peers[0]]["median_s"] / stats[o]["median_s"] for o in times if o != peers[0]}
+    if loops:
+        result["loops"] = {
+            o: _row(loop.times_s, flops[o], loop.peak_memory_mb, global_batch, setup["peak_tflops"]) for o, loop in loops.items()
+        }
+        loop_stats = result["loops"]
+        result["loop_over_step"] = {o: stats[o]["median_s"] / loop_stats[o]["median_s"] for o in loops}
+        result["loop_speedup_over_peer"] = {o: stats[peers[0]]["median_s"] / loop_stats[o]["median_s"] for o in loops}
     return result
+
+
+def _row(values: list[float], flops: int, peak_mb: float | None, global_batch: int, peak_tflops: float) -> dict[str, Any]:
+    """Median, p10, p90 step time, sentences/s at the median, model TFLOP/s per device at the
+    median (and MFU against ``peak_tflops``), peak memory, and the times."""
+    median = statistics.median(values)
+    tflops, mfu = tflops_and_mfu(flops, median, peak_tflops)
+    return {
+        "model_flops_per_device": flops,
+        "tflops_per_device": tflops,
+        "mfu": mfu,
+        "median_s": median,
+        "p10_s": float(np.percentile(values, 10)),  # linear interpolation
+        "p90_s": float(np.percentile(values, 90)),
+        "sentences_per_s": global_batch / median,
+        "peak_memory_mb": peak_mb,
+        "times_s": values,
+    }
 
 
 def step_table(result: dict[str, Any]):
@@ -291,10 +321,13 @@ def step_table(result: dict[str, Any]):
     table = Table(title=title)
     for column in ("objective", "median s", "p10 s", "p90 s", "sentences/s", "TFLOP/s per device", "MFU", "peak GPU MiB"):
         table.add_column(column, justify="right")
-    for objective, stats in result["objectives"].items():
+    steps = [(name, stats) for name, stats in result["objectives"].items() if name in OBJECTIVES]
+    loops = [(f"{name} train loop", stats) for name, stats in result.get("loops", {}).items()]
+    peers = [(name, stats) for name, stats in result["objectives"].items() if name not in OBJECTIVES]
+    for name, stats in steps + loops + peers:
         peak = stats["peak_memory_mb"]
         table.add_row(
-            objective,
+            name,
             f"{stats['median_s']:.4f}",
             f"{stats['p10_s']:.4f}",
             f"{stats['p90_s']:.4f}",
@@ -304,7 +337,6 @@ def step_table(result: dict[str, Any]):
             "-" if peak is None else f"{peak:.0f}",
         )
     return table
-
 
 
 def grid_cells(
