@@ -47,6 +47,7 @@ def _parse_seeds(text: str) -> list[int]:
 
 def _print_summary(result: dict, sweep_dir: Path) -> None:
     from vascl_scale.sweep.grid import SweepPlan
+    from vascl_scale.sweep.report import format_cell
 
     metrics, plan = result["headline"], SweepPlan.load(sweep_dir)
     table = Table(title=f"sweep {sweep_dir.name}: mean ± std over seeds (every metric in results.md)")
@@ -57,7 +58,7 @@ def _print_summary(result: dict, sweep_dir: Path) -> None:
         for metric in metrics:
             value = entry.get(metric)
             std = entry.get(f"{metric}_std")
-            text = "" if value is None else f"{value:.2f}" + ("" if std is None else f" ± {std:.2f}")
+            text = "" if value is None else format_cell(value) + ("" if std is None else f" ± {format_cell(std)}")
             cells.append(text)
         table.add_row(*cells)
     print_table(table)

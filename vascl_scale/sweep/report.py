@@ -131,7 +131,8 @@ def aggregate(rows: list[dict[str, Any]], plan: SweepPlan, metrics: list[str]) -
     return table
 
 
-def _fmt(value: Any) -> str:
+def format_cell(value: Any) -> str:
+    """A table cell: floats to 2 decimals (small ones to 2 significant digits), counts as they are."""
     if isinstance(value, float):
         return f"{value:.2f}" if abs(value) >= 0.01 or value == 0 else f"{value:.2g}"
     return str(value)
@@ -144,7 +145,7 @@ def markdown_table(entries: list[dict[str, Any]], columns: list[str], with_std: 
         for column in columns:
             value = entry.get(column, "")
             std = entry.get(f"{column}_std")
-            cells.append(f"{_fmt(value)} ± {_fmt(std)}" if with_std and std is not None and value != "" else _fmt(value))
+            cells.append(f"{format_cell(value)} ± {format_cell(std)}" if with_std and std is not None and value != "" else format_cell(value))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
