@@ -113,6 +113,7 @@ def test_the_pairwise_classifier_trains_with_the_head_exports_beside_it_and_load
     from transformers import AutoModel
 
     from vascl_scale.config import config_from_dict
+    from vascl_scale.model_card import CardFacts
     from vascl_scale.train.export import export_model
     from vascl_scale.train.trainer import build_optimizer, freeze_unreached_parameters
 
@@ -132,7 +133,9 @@ def test_the_pairwise_classifier_trains_with_the_head_exports_beside_it_and_load
     assert groups[1]["lr"] == 1e-3 and any(p is weight for p in groups[1]["params"])
     with torch.no_grad():
         weight.mul_(3.0)  # not the initial weights
-    export_model(Accelerator(cpu=True), model, tmp_path / "export", max_seq_length=32)
+    card = CardFacts(config=config.to_dict(), step=1, world_size=1, zero_stage=0, device_type="cpu", precision="no",
+                     embedding_dimension=16, vascl_scale_version="test")  # fmt: skip
+    export_model(Accelerator(cpu=True), model, tmp_path / "export", max_seq_length=32, card=card)
     assert sorted(path.name for path in (tmp_path / "export").glob("*.safetensors")) == [
         "classifier.safetensors", "head.safetensors", "model.safetensors",
     ]  # fmt: skip
