@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -19,9 +18,10 @@ from typer.testing import CliRunner
 
 from tests.test_eval_cli import make_data, save_tiny_bert
 from vascl_scale.cli import app
+from vascl_scale.config import config_from_dict
 from vascl_scale.eval.embed import embedding_fingerprint, resolve_model
 from vascl_scale.eval.sts import load_sts_tsv
-from vascl_scale.train.checkpoint import STATE_FILE, TrainerState, export_step
+from vascl_scale.model_card import FACTS_FILE, CardFacts, export_step
 
 def local_sts_task(name: str, path: Path | None) -> type[AbsTaskSTS]:
     """An mteb STS task over an ``eval sts`` TSV (sentence1, sentence2, score in 0..5); with
@@ -78,15 +78,18 @@ def local_tasks(monkeypatch, data_dir):
     monkeypatch.setitem(registry, "BrokenSTS", local_sts_task("BrokenSTS", None))
 
 
+def card_facts(step: int) -> CardFacts:
+    """The model card's facts of weights trained for ``step`` steps (what export_step reads)."""
+    config = config_from_dict({"model": {"path": "tiny"}, "data": {"train": "train.txt"}}).to_dict()
+    return CardFacts(config=config, step=step, world_size=1, zero_stage=0, device_type="cpu", precision="no",
+                     embedding_dimension=32, vascl_scale_version="test")  # fmt: skip
+
+
 def write_run(run: Path, seed: int, step: int) -> Path:
-    """A training run's layout: final/ (a tiny random BERT) exported after checkpoint ``step``."""
-    checkpoint = run / "checkpoints" / f"step-{step:08d}"
-    checkpoint.mkdir(parents=True)
-    (checkpoint / STATE_FILE).write_text(TrainerState(step=step, world_size=1, scheduler={}).to_json(), encoding="utf-8")
+    """A training run's layout: final/ (a tiny random BERT) with the card of step ``step``."""
     shutil.rmtree(run / "final", ignore_errors=True)
     save_tiny_bert(run / "final", seed=seed)
-    stamp = (checkpoint / STATE_FILE).stat().st_mtime
-    os.utime(checkpoint / STATE_FILE, (stamp - 10, stamp - 10))  # the checkpoint is saved before the export
+    (run / "final" / FACTS_FILE).write_text(card_facts(step).to_json(), encoding="utf-8")
     return run
 
 
@@ -163,20 +166,8 @@ def test_without_mteb_help_works_and_running_says_how_to_install_it(tmp_path, mo
     assert "pip install 'vascl-scale[mteb]'" in refused.output
 
 
-def test_export_step_reads_the_checkpoint_that_tells_it(tmp_path):
-    run = tmp_path / "run"
-    assert export_step(save_tiny_bert(run / "final", tokenizer=False)) is None  # no checkpoint
-    checkpoint = run / "checkpoints" / "step-00000030"
-    checkpoint.mkdir(parents=True)
-    (checkpoint / STATE_FILE).write_text(TrainerState(30, 1, {}, best_score=70.0, best_step=20).to_json(), encoding="utf-8")
-    save_tiny_bert(run / "best", tokenizer=False)
-
-    def at(export: str, seconds: float) -> int | None:  # the export's time relative to the checkpoint
-        saved = (checkpoint / STATE_FILE).stat().st_mtime
-        os.utime(run / export / "config.json", (saved + seconds, saved + seconds))
-        return export_step(run / export)
-
-    assert at("final", +1) == 30 and at("final", -1) is None  # older: an earlier invocation's end
-    assert at("best", -1) == 20 and at("best", +1) is None  # newer: improved after the last checkpoint
-    shutil.copytree(run / "final", run / "last")
-    assert export_step(run / "last") is None
+def test_export_step_is_the_step_of_the_exports_model_card(tmp_path):
+    export = save_tiny_bert(tmp_path / "run" / "final", tokenizer=False)
+    assert export_step(export) is None  # no card: not an export of a vascl-scale run
+    (export / FACTS_FILE).write_text(card_facts(30).to_json(), encoding="utf-8")
+    assert export_step(export) == 30

@@ -20,7 +20,6 @@ Torch-free: the eval command line uses it too.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import yaml
 
 from vascl_scale.losses.spec import objective_spec
+from vascl_scale.train.atomic import replace_file
 
 CARD_FILE = "README.md"
 FACTS_FILE = "model_card.json"
@@ -69,17 +69,18 @@ class CardFacts:
         return cls(**json.loads(Path(path).read_text(encoding="utf-8")))
 
 
+def export_step(directory: Path) -> int | None:
+    """The optimiser step whose weights export ``directory`` holds, from its ``model_card.json``;
+    None for a directory without one (not an export of a vascl-scale run)."""
+    path = Path(directory) / FACTS_FILE
+    return CardFacts.from_file(path).step if path.is_file() else None
+
+
 def write_model_card(directory: Path, facts: CardFacts) -> None:
     """``model_card.json`` and ``README.md`` in ``directory``, each replaced atomically."""
     directory = Path(directory)
-    _replace_file(directory / FACTS_FILE, facts.to_json())
-    _replace_file(directory / CARD_FILE, render_card(facts))
-
-
-def _replace_file(path: Path, text: str) -> None:
-    staging = path.with_name(f".tmp-{path.name}")
-    staging.write_text(text, encoding="utf-8")
-    os.replace(staging, path)
+    replace_file(directory / FACTS_FILE, facts.to_json())
+    replace_file(directory / CARD_FILE, render_card(facts))
 
 
 def attach_evaluation(directory: Path, command: str, model_record: dict[str, Any], created: str) -> bool:

@@ -59,6 +59,7 @@ logger = logging.getLogger(__name__)
 
 COMPARE_ALONE = "--compare runs on one process without DeepSpeed (the peer is a single-process trainer)"
 
+
 def build_bench_model(model: str, head_dim: int, pair_classifier: bool = False) -> SentenceEncoder:
     """A Hugging Face ``config.json`` (random init), or pretrained weights named as ``model.path``
     names them (a directory, ``package:MODULE/SUBDIR``, a hub id); with the pairwise classifier

@@ -106,7 +106,6 @@ def _run(
 ) -> None:
     from vascl_scale.eval.embed import resolve_device, resolve_model
     from vascl_scale.eval.intent import FewShotProtocol
-    from vascl_scale.eval.report import markdown, rich_tables
     from vascl_scale.eval.runner import build_evaluators, resolve_data_dir, run_evaluation
     from vascl_scale.paths import check_output_file
 
@@ -136,11 +135,7 @@ def _run(
         report = run_evaluation(specs, evaluators, data, batch_size, cache, device, precision)
     except ValueError as err:
         fail(err)
-    for table in rich_tables(report):
-        print_table(table)
-    report.save(output)
-    markdown_path.parent.mkdir(parents=True, exist_ok=True)
-    markdown_path.write_text(markdown(report), encoding="utf-8")
+    _show_and_write(report, output, markdown_path)
     _refresh_model_cards(report, command, output)
     wall = time.perf_counter() - started
     for model in report.models:
@@ -157,6 +152,17 @@ def _run(
             ratio if len(report.models) == 1 else "",
         )
     logger.info("wrote %s and %s; wall time %.1f s", output, markdown_path, wall)
+
+
+def _show_and_write(report, output: Path, markdown_path: Path) -> None:
+    """The report's tables on the terminal, its JSON at ``output`` and its Markdown at ``markdown_path``."""
+    from vascl_scale.eval.report import markdown, rich_tables
+
+    for table in rich_tables(report):
+        print_table(table)
+    report.save(output)
+    markdown_path.parent.mkdir(parents=True, exist_ok=True)
+    markdown_path.write_text(markdown(report), encoding="utf-8")
 
 
 def _refresh_model_cards(report, command: str, output: Path) -> None:
@@ -252,7 +258,7 @@ def mteb_command(
         None, "--task", help="An mteb task by its mteb name (repeatable), e.g. --task STSBenchmark --task SICK-R."
     ),
     benchmark: Optional[str] = typer.Option(
-        None, "--benchmark", help="All tasks of an mteb benchmark, e.g. 'MTEB(eng, v2)' (41 tasks; a GPU job, see README)."
+        None, "--benchmark", help="All tasks of an mteb benchmark, e.g. 'MTEB(eng, v2)' (41 tasks; a GPU job: docs/evaluation.md)."
     ),
     output: Optional[Path] = OUTPUT,
     markdown_path: Optional[Path] = MARKDOWN,
@@ -270,7 +276,7 @@ def mteb_command(
     Needs the mteb extra: pip install 'vascl-scale\\[mteb]'. Datasets come from the Hugging Face hub
     (its cache; HF_HUB_OFFLINE=1 uses the cache alone)."""
     from vascl_scale.eval.embed import resolve_device, resolve_model
-    from vascl_scale.eval.report import EvalReport, markdown, rich_tables
+    from vascl_scale.eval.report import EvalReport
     from vascl_scale.paths import check_output_dir, check_output_file
 
     started = time.perf_counter()
@@ -291,11 +297,7 @@ def mteb_command(
     except ValueError as err:
         fail(err)
     report = EvalReport(reports)
-    for table in rich_tables(report):
-        print_table(table)
-    report.save(output)
-    markdown_path.parent.mkdir(parents=True, exist_ok=True)
-    markdown_path.write_text(markdown(report), encoding="utf-8")
+    _show_and_write(report, output, markdown_path)
     logger.info("wrote %s and %s; wall time %.1f s", output, markdown_path, time.perf_counter() - started)
     failed = sorted({r.task for m in reports for r in m.results if r.status == "failed"})
     if failed:

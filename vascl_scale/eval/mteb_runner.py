@@ -32,7 +32,7 @@ from vascl_scale.eval.embed import Embedder, ModelSpec, embedding_fingerprint, e
 from vascl_scale.eval.report import ModelReport, short_label
 from vascl_scale.eval.results import MTEB_FAMILY, TaskResult
 from vascl_scale.log import LoopProgress
-from vascl_scale.train.checkpoint import export_step
+from vascl_scale.model_card import export_step
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +69,11 @@ def model_identity(spec: ModelSpec, precision: str) -> tuple[str, str, int | Non
 
     name: ``vascl-scale/<run>/<best or final>`` for a training run's export, else
     ``vascl-scale/`` and the last two parts of the model as given (a directory, ``package:`` or
-    a hub id); revision: ``step-<N>-<fingerprint>`` when the run's checkpoints tell the step
-    (:func:`vascl_scale.train.checkpoint.export_step`), else the fingerprint alone.
+    a hub id); revision: ``step-<N>-<fingerprint>`` for an export, whose model card records the
+    step of its weights (:func:`vascl_scale.model_card.export_step`), else the fingerprint alone.
     """
     step = export_step(spec.directory)
-    exported = spec.directory.name in ("best", "final") and (spec.directory.parent / "checkpoints").is_dir()
-    label = short_label(str(spec.directory) if exported else spec.name)
+    label = short_label(str(spec.directory) if step is not None else spec.name)
     fingerprint = embedding_fingerprint(spec, precision)
     revision = fingerprint if step is None else f"step-{step}-{fingerprint}"
     return "vascl-scale/" + _UNSAFE.sub("_", label), revision, step

@@ -1,4 +1,5 @@
-"""Directories that appear whole or not at all: checkpoints, ``best/``, ``last/``, ``final/``.
+"""Directories that appear whole or not at all: checkpoints, ``best/``, ``last/``, ``final/``;
+and files rewritten in place (:func:`replace_file`).
 
 A directory is written under a staging name beside its target and renamed into place; the
 directory it replaces (or one being deleted) is first renamed away to a ``.trash-*`` name, so
@@ -9,6 +10,7 @@ neither, and never a half-written or half-deleted one under the target's name. L
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from pathlib import Path
@@ -36,3 +38,12 @@ def replace_directory(staging: Path, target: Path) -> None:
     if target.exists():
         remove_directory(target)
     staging.rename(target)
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a staging file renamed over it: a kill leaves the old
+    file or the new one, never a half-written one."""
+    path = Path(path)
+    staging = path.with_name(f".tmp-{path.name}")
+    staging.write_text(text, encoding="utf-8")
+    os.replace(staging, path)

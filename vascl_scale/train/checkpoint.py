@@ -109,31 +109,6 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     return [p for p in _step_directories(run_dir) if checkpoint_problem(p) is None]
 
 
-def export_step(export: Path) -> int | None:
-    """The optimiser step whose weights a run's ``best/`` or ``final/`` export holds, read from
-    the newest complete checkpoint beside it; None when no checkpoint can tell.
-
-    The loop saves the checkpoint of its last step and then exports ``final/``, so a ``final/``
-    written no earlier than the newest checkpoint holds that checkpoint's ``step`` (an older one
-    is the end of an earlier invocation that this run has since continued). ``best/`` is replaced
-    only when the dev score improves, and every checkpoint saved after that records the step as
-    ``best_step``, so a ``best/`` written no later than the newest checkpoint holds its
-    ``best_step`` (a newer one improved after the last checkpoint). Times are those of the
-    exports' ``config.json``, written with the weights (copying ``last/`` to ``best/`` keeps them).
-    """
-    if export.name not in ("best", "final") or not (export / "config.json").is_file():
-        return None
-    saved = complete_checkpoints(export.parent)
-    if not saved:
-        return None
-    newest = saved[-1] / STATE_FILE
-    state = TrainerState.from_file(newest)
-    exported, checkpointed = (export / "config.json").stat().st_mtime, newest.stat().st_mtime
-    if export.name == "final":
-        return state.step if exported >= checkpointed else None
-    return state.best_step if exported <= checkpointed else None
-
-
 def previous_checkpoint_hint(checkpoint: Path) -> str:
     """What to resume from instead of ``checkpoint``: the newest complete one before it."""
     run_dir = Path(checkpoint).parent.parent

@@ -21,6 +21,7 @@ from typing import Any
 
 from vascl_scale.config import ALL_TRACKERS, NO_TRACKER, TRACKERS
 from vascl_scale.log import LoopProgress
+from vascl_scale.train.atomic import replace_file
 
 logger = logging.getLogger(__name__)
 
@@ -142,9 +143,7 @@ def _drop_records_past(path: Path, step: int) -> None:
     kept = [line for line in lines if (logged := _step_of(line)) is not None and logged <= step]
     if len(kept) == len(lines):
         return
-    staging = path.with_name(path.name + ".tmp")
-    staging.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    os.replace(staging, path)
+    replace_file(path, "".join(line + "\n" for line in kept))
     logger.info(
         "dropped %d records of %s past step %d, the checkpoint this run starts from (a stopped run logged "
         "them after it): this run logs those steps again",
