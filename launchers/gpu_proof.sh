@@ -15,6 +15,9 @@
 #   pytest_gpu      the tests marked gpu
 #   zero2_bench     bench_uncached under DeepSpeed ZeRO-2 (configs/deepspeed/zero2.json)
 #   zero2_train     train under ZeRO-2, stopped at step 10 and resumed to 20
+#   bench_compiled  bench_uncached with train.compile (torch.compile of the encoder): its
+#                   warm-up steps (the compiling) reported apart; last, as the stage most
+#                   likely to run out of time
 # Each stage is its own process with its own time limit; a failure is recorded and the next
 # stage runs. Output in $OUT if set, else runs/gpu_proof (dry run: runs/gpu_proof-dry-run):
 # <stage>.json, logs/<stage>.log, stages.tsv and summary.json (each stage's status, seconds and
@@ -33,7 +36,7 @@ cd "$(dirname "$0")/.."
 REPO="$(pwd)"
 SELF="$REPO/launchers/gpu_proof.sh"
 TOOLS="$REPO/launchers/gpu_proof_tools.py"
-STAGES=(install env bench_uncached bench_cached train eval pytest_gpu zero2_bench zero2_train)
+STAGES=(install env bench_uncached bench_cached train eval pytest_gpu zero2_bench zero2_train bench_compiled)
 SKIPPED=77  # a stage's exit status for "skipped; the reason is in <stage>.skip"
 
 # ------------------------------------------------------------------ settings of the two modes
@@ -58,7 +61,7 @@ settings() {
 # Seconds each stage may take on the GPU (the dry run gives each STAGE_BUDGET); all of them
 # together are held to BUDGET_TOTAL, so late stages get what is left.
 declare -A GPU_BUDGET=([install]=90 [env]=60 [bench_uncached]=90 [bench_cached]=90 [train]=150 [eval]=60
-  [pytest_gpu]=90 [zero2_bench]=120 [zero2_train]=120)
+  [pytest_gpu]=90 [zero2_bench]=120 [zero2_train]=120 [bench_compiled]=150)
 
 tools() { "$PYTHON" "$TOOLS" "$@"; }
 cli() { "$PYTHON" -m vascl_scale "$@"; }
@@ -110,6 +113,7 @@ bench() {  # CHUNK_SIZE [bench step options...]
 stage_bench_uncached() { bench 0; }
 stage_bench_cached() { bench "$BENCH_CHUNK"; }
 stage_zero2_bench() { need_deepspeed; bench 0 --deepspeed configs/deepspeed/zero2.json; }
+stage_bench_compiled() { bench 0 --compile; }
 
 stop_and_resume() {  # STEPS STOP [train options...]: steps 1-STOP, stop, resume, steps STOP+1 to STEPS
   local steps="$1" stop="$2" peak

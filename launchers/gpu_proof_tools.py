@@ -419,9 +419,10 @@ def dry_fixtures(carry: Path) -> None:
 
 
 def _bench_figures(result: dict[str, Any]) -> dict[str, Any]:
-    figures: dict[str, Any] = {k: result.get(k) for k in ("device", "precision", "global_batch", "chunk_size", "max_length", "deepspeed")}
+    figures: dict[str, Any] = {k: result.get(k) for k in ("device", "precision", "compile", "global_batch", "chunk_size", "max_length", "deepspeed")}
     for name, stats in (result.get("objectives") or {}).items():
-        figures[name] = {k: stats.get(k) for k in ("median_s", "p10_s", "p90_s", "sentences_per_s", "tflops_per_device", "mfu", "peak_memory_mb")}
+        keys = ("median_s", "p10_s", "p90_s", "sentences_per_s", "tflops_per_device", "mfu", "peak_memory_mb", "warmup_s")
+        figures[name] = {k: stats.get(k) for k in keys}
     if "vascl_over_simcse" in result:
         figures["vascl_over_simcse"] = result["vascl_over_simcse"]
     return figures

@@ -38,7 +38,7 @@ def test_bench_step_reports_medians_and_the_ratio(tiny_config: Path, tmp_path: P
     assert report["world_size"] == 1 and report["per_device_batch"] == 16
     for objective in ("vascl", "simcse"):
         stats = report["objectives"][objective]
-        assert len(stats["times_s"]) == 3
+        assert len(stats["times_s"]) == 3 and len(stats["warmup_s"]) == 1  # the warm-up's apart
         assert stats["p10_s"] <= stats["median_s"] <= stats["p90_s"]
         assert stats["sentences_per_s"] == pytest.approx(16 / stats["median_s"])
         assert stats["tflops_per_device"] == pytest.approx(stats["model_flops_per_device"] / stats["median_s"] / 1e12)
@@ -52,6 +52,18 @@ def test_bench_step_reports_medians_and_the_ratio(tiny_config: Path, tmp_path: P
     ratio = report["objectives"]["vascl"]["median_s"] / report["objectives"]["simcse"]["median_s"]
     assert report["vascl_over_simcse"] == pytest.approx(ratio)
     assert "VaSCL / SimCSE median step time" in " ".join(result.output.split())
+
+
+def test_bench_step_compile_runs_the_compiled_encoder_and_reports_its_warm_up(tiny_config: Path, tmp_path: Path) -> None:
+    result, report = _bench_step(
+        tmp_path / "step.json", "--model", str(tiny_config), "--objective", "simcse", "--global-batch", "8", "--steps", "2",
+        "--warmup", "1", "--max-length", "8", "--compile",
+    )  # fmt: skip
+    stats = report["objectives"]["simcse"]
+    assert report["compile"] is True and len(stats["times_s"]) == 2 and len(stats["warmup_s"]) == 1
+    text = " ".join(result.output.split())
+    assert "precision no, compiled" in text or "precision bf16, compiled" in text
+    assert f"warm-up steps (s, the compiling; one encoder for every objective): simcse {stats['warmup_s'][0]:.2f};" in text
 
 
 def test_bench_step_gives_simcse_sup_n_hard_negative_columns_and_counts_their_flops(tiny_config: Path, tmp_path: Path) -> None:

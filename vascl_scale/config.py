@@ -348,6 +348,11 @@ class TrainConfig(_Strict):
     precision: Annotated[Literal["auto", "no", "bf16", "fp16"], BeforeValidator(_no_is_no)] = "auto"
     """"auto": bf16 where it is native (a GPU with bf16, a CPU with AVX512-BF16 or AMX), else
     float32. The losses always compute their logits in float32."""
+    compile: bool = False
+    """Run the encoder through ``torch.compile`` (inductor), its parameters and checkpoints
+    unchanged: each new input shape, grad mode and train/eval mode compiles once (tens of seconds
+    on a CPU, in the step that meets it). With DDP and ZeRO-2, not ZeRO-3 (its per-layer
+    parameter gathering). Off by default: measure it where it runs (``bench step --compile``)."""
     output_dir: NonEmpty = "runs/vascl"
     """the run directory: config.yaml, metrics.jsonl, checkpoints/, last/, best/ and final/"""
     log_every: int = Field(10, ge=1)

@@ -71,6 +71,9 @@ def step(
     k: int = typer.Option(16, "--k", help="VaSCL neighbours."),
     eps: float = typer.Option(15.0, "--eps", help="VaSCL perturbation norm (and xi)."),
     precision: str = typer.Option("auto", "--precision", help="auto, no, bf16 or fp16 (as train.precision)."),
+    compile: bool = typer.Option(
+        False, "--compile", help="train.compile: the encoder through torch.compile (its compile time: the warm-up steps, printed apart)."
+    ),
     num_processes: int = typer.Option(1, "--num-processes", help="Ranks on this machine (through accelerate)."),
     deepspeed: Optional[Path] = typer.Option(None, "--deepspeed", help="DeepSpeed JSON, e.g. configs/deepspeed/zero2.json."),
     max_rows_per_forward: int = typer.Option(
@@ -101,6 +104,7 @@ def step(
         step_table,
     )
     from vascl_scale.log import console, fail, print_table
+    from vascl_scale.losses.spec import OBJECTIVES
     from vascl_scale.train.launch import LaunchPlan, become_single_rank, exit_with_parent, in_distributed_worker, launch_workers
 
     objectives = [o.strip() for o in objective.split(",") if o.strip()]
@@ -115,7 +119,7 @@ def step(
     if len(batches) * len(chunks) > 1:
         cell_argv = ["bench", "step", "--model", model, "--objective", objective, "--steps", str(steps), "--warmup", str(warmup)]
         cell_argv += ["--max-length", str(max_length), "--negatives", str(negatives), "--k", str(k), "--eps", str(eps)]
-        cell_argv += ["--precision", precision]
+        cell_argv += ["--precision", precision] + (["--compile"] if compile else [])
         cell_argv += ["--peak-tflops", str(peak_tflops)] + (["--compare", compare] if compare else [])
         cell_argv += ["--num-processes", str(num_processes)] + (["--deepspeed", str(deepspeed)] if deepspeed else [])
         cells = run_grid(cell_argv, grid_cells(batches, chunks, num_processes, max_rows_per_forward, views))
@@ -151,6 +155,7 @@ def step(
             peak_tflops=peak_tflops,
             compare=compare,
             negatives=negatives,
+            compile=compile,
         )
     except (ValueError, LoopFailedError) as err:
         fail(err)
@@ -159,6 +164,12 @@ def step(
     print_table(step_table(result))
     if "vascl_over_simcse" in result:
         console.print(f"VaSCL / SimCSE median step time: {result['vascl_over_simcse']:.3f}")
+    if compile:
+        # The objectives share one model, so the first one's warm-up compiles for all of them.
+        ours = {o: stats for o, stats in result["objectives"].items() if o in OBJECTIVES}
+        warm = "; ".join(f"{o} {', '.join(f'{t:.2f}' for t in stats['warmup_s']) or '-'}" for o, stats in ours.items())
+        medians = ", ".join(f"{o} {stats['median_s']:.4f}" for o, stats in ours.items())
+        console.print(f"torch.compile: warm-up steps (s, the compiling; one encoder for every objective): {warm}; median steps (s): {medians}")
     for objective, speedup in result.get("speedup_over_peer", {}).items():
         console.print(f"vascl-scale {objective}: {speedup:.2f}x the sentences/s of {compare}")
     for objective, ratio in result.get("loop_over_step", {}).items():

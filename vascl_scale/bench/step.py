@@ -124,7 +124,16 @@ def synthetic_batch(
 
 
 def bench_config(
-    objective: str, model: str, global_batch: int, max_length: int, k: int, eps: float, precision: str, chunk_size: int = 0, seed: int = 0
+    objective: str,
+    model: str,
+    global_batch: int,
+    max_length: int,
+    k: int,
+    eps: float,
+    precision: str,
+    chunk_size: int = 0,
+    seed: int = 0,
+    compile: bool = False,
 ) -> RunConfig:
     """The run config a training run with these settings would have (validated the same way)."""
     return config_from_dict(
@@ -133,7 +142,7 @@ def bench_config(
             "model": {"path": model},
             "data": {"train": "synthetic", "max_length": max_length},
             "loss": {"k": k, "eps": eps, "xi": eps},
-            "train": {"global_batch_size": global_batch, "precision": precision, "chunk_size": chunk_size, "seed": seed},
+            "train": {"global_batch_size": global_batch, "precision": precision, "chunk_size": chunk_size, "seed": seed, "compile": compile},
         }
     )
 
@@ -154,11 +163,14 @@ def run_step_bench(
     peak_tflops: float = 0.0,
     compare: str | None = None,
     negatives: int = 1,
+    compile: bool = False,
 ) -> dict[str, Any]:
     """Time ``steps`` steps per objective (after ``warmup``) on this rank; every rank returns.
     ``peak_tflops``: the device's peak, for MFU (0: none). ``compare``: a peer
     (:data:`vascl_scale.bench.peer.PEERS`) timed in the same rounds, on one process only.
-    ``negatives``: the hard-negative columns of the batch of an objective that takes them."""
+    ``negatives``: the hard-negative columns of the batch of an objective that takes them.
+    ``compile``: ``train.compile`` (the encoder through ``torch.compile``; the compiling is in
+    the warm-up steps, whose times are reported apart as ``warmup_s``)."""
     from vascl_scale.bench.loop import LoopTimes, run_training_loops
     from vascl_scale.bench.peer import PEERS, comparable_model_directory, sentence_transformers_step
     from vascl_scale.losses import build_objective
@@ -170,7 +182,7 @@ def run_step_bench(
     views = bench_views(specs, negatives)
     if steps < 1 or warmup < 0:
         raise ValueError(f"--steps must be >= 1 and --warmup >= 0; got {steps} and {warmup}")
-    configs = {o: bench_config(o, model, global_batch, max_length, k, eps, precision, chunk_size, seed) for o in objectives}
+    configs = {o: bench_config(o, model, global_batch, max_length, k, eps, precision, chunk_size, seed, compile) for o in objectives}
     first = configs[objectives[0]]
     run_precision = train_precision(first.train.precision)
     loops: dict[str, LoopTimes] = {}
@@ -218,6 +230,7 @@ def run_step_bench(
     batches = itertools.repeat(synthetic_batch(specs, rows, max_length, vocab, generator, negatives))  # every step
 
     times: dict[str, list[float]] = {o: [] for o in timed}
+    warmup_times: dict[str, list[float]] = {o: [] for o in timed}
     flops: dict[str, int] = {}
     peak_mb: dict[str, float] = {}
     for round_index in range(warmup + steps):
@@ -232,8 +245,7 @@ def run_step_bench(
                 torch.cuda.synchronize()
                 peak_mb[objective] = max(peak_mb.get(objective, 0.0), torch.cuda.max_memory_allocated() / 2**20)
             elapsed = time.perf_counter() - started
-            if round_index >= warmup:
-                times[objective].append(elapsed)
+            (times if round_index >= warmup else warmup_times)[objective].append(elapsed)
     own_peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
     rank_peaks_mb = accelerator.gather(torch.tensor([own_peak_mb], dtype=torch.float64, device=device)).tolist()
     accelerator.wait_for_everyone()
@@ -248,6 +260,7 @@ def run_step_bench(
         "device": str(device),
         "deepspeed": deepspeed,
         "precision": run_precision,
+        "compile": compile,
         "steps": steps,
         "warmup": warmup,
         "chunk_size": chunk_size,
@@ -257,7 +270,10 @@ def run_step_bench(
         "peak_rss_mb": sum(rank_peaks_mb),
         "peak_rss_mb_per_rank": rank_peaks_mb,
     }
-    return {**_summary(times, flops, peak_mb, global_batch, setup, loops), "rank": rank}
+    result = _summary(times, flops, peak_mb, global_batch, setup, loops)
+    for objective, values in warmup_times.items():
+        result["objectives"][objective]["warmup_s"] = values
+    return {**result, "rank": rank}
 
 
 def _summary(
@@ -316,7 +332,8 @@ def step_table(result: dict[str, Any]):
         cached += f", {result['negatives']} hard negatives"
     title = (
         f"bench step: global batch {result['global_batch']} = {result['world_size']} x {result['per_device_batch']}, "
-        f"{cached}, max length {result['max_length']}, {result['device']}, precision {result['precision']}, {result['steps']} steps after "
+        f"{cached}, max length {result['max_length']}, {result['device']}, precision {result['precision']}"
+        f"{', compiled' if result.get('compile') else ''}, {result['steps']} steps after "
         f"{result['warmup']} warm-up"
     )
     table = Table(title=title)

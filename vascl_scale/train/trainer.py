@@ -167,12 +167,35 @@ def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torc
 
 def prepare_for_training(accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: RunConfig):
     """``accelerator.prepare`` of the model and optimiser; under DeepSpeed, its "auto" batch
-    sizes are filled first from the training config (our stream is no accelerate DataLoader)."""
+    sizes are filled first from the training config (our stream is no accelerate DataLoader).
+    With ``train.compile`` the encoder is compiled first (:func:`compile_encoder`)."""
     plugin = accelerator.state.deepspeed_plugin
     if plugin is not None:
         plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.per_device_batch_size(accelerator.num_processes)
         plugin.deepspeed_config["train_batch_size"] = config.train.global_batch_size * config.train.grad_accum_steps
+    if config.train.compile:
+        compile_encoder(model, 0 if plugin is None else int(plugin.zero_stage))
     return accelerator.prepare(model, optimizer)
+
+
+def compile_encoder(model: SentenceEncoder, zero_stage: int) -> None:
+    """``train.compile``: the Hugging Face encoder's forward through ``torch.compile``, in place.
+
+    ``nn.Module.compile`` keeps the module and its parameter names (no ``_orig_mod.`` prefix),
+    so checkpoints, exports and resumes are those of an eager run; pooling and the heads stay
+    eager (small, and the objectives call the head on views they build). DDP's and ZeRO-2's
+    gradient hooks sit on the parameters, outside the compiled graph. ZeRO-3 gathers each
+    layer's parameters in hooks around its forward, which would break the graph at every layer.
+    Dropout under inductor draws its masks from seeds it takes of the global RNG, so the cached
+    step's replay (restoring that RNG) gives the first pass's masks again (tests/test_compile.py).
+    """
+    if zero_stage == 3:
+        raise ValueError(
+            "train.compile: true does not run under ZeRO-3 (its per-layer parameter gathering breaks the compiled graph); "
+            "use configs/deepspeed/zero2.json or set train.compile: false"
+        )
+    model.encoder.compile()
+    logger.info("train.compile: the encoder runs through torch.compile; each new input shape compiles once, in the step that meets it")
 
 
 def stsb_dev_pairs(config: RunConfig):
