@@ -15,9 +15,10 @@
 #   pytest_gpu      the tests marked gpu
 #   zero2_bench     bench_uncached under DeepSpeed ZeRO-2 (configs/deepspeed/zero2.json)
 #   zero2_train     train under ZeRO-2, stopped at step 10 and resumed to 20
-#   bench_compiled  bench_uncached with train.compile (torch.compile of the encoder): its
-#                   warm-up steps (the compiling) reported apart; last, as the stage most
-#                   likely to run out of time
+#   bench_compiled  bench_uncached with --compile: each step also with the encoder through
+#                   torch.compile, in the same rounds as eager; the compiled rows' warm-up
+#                   steps (the compiling) reported apart; last, as the stage most likely to
+#                   run out of time
 # Each stage is its own process with its own time limit; a failure is recorded and the next
 # stage runs. Output in $OUT if set, else runs/gpu_proof (dry run: runs/gpu_proof-dry-run):
 # <stage>.json, logs/<stage>.log, stages.tsv and summary.json (each stage's status, seconds and

@@ -420,11 +420,14 @@ def dry_fixtures(carry: Path) -> None:
 
 def _bench_figures(result: dict[str, Any]) -> dict[str, Any]:
     figures: dict[str, Any] = {k: result.get(k) for k in ("device", "precision", "compile", "global_batch", "chunk_size", "max_length", "deepspeed")}
+    keys = ("median_s", "p10_s", "p90_s", "sentences_per_s", "tflops_per_device", "mfu", "peak_memory_mb", "warmup_s")
     for name, stats in (result.get("objectives") or {}).items():
-        keys = ("median_s", "p10_s", "p90_s", "sentences_per_s", "tflops_per_device", "mfu", "peak_memory_mb", "warmup_s")
         figures[name] = {k: stats.get(k) for k in keys}
-    if "vascl_over_simcse" in result:
-        figures["vascl_over_simcse"] = result["vascl_over_simcse"]
+    for name, stats in (result.get("compiled") or {}).items():  # bench step --compile: beside the eager rows
+        figures[f"{name} compiled"] = {k: stats.get(k) for k in keys}
+    for ratio in ("vascl_over_simcse", "compiled_over_eager"):
+        if ratio in result:
+            figures[ratio] = result[ratio]
     return figures
 
 
@@ -510,9 +513,10 @@ def _brief(stage: str, figures: dict[str, Any]) -> str:
             f"{name} {_number(v['median_s'], '.4f', ' s')} {_number(v['sentences_per_s'], '.0f', ' sent/s')} "
             f"{_number(v['tflops_per_device'], '.3g', ' TFLOP/s')} MFU {_number(v['mfu'], '.1%')} {_number(v['peak_memory_mb'], '.0f', ' MiB')}"
             for name, v in figures.items()
-            if isinstance(v, dict)
+            if isinstance(v, dict) and "median_s" in v
         ]
-        return " | ".join(parts + [f"VaSCL/SimCSE {_number(figures.get('vascl_over_simcse'), '.3f')}"])
+        compiled = [f"{name} compiled/eager {_number(ratio, '.2f', 'x')}" for name, ratio in (figures.get("compiled_over_eager") or {}).items()]
+        return " | ".join(parts + [f"VaSCL/SimCSE {_number(figures.get('vascl_over_simcse'), '.3f')}", *compiled])
     if stage in ("train", "zero2_train"):
         resumed, finished = figures.get("resumed") or {}, figures.get("finished") or {}
         dev = ", ".join(f"{step}: {score:.2f}" for step, score in (figures.get("stsb_dev_spearman") or {}).items())

@@ -54,16 +54,27 @@ def test_bench_step_reports_medians_and_the_ratio(tiny_config: Path, tmp_path: P
     assert "VaSCL / SimCSE median step time" in " ".join(result.output.split())
 
 
-def test_bench_step_compile_runs_the_compiled_encoder_and_reports_its_warm_up(tiny_config: Path, tmp_path: Path) -> None:
+def test_bench_step_compile_times_compiled_beside_eager_and_reports_the_compiling_apart(tiny_config: Path, tmp_path: Path) -> None:
     result, report = _bench_step(
         tmp_path / "step.json", "--model", str(tiny_config), "--objective", "simcse", "--global-batch", "8", "--steps", "2",
         "--warmup", "1", "--max-length", "8", "--compile",
     )  # fmt: skip
-    stats = report["objectives"]["simcse"]
-    assert report["compile"] is True and len(stats["times_s"]) == 2 and len(stats["warmup_s"]) == 1
+    eager, compiled = report["objectives"]["simcse"], report["compiled"]["simcse"]
+    assert report["compile"] is True
+    for stats in (eager, compiled):
+        assert len(stats["times_s"]) == 2 and len(stats["warmup_s"]) == 1
+        assert stats["model_flops_per_device"] == eager["model_flops_per_device"]  # the same step's FLOPs
+    assert report["compiled_over_eager"]["simcse"] == pytest.approx(eager["median_s"] / compiled["median_s"])
     text = " ".join(result.output.split())
-    assert "precision no, compiled" in text or "precision bf16, compiled" in text
-    assert f"warm-up steps (s, the compiling; one encoder for every objective): simcse {stats['warmup_s'][0]:.2f};" in text
+    assert "precision no, eager and compiled" in text or "precision bf16, eager and compiled" in text
+    assert "simcse compiled" in text and "compiled steps beside" not in text
+    assert f"(s, the compiling; one encoder for every objective): simcse {compiled['warmup_s'][0]:.2f}" in text
+    assert f"simcse: compiled {report['compiled_over_eager']['simcse']:.2f}x the sentences/s of eager" in text
+
+    refused = CliRunner().invoke(
+        app, ["bench", "step", "--model", str(tiny_config), "--compile", "--deepspeed", "configs/deepspeed/zero2.json"]
+    )
+    assert refused.exit_code != 0 and "drop --deepspeed" in " ".join(refused.output.split())
 
 
 def test_bench_step_gives_simcse_sup_n_hard_negative_columns_and_counts_their_flops(tiny_config: Path, tmp_path: Path) -> None:
@@ -232,3 +243,42 @@ def test_bench_refuses_sizes_that_would_measure_nothing_naming_the_option(tiny_c
         result = CliRunner().invoke(app, arguments)
         lines = _error_lines(result)
         assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {message}"), (arguments, result.output)
+
+
+def test_bench_matmul_reports_each_size_and_precision_once_and_the_best_as_the_peak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    output = tmp_path / "matmul.json"
+    arguments = ["bench", "matmul", "--size", "16,32,16", "--precision", "no,no", "--repeats", "3", "--output", str(output)]
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 0, result.output
+    report = json.loads(output.read_text())
+    assert [(row["precision"], row["size"]) for row in report["rows"]] == [("no", 16), ("no", 32)]
+    for row in report["rows"]:
+        assert row["best_s"] <= row["median_s"]
+        assert row["best_tflops"] == pytest.approx(2 * row["size"] ** 3 / row["best_s"] / 1e12)
+    assert report["peak_tflops"] == {"no": max(row["best_tflops"] for row in report["rows"])}
+    assert f"--peak-tflops {report['peak_tflops']['no']:.3f}" in result.output
+
+    # The arithmetic on known times: 2 n^3 FLOPs over the best and the median product; the peak is the best size's.
+    import vascl_scale.bench.matmul as matmul
+
+    times = {100: [2.0, 0.5, 1.0], 200: [2.0, 3.0, 2.0]}
+    monkeypatch.setattr(matmul, "time_products", lambda size, dtype, device, repeats: times[size])
+    known = matmul.run_matmul_bench([100, 200], ["no"], 3)
+    small, large = known["rows"]
+    assert (small["best_s"], small["median_s"]) == (0.5, 1.0)
+    assert small["best_tflops"] == pytest.approx(2e6 / 0.5 / 1e12)
+    assert small["median_tflops"] == pytest.approx(2e6 / 1.0 / 1e12)
+    assert (large["best_tflops"], large["median_tflops"]) == (pytest.approx(1.6e7 / 2.0 / 1e12), pytest.approx(1.6e7 / 2.0 / 1e12))
+    assert known["peak_tflops"]["no"] == pytest.approx(large["best_tflops"])  # 8e-6 beats the small size's 4e-6
+
+
+def test_bench_matmul_refuses_bf16_where_it_is_emulated_and_empty_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    import vascl_scale.precision as precision
+
+    monkeypatch.delenv(precision.EMULATE_ENV, raising=False)
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    refused = CliRunner().invoke(app, ["bench", "matmul", "--size", "8", "--precision", "bf16"])
+    assert refused.exit_code != 0 and "needs native bf16" in refused.output
+    for arguments in (["--precision", ","], ["--size", "0"], ["--size", ","], ["--repeats", "0"]):
+        result = CliRunner().invoke(app, ["bench", "matmul", *arguments])
+        assert result.exit_code != 0 and "--" in result.output, arguments

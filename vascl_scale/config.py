@@ -352,7 +352,8 @@ class TrainConfig(_Strict):
     """Run the encoder through ``torch.compile`` (inductor), its parameters and checkpoints
     unchanged: each new input shape, grad mode and train/eval mode compiles once (tens of seconds
     on a CPU, in the step that meets it). With DDP and ZeRO-2, not ZeRO-3 (its per-layer
-    parameter gathering). Off by default: measure it where it runs (``bench step --compile``)."""
+    parameter gathering). Off by default: on 2 CPU cores it gained nothing for MiniLM after 25-35 s
+    of compiling (docs/speed.md); measure it where it runs (``bench step --compile``)."""
     output_dir: NonEmpty = "runs/vascl"
     """the run directory: config.yaml, metrics.jsonl, checkpoints/, last/, best/ and final/"""
     log_every: int = Field(10, ge=1)

@@ -2,7 +2,8 @@
 
 - :mod:`vascl_scale.bench.step`: ``bench step``, the training step's time (VaSCL vs SimCSE);
 - :mod:`vascl_scale.bench.comm`: ``bench comm``, bytes of the gathers against gradient traffic;
-- :mod:`vascl_scale.bench.data`: ``bench data``, the training stream against the bare tokenizer.
+- :mod:`vascl_scale.bench.data`: ``bench data``, the training stream against the bare tokenizer;
+- :mod:`vascl_scale.bench.matmul`: ``bench matmul``, a large matrix product's TFLOP/s (the practical peak).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-app = typer.Typer(help="Benchmarks: data loading, training steps, communication.", no_args_is_help=True)
+app = typer.Typer(help="Benchmarks: data loading, training steps, communication, the matrix-product peak.", no_args_is_help=True)
 
 
 @app.command("data")
@@ -36,6 +36,30 @@ def data(
     print_table(results_table(result, f"bench data {shards} (batch {batch_size}, max length {max_length}, medians of {repeats})"))
     if output is not None:
         save_result(result.as_dict(), output)
+
+
+@app.command("matmul")
+def matmul(
+    size: str = typer.Option("1024,2048,4096", "--size", help="n of the (n, n) @ (n, n) products (2 n^3 FLOPs each); several, comma separated."),
+    precision: str = typer.Option("no,bf16", "--precision", help="Precisions, comma separated: no, bf16, fp16 or auto (as train.precision)."),
+    repeats: int = typer.Option(5, "--repeats", help="Timed products per size and precision, after 2 untimed."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Also write the result as JSON here."),
+) -> None:
+    """TFLOP/s of large matrix products per precision: the practical peak for --peak-tflops."""
+    from vascl_scale.bench import save_result
+    from vascl_scale.bench.matmul import matmul_table, run_matmul_bench
+    from vascl_scale.log import console, fail, print_table
+
+    try:
+        _check_outputs(output=output)
+        result = run_matmul_bench(_integers(size, "--size"), [p.strip() for p in precision.split(",") if p.strip()], repeats)
+    except ValueError as err:
+        fail(err)
+    print_table(matmul_table(result))
+    for name, peak in result["peak_tflops"].items():
+        console.print(f"{name}: --peak-tflops {peak:.3f} (the best product of any size) gives MFU against this machine's practical peak")
+    if output is not None:
+        save_result(result, output)
 
 
 def _integers(text: str, option: str) -> list[int]:
@@ -72,7 +96,10 @@ def step(
     eps: float = typer.Option(15.0, "--eps", help="VaSCL perturbation norm (and xi)."),
     precision: str = typer.Option("auto", "--precision", help="auto, no, bf16 or fp16 (as train.precision)."),
     compile: bool = typer.Option(
-        False, "--compile", help="train.compile: the encoder through torch.compile (its compile time: the warm-up steps, printed apart)."
+        False,
+        "--compile",
+        help="Also time each step with the encoder through torch.compile (train.compile), in the same rounds as eager "
+        "(its compile time: the compiled rows' warm-up steps, printed apart); the loop rows run compiled.",
     ),
     num_processes: int = typer.Option(1, "--num-processes", help="Ranks on this machine (through accelerate)."),
     deepspeed: Optional[Path] = typer.Option(None, "--deepspeed", help="DeepSpeed JSON, e.g. configs/deepspeed/zero2.json."),
@@ -94,6 +121,7 @@ def step(
     from vascl_scale.bench.loop import LoopFailedError
     from vascl_scale.bench.step import (
         COMPARE_ALONE,
+        COMPILE_WITHOUT_DEEPSPEED,
         bench_objectives,
         bench_views,
         grid_cells,
@@ -104,7 +132,6 @@ def step(
         step_table,
     )
     from vascl_scale.log import console, fail, print_table
-    from vascl_scale.losses.spec import OBJECTIVES
     from vascl_scale.train.launch import LaunchPlan, become_single_rank, exit_with_parent, in_distributed_worker, launch_workers
 
     objectives = [o.strip() for o in objective.split(",") if o.strip()]
@@ -114,6 +141,8 @@ def step(
         views = bench_views(bench_objectives(objectives), negatives)
         if compare is not None and (num_processes > 1 or deepspeed is not None):
             raise ValueError(COMPARE_ALONE)
+        if compile and deepspeed is not None:
+            raise ValueError(COMPILE_WITHOUT_DEEPSPEED)
     except ValueError as err:
         fail(err)
     if len(batches) * len(chunks) > 1:
@@ -165,16 +194,19 @@ def step(
     if "vascl_over_simcse" in result:
         console.print(f"VaSCL / SimCSE median step time: {result['vascl_over_simcse']:.3f}")
     if compile:
-        # The objectives share one model, so the first one's warm-up compiles for all of them.
-        ours = {o: stats for o, stats in result["objectives"].items() if o in OBJECTIVES}
-        warm = "; ".join(f"{o} {', '.join(f'{t:.2f}' for t in stats['warmup_s']) or '-'}" for o, stats in ours.items())
-        medians = ", ".join(f"{o} {stats['median_s']:.4f}" for o, stats in ours.items())
-        console.print(f"torch.compile: warm-up steps (s, the compiling; one encoder for every objective): {warm}; median steps (s): {medians}")
+        # The objectives share one compiled model, so the first one's warm-up compiles for all of them.
+        warm = "; ".join(f"{o} {', '.join(f'{t:.2f}' for t in stats['warmup_s']) or '-'}" for o, stats in result["compiled"].items())
+        console.print(f"torch.compile: warm-up steps of the compiled rows (s, the compiling; one encoder for every objective): {warm}")
+        for objective, speedup in result["compiled_over_eager"].items():
+            console.print(f"vascl-scale {objective}: compiled {speedup:.2f}x the sentences/s of eager, in the same rounds")
     for objective, speedup in result.get("speedup_over_peer", {}).items():
         console.print(f"vascl-scale {objective}: {speedup:.2f}x the sentences/s of {compare}")
+    for objective, speedup in result.get("compiled_speedup_over_peer", {}).items():
+        console.print(f"vascl-scale {objective} compiled: {speedup:.2f}x the sentences/s of {compare}")
+    loop, step_row = ("train loop, compiled", "compiled step") if compile else ("train loop", "step")
     for objective, ratio in result.get("loop_over_step", {}).items():
         speedup = result["loop_speedup_over_peer"][objective]
-        console.print(f"vascl-scale {objective} train loop: {ratio:.2f}x the sentences/s of its step, {speedup:.2f}x those of {compare}")
+        console.print(f"vascl-scale {objective} {loop}: {ratio:.2f}x the sentences/s of its {step_row}, {speedup:.2f}x those of {compare}")
     ranks = " + ".join(f"{mb:.0f}" for mb in result["peak_rss_mb_per_rank"])
     console.print(f"peak resident memory: {result['peak_rss_mb']:.0f} MiB (ranks: {ranks})")
     if output is not None:

@@ -58,6 +58,18 @@ from vascl_scale.train.step import rows_per_forward
 logger = logging.getLogger(__name__)
 
 COMPARE_ALONE = "--compare runs on one process without DeepSpeed (the peer is a single-process trainer)"
+COMPILE_WITHOUT_DEEPSPEED = (
+    "--compile times compiled steps beside eager ones on a second copy of the model, and DeepSpeed takes one engine per "
+    "process: drop --deepspeed (train.compile itself runs under ZeRO-2: vascl-scale train --set train.compile=true)"
+)
+
+
+COMPILED = " compiled"  # the suffix of a compiled step's row name
+
+
+def compiled_name(objective: str) -> str:
+    """The row of ``objective``'s step with the encoder compiled (``--compile``)."""
+    return objective + COMPILED
 
 
 def build_bench_model(model: str, head_dim: int, pair_classifier: bool = False) -> SentenceEncoder:
@@ -169,8 +181,11 @@ def run_step_bench(
     ``peak_tflops``: the device's peak, for MFU (0: none). ``compare``: a peer
     (:data:`vascl_scale.bench.peer.PEERS`) timed in the same rounds, on one process only.
     ``negatives``: the hard-negative columns of the batch of an objective that takes them.
-    ``compile``: ``train.compile`` (the encoder through ``torch.compile``; the compiling is in
-    the warm-up steps, whose times are reported apart as ``warmup_s``)."""
+    ``compile``: also time each objective's step with the encoder through ``torch.compile``
+    (``train.compile``), on a second copy of the model, in the same rounds as the eager steps,
+    so the ratio of the two cancels the machine's drift; the compiling is in the compiled rows'
+    warm-up steps, whose times are reported apart (``warmup_s``), and the training loop rows
+    run compiled."""
     from vascl_scale.bench.loop import LoopTimes, run_training_loops
     from vascl_scale.bench.peer import PEERS, comparable_model_directory, sentence_transformers_step
     from vascl_scale.losses import build_objective
@@ -182,6 +197,8 @@ def run_step_bench(
     views = bench_views(specs, negatives)
     if steps < 1 or warmup < 0:
         raise ValueError(f"--steps must be >= 1 and --warmup >= 0; got {steps} and {warmup}")
+    if compile and deepspeed is not None:
+        raise ValueError(COMPILE_WITHOUT_DEEPSPEED)
     configs = {o: bench_config(o, model, global_batch, max_length, k, eps, precision, chunk_size, seed, compile) for o in objectives}
     first = configs[objectives[0]]
     run_precision = train_precision(first.train.precision)
@@ -195,27 +212,36 @@ def run_step_bench(
         # Before this process builds anything: the loop's process has the machine to itself.
         loops = run_training_loops(configs, model_dir, synthetic_columns(specs, negatives), steps, warmup)
 
-    torch.manual_seed(seed)
-    encoder = build_bench_model(model, first.model.head_dim, pair_classifier=specs[0].classifier)
-    encoder.train()
     accelerator = build_accelerator(first, deepspeed)
     world_size, rank = accelerator.num_processes, accelerator.process_index
     rows = first.per_device_batch_size(world_size)
-    wrapped, optimizer = prepare_for_training(accelerator, encoder, build_optimizer(encoder, first), first)
-    steps_of = {
-        o: TrainingStep(
-            accelerator, wrapped, optimizer, build_objective(o, configs[o].loss.model_dump()), seed=seed, per_device_batch=rows,
-            chunk_size=chunk_size, precision=run_precision,
-        )  # fmt: skip
-        for o in objectives
-    }
+
+    def training_steps(compiled: bool) -> tuple[torch.nn.Module, dict[str, TrainingStep]]:
+        """The model (the same initial weights each time) and a step per objective on it."""
+        torch.manual_seed(seed)
+        encoder = build_bench_model(model, first.model.head_dim, pair_classifier=specs[0].classifier)
+        encoder.train()
+        config = bench_config(objectives[0], model, global_batch, max_length, k, eps, precision, chunk_size, seed, compiled)
+        wrapped, optimizer = prepare_for_training(accelerator, encoder, build_optimizer(encoder, config), config)
+        return encoder, {
+            o: TrainingStep(
+                accelerator, wrapped, optimizer, build_objective(o, configs[o].loss.model_dump()), seed=seed,
+                per_device_batch=rows, chunk_size=chunk_size, precision=run_precision,
+            )  # fmt: skip
+            for o in objectives
+        }
+
+    encoder, steps_of = training_steps(compiled=False)
     device = accelerator.device
     cuda = device.type == "cuda"
 
-    def ours(objective: str):
-        return lambda index: steps_of[objective](batches, index).model_flops
+    def ours(step: TrainingStep):
+        return lambda index: step(batches, index).model_flops
 
-    timed = {o: ours(o) for o in objectives}  # name -> (round index -> model FLOPs of the step)
+    timed = {o: ours(steps_of[o]) for o in objectives}  # name -> (round index -> model FLOPs of the step)
+    if compile:
+        _, compiled_steps = training_steps(compiled=True)
+        timed.update({compiled_name(o): ours(compiled_steps[o]) for o in objectives})
     if compare is not None:
         peer_step, peer_flops = sentence_transformers_step(str(model_dir), rows, max_length, run_precision)
 
@@ -270,9 +296,10 @@ def run_step_bench(
         "peak_rss_mb": sum(rank_peaks_mb),
         "peak_rss_mb_per_rank": rank_peaks_mb,
     }
-    result = _summary(times, flops, peak_mb, global_batch, setup, loops)
-    for objective, values in warmup_times.items():
-        result["objectives"][objective]["warmup_s"] = values
+    result = _summary(times, flops, peak_mb, global_batch, setup, loops, compare)
+    for name, values in warmup_times.items():
+        rows_of = result["compiled"] if name.endswith(COMPILED) else result["objectives"]
+        rows_of[name.removesuffix(COMPILED)]["warmup_s"] = values
     return {**result, "rank": rank}
 
 
@@ -283,26 +310,35 @@ def _summary(
     global_batch: int,
     setup: dict[str, Any],
     loops: dict[str, "LoopTimes"],
+    peer: str | None = None,
 ) -> dict[str, Any]:
-    """Per objective (and peer): :func:`_row`; per objective's training loop (``loops``) the
-    same under ``"loops"``, its FLOPs those of the objective's step (the same shapes); and the
-    ratios of their sentences/s."""
+    """Per objective (and ``peer``, the compared system): :func:`_row` under ``"objectives"``;
+    per objective's compiled step (``times`` of :func:`compiled_name`) the same under
+    ``"compiled"``; per objective's training loop (``loops``) under ``"loops"``, its FLOPs those
+    of the objective's step (the same shapes); and the ratios of their sentences/s (a loop's to
+    the compiled step's when the steps were compiled, as the loop then is)."""
     result: dict[str, Any] = {**setup, "objectives": {}}
-    for objective, values in times.items():
-        result["objectives"][objective] = _row(values, flops[objective], peak_mb.get(objective), global_batch, setup["peak_tflops"])
+    measured = {name: _row(values, flops[name], peak_mb.get(name), global_batch, setup["peak_tflops"]) for name, values in times.items()}
+    compiled = {name.removesuffix(COMPILED): row for name, row in measured.items() if name.endswith(COMPILED)}
+    result["objectives"] = {name: row for name, row in measured.items() if not name.endswith(COMPILED)}
     stats = result["objectives"]
-    if "vascl" in times and "simcse" in times:
+    if "vascl" in stats and "simcse" in stats:
         result["vascl_over_simcse"] = stats["vascl"]["median_s"] / stats["simcse"]["median_s"]
-    peers = [name for name in times if name not in OBJECTIVES]
-    if peers:  # sentences/s of each vascl-scale objective over the peer's, at the same batch
-        result["speedup_over_peer"] = {o: stats[peers[0]]["median_s"] / stats[o]["median_s"] for o in times if o != peers[0]}
+    ours = [name for name in stats if name != peer]
+    if compiled:
+        result["compiled"] = compiled
+        result["compiled_over_eager"] = {o: stats[o]["median_s"] / compiled[o]["median_s"] for o in compiled}
+    if peer is not None:  # sentences/s of each vascl-scale row over the peer's, at the same batch
+        result["speedup_over_peer"] = {o: stats[peer]["median_s"] / stats[o]["median_s"] for o in ours}
+        if compiled:
+            result["compiled_speedup_over_peer"] = {o: stats[peer]["median_s"] / row["median_s"] for o, row in compiled.items()}
     if loops:
         result["loops"] = {
             o: _row(loop.times_s, flops[o], loop.peak_memory_mb, global_batch, setup["peak_tflops"]) for o, loop in loops.items()
         }
-        loop_stats = result["loops"]
-        result["loop_over_step"] = {o: stats[o]["median_s"] / loop_stats[o]["median_s"] for o in loops}
-        result["loop_speedup_over_peer"] = {o: stats[peers[0]]["median_s"] / loop_stats[o]["median_s"] for o in loops}
+        loop_stats, steps_run = result["loops"], compiled or stats
+        result["loop_over_step"] = {o: steps_run[o]["median_s"] / loop_stats[o]["median_s"] for o in loops}
+        result["loop_speedup_over_peer"] = {o: stats[peer]["median_s"] / loop_stats[o]["median_s"] for o in loops}
     return result
 
 
@@ -333,16 +369,18 @@ def step_table(result: dict[str, Any]):
     title = (
         f"bench step: global batch {result['global_batch']} = {result['world_size']} x {result['per_device_batch']}, "
         f"{cached}, max length {result['max_length']}, {result['device']}, precision {result['precision']}"
-        f"{', compiled' if result.get('compile') else ''}, {result['steps']} steps after "
+        f"{', eager and compiled' if result.get('compile') else ''}, {result['steps']} steps after "
         f"{result['warmup']} warm-up"
     )
     table = Table(title=title)
     for column in ("objective", "median s", "p10 s", "p90 s", "sentences/s", "TFLOP/s per device", "MFU", "peak GPU MiB"):
         table.add_column(column, justify="right")
     steps = [(name, stats) for name, stats in result["objectives"].items() if name in OBJECTIVES]
-    loops = [(f"{name} train loop", stats) for name, stats in result.get("loops", {}).items()]
+    compiled = [(compiled_name(name), stats) for name, stats in result.get("compiled", {}).items()]
+    loop_kind = "train loop, compiled" if compiled else "train loop"
+    loops = [(f"{name} {loop_kind}", stats) for name, stats in result.get("loops", {}).items()]
     peers = [(name, stats) for name, stats in result["objectives"].items() if name not in OBJECTIVES]
-    for name, stats in steps + loops + peers:
+    for name, stats in steps + compiled + loops + peers:
         peak = stats["peak_memory_mb"]
         table.add_row(
             name,
