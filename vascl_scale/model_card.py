@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from vascl_scale.losses.spec import objective_spec
+from vascl_scale.precision import precision_name
 from vascl_scale.train.atomic import replace_file
 
 CARD_FILE = "README.md"
@@ -192,7 +193,7 @@ def render_card(facts: CardFacts) -> str:
     batch, accumulation, chunk = train["global_batch_size"], train["grad_accum_steps"], train["chunk_size"]
     sentences = facts.step * batch * accumulation
     base = config["model"]["path"] + (f" (revision {config['model']['revision']})" if config["model"].get("revision") else "")
-    precision = {"no": "float32"}.get(facts.precision, facts.precision)
+    precision = precision_name(facts.precision)
     pooling = config["model"]["pooling"]
     rows = [
         ("objective", f"`{config['objective']}`: {OBJECTIVE_TITLES[config['objective']]}"),

@@ -69,10 +69,15 @@ def train_precision(requested: str) -> str:
     return resolve_precision(requested, local_device_type(), "train.precision")
 
 
+def precision_name(precision: str) -> str:
+    """A resolved precision as logs and tables name it: "float32" for ``no``, else itself."""
+    return "float32" if precision == "no" else precision
+
+
 def precision_reason(requested: str, resolved: str, device_type: str, what: str) -> str:
     """What a run computes in and why, for its log: e.g. "bf16 (train.precision auto: this CPU
     has native bf16)" or "float32 (train.precision auto: this CPU lacks native bf16 ...)"."""
-    name = {"no": "float32"}.get(resolved, resolved)
+    name = precision_name(resolved)
     if requested != "auto":
         return f"{name} ({what} {requested})"
     device = "this GPU" if device_type == "cuda" else "this CPU"

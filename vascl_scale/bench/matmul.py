@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from vascl_scale.precision import local_device_type, resolve_precision
+from vascl_scale.precision import local_device_type, precision_name, resolve_precision
 
 DTYPES = {"no": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -79,8 +79,7 @@ def matmul_table(result: dict[str, object]):
     for column in ("precision", "n", "best s", "median s", "best TFLOP/s", "median TFLOP/s"):
         table.add_column(column, justify="right")
     for row in result["rows"]:
-        name = {"no": "float32"}.get(row["precision"], row["precision"])
         table.add_row(
-            name, str(row["size"]), f"{row['best_s']:.4f}", f"{row['median_s']:.4f}", f"{row['best_tflops']:.3f}", f"{row['median_tflops']:.3f}"
+            precision_name(row["precision"]), str(row["size"]), f"{row['best_s']:.4f}", f"{row['median_s']:.4f}", f"{row['best_tflops']:.3f}", f"{row['median_tflops']:.3f}"
         )
     return table

@@ -62,8 +62,6 @@ COMPILE_WITHOUT_DEEPSPEED = (
     "--compile times compiled steps beside eager ones on a second copy of the model, and DeepSpeed takes one engine per "
     "process: drop --deepspeed (train.compile itself runs under ZeRO-2: vascl-scale train --set train.compile=true)"
 )
-
-
 COMPILED = " compiled"  # the suffix of a compiled step's row name
 
 

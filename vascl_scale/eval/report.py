@@ -20,6 +20,7 @@ from vascl_scale.eval.clustering import CLUSTERING_TASKS
 from vascl_scale.eval.intent import INTENT_TASKS
 from vascl_scale.eval.results import FAMILIES, MTEB_FAMILY, TaskResult
 from vascl_scale.eval.sts import PAPER_STS_TASKS, STS_TASKS
+from vascl_scale.precision import precision_name
 
 # Families in the order their tables appear; mteb's tasks keep the order they were run in.
 REPORTED_FAMILIES = (*FAMILIES, MTEB_FAMILY)
@@ -64,8 +65,7 @@ class ModelReport:
     @property
     def precision(self) -> str:
         """What the encoder ran in: float32 or bf16 (files from before --precision: float32)."""
-        precision = self.embedding.get("precision", "no")
-        return "float32" if precision == "no" else precision
+        return precision_name(self.embedding.get("precision", "no"))
 
     def to_json(self) -> dict[str, Any]:
         return {
