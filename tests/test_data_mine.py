@@ -253,3 +253,27 @@ def test_mine_cli_reports_user_errors(tiny_model, tmp_path):
         result = CliRunner().invoke(app, [*common, *extra])
         assert result.exit_code == 2 and message in result.output, result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_mining_nothing_fails_with_one_line_saying_what_to_change_and_writes_no_shard_set(tiny_model, tmp_path):
+    _pairs_tsv(tmp_path / "pairs.tsv", 2)  # a pool of 2 positives: each row has 1 candidate, fewer than 2 negatives
+    output = tmp_path / "mined"
+    arguments = [
+        "data", "mine", str(tmp_path / "pairs.tsv"), "--model", str(tiny_model), "--text-field", "query,answer",
+        "--output", str(output), "--negatives", "2", "--range", "0:8", "--margin", "none", "--no-cache",
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 1, result.output
+    flat = " ".join(result.output.split())
+    assert "dropped: too_few_candidates │ 2" in flat  # the summary table still says what happened to every row
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.output
+    assert (
+        f"error: no row mined into --output {output}: all 3 pairs read were dropped (too_few_candidates 2, empty 1): 2 had "
+        "fewer than --negatives 2 candidates left of a pool of 2 texts after --range 0:8 and --margin none; give more "
+        "candidates (more pairs, or texts with --pool), ask for fewer --negatives or widen --range"
+    ) in flat
+    assert not output.exists()  # no shard set of 0 samples for a training run to fail on later
+    # The advice works: one negative each is possible.
+    assert CliRunner().invoke(app, [*arguments[:10], "1", *arguments[11:]]).exit_code == 0
+    assert json.loads((output / "manifest.json").read_text())["total_samples"] == 2

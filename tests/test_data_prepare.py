@@ -505,3 +505,31 @@ def test_plain_text_has_no_label_field(tmp_path):
     (tmp_path / "in.txt").write_text("one line\n")
     result = _cli(tmp_path / "in.txt", "-o", tmp_path / "out", "--text-field", "a,b", "--label-field", "y")
     assert result.exit_code == 2 and f"--text-field a,b --label-field y: {tmp_path / 'in.txt'} is plain text" in result.output
+
+
+@pytest.mark.parametrize(
+    "lines,options,reason",
+    [
+        (["one two", "three four five"], ["--min-words", "9"], "too_short 2); lower --min-words"),
+        (["a long sentence here", "", "another long one"], ["--max-chars", "3"], "too_long 2, empty 1); raise --max-chars or give texts that are not blank"),
+        ([], [], "the inputs hold no records; give inputs with text in them"),
+    ],
+)
+def test_writing_no_sample_fails_with_one_line_and_leaves_the_output_as_it_was(tmp_path, lines, options, reason):
+    source = tmp_path / "in.txt"
+    source.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    output = tmp_path / "out"
+    result = _cli(source, "--output", output, *options)
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.output, result.output
+    flat = " ".join(result.output.split())
+    assert f"error: no sample written to --output {output}: " in flat and reason in flat, flat
+    assert "samples written │ 0" in flat
+    assert not output.exists()
+    # An existing shard set stays as it was, --overwrite or not.
+    (tmp_path / "good.txt").write_text("some text\nmore text\n", encoding="utf-8")
+    assert _cli(tmp_path / "good.txt", "--output", output).exit_code == 0
+    before = {path.name: path.read_bytes() for path in output.iterdir()}
+    assert _cli(source, "--output", output, "--overwrite", *options).exit_code == 1
+    assert {path.name: path.read_bytes() for path in output.iterdir()} == before

@@ -593,6 +593,28 @@ def test_resume_refuses_a_changed_model_or_batch_and_a_reused_directory(workspac
     assert (tmp_path / "other" / "final" / "model.safetensors").is_file()
 
 
+def test_resume_with_another_objective_or_data_columns_names_the_change_before_loading(workspace: Path, tmp_path: Path) -> None:
+    config = write_config(workspace, tmp_path / "config.yaml", "pairsupcon", eval={"every_steps": 0})
+    run = tmp_path / "run"
+    run_train(config, run, "--max-steps", "2")
+    checkpoint = run / "checkpoints" / "step-00000002"
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["columns"] == ["anchor", "paired", "label"]
+    # Another objective (its model has no pairwise classifier): named, on one process and from a launcher.
+    for processes in ("1", "2"):
+        failure = run_train(config, run, "--max-steps", "4", "--resume", "--objective", "vascl", "--num-processes", processes, expect=2)
+        message = " ".join(failure.stderr.split())
+        assert f"--resume {checkpoint}: the config changes objective: 'pairsupcon' -> 'vascl'" in message, message
+        assert "could not load checkpoint" not in message and "Unexpected key" not in message and "Traceback" not in message
+    # The same objective on data with other columns (triplets give no label): named too.
+    failure = run_train(config, run, "--max-steps", "4", "--resume", "--set", f"data.train={workspace / 'triplets'}",
+                        "--objective", "simcse_sup", expect=2)  # fmt: skip
+    message = " ".join(failure.stderr.split())
+    assert "objective: 'pairsupcon' -> 'simcse_sup'" in message
+    assert "data.train's columns change: anchor, paired, label -> anchor, positive, negative_0, negative_1" in message, message
+    run_train(config, run, "--max-steps", "4", "--resume")  # as written, it continues
+    assert (run / "final" / "model.safetensors").is_file()
+
+
 def test_simcse_objective_and_gradient_accumulation_in_the_same_loop(workspace: Path, tmp_path: Path) -> None:
     config = write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0})
     result = run_train(config, tmp_path / "run", "--objective", "simcse", "--max-steps", "2", "--set", "train.grad_accum_steps=2")

@@ -711,10 +711,11 @@ def resolve_paths(config: RunConfig, expanded: dict[str, str] | None = None) -> 
     return resolved
 
 
-def check_data_columns(config: RunConfig) -> None:
-    """ValueError, naming the objective and the columns, when ``data.train`` (each of its
-    sources, named) lacks a column the objective needs and has nothing to stand in for it, or
-    has a positive of its own under ``data.augment``; or when the sources of a mixed
+def check_data_columns(config: RunConfig) -> tuple[str, ...]:
+    """The columns each training batch will hold (those the objective reads, and the positive
+    ``data.augment`` makes); ValueError, naming the objective and the columns, when ``data.train``
+    (each of its sources, named) lacks a column the objective needs and has nothing to stand in
+    for it, or has a positive of its own under ``data.augment``; or when the sources of a mixed
     ``data.train`` give the objective different columns. Reads the manifests only
     (:func:`vascl_scale.data.shards.source_columns`)."""
     from vascl_scale.data.shards import source_columns  # webdataset: kept out of `--help`
@@ -732,6 +733,7 @@ def check_data_columns(config: RunConfig) -> None:
         given[where] = columns_to_read(available, spec.columns_read(available), augmented, where) + made
         spec.check_columns(available + made, where)
     check_same_columns(given)
+    return next(iter(given.values()))
 
 
 def path_values(config: RunConfig) -> dict[str, Any]:

@@ -159,9 +159,10 @@ def shown(value: Any) -> str:
     return _SHOWN.repr(value)
 
 
-def fail(err: Exception) -> NoReturn:
-    """The one way a command reports a user error: ``error: <message>`` and exit status 2."""
+def fail(err: Exception, status: int = 2) -> NoReturn:
+    """The one way a command reports an error: ``error: <message>`` and exit status 2 (a user
+    error), or ``status`` (1: the command ran and produced nothing usable)."""
     import typer
 
     console.print(f"error: {err}", style="red", markup=False, highlight=False, soft_wrap=True)
-    raise typer.Exit(2) from err
+    raise typer.Exit(status) from err

@@ -54,7 +54,7 @@ def prepare(
     ),
 ) -> None:
     """Write filtered text, single or in columns (pairs, triplets, labelled pairs), as WebDataset shards with a manifest."""
-    from vascl_scale.data.prepare import PrepareOptions, prepare_shards, summary_table
+    from vascl_scale.data.prepare import NothingWrittenError, PrepareOptions, prepare_shards, summary_table
 
     try:
         options = PrepareOptions(
@@ -71,6 +71,9 @@ def prepare(
             labelled_pairs=labelled_pairs,
         )
         result = prepare_shards(list(inputs), output, options, overwrite=overwrite)
+    except NothingWrittenError as err:
+        print_table(summary_table(err.result))
+        fail(err, status=1)
     except ValueError as err:
         fail(err)
     print_table(summary_table(result))
@@ -127,6 +130,7 @@ def mine(
 ) -> None:
     """Add hard negatives to (anchor, positive) pairs, mined with an encoder: paired shards and a manifest."""
     from vascl_scale.data.mine import MineOptions, mine_shards, parse_margin, parse_range, summary_table
+    from vascl_scale.data.prepare import NothingWrittenError
     from vascl_scale.eval.embed import Embedder, model_fingerprint, resolve_model
 
     try:
@@ -157,6 +161,9 @@ def mine(
         result = mine_shards(
             list(inputs), output, options, lambda texts: embedder.embed(texts)(texts), miner, list(pool or []), overwrite
         )
+    except NothingWrittenError as err:
+        print_table(summary_table(err.result))
+        fail(err, status=1)
     except ValueError as err:
         fail(err)
     print_table(summary_table(result))

@@ -287,7 +287,7 @@ def nli_shards(originals: list[Path], options: dict, stage: Path) -> None:
     ``options.shard_size`` samples a shard, rows shuffled once with ``options.shuffle_seed`` (the
     loader shuffles shard order and within a buffer only, so a shard should draw on the whole
     file). A row with an empty text is dropped and counted in the manifest's ``dropped``."""
-    from vascl_scale.data.prepare import PrepareOptions, prepare_shards  # webdataset: kept out of the registry
+    from vascl_scale.data.prepare import PrepareOptions, dropped_summary, prepare_shards  # webdataset: kept out of the registry
 
     (original,) = originals
     folders = {Path(output).parent for output in options["outputs"]}
@@ -301,7 +301,7 @@ def nli_shards(originals: list[Path], options: dict, stage: Path) -> None:
         if isinstance(err.__cause__, OSError):
             raise err.__cause__  # the disk under --to (full, read-only): a filesystem failure, the original is kept
         raise
-    dropped = ", ".join(f"{reason} {count:,}" for reason, count in result.dropped.items() if count) or "none"
+    dropped = dropped_summary(result.dropped) or "none"
     logger.info(
         "%s: %s triplets of %s rows in %d shards; rows dropped: %s (counted in %s/manifest.json)",
         original.name, f"{result.samples:,}", f"{result.lines_read:,}", len(result.shards), dropped, folder,

@@ -70,6 +70,7 @@ from vascl_scale.data.prepare import (
     PrepareResult,
     _RowFilter,
     _ShardSink,
+    dropped_summary,
     summary_table as prepare_summary_table,
     write_shard_set,
 )
@@ -478,7 +479,25 @@ def mine_shards(
         (stage / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         return MineResult(output, columns, sink.shards, dropped, lines_read, None, summary["seconds"], summary=summary)
 
-    result = write_shard_set(output, overwrite, write)
+    def nothing_mined(result: MineResult) -> str:
+        """Why no row was mined and what to change (a pool too small for --negatives, mostly)."""
+        if result.lines_read == 0:
+            return f"no row mined into --output {result.output}: the inputs hold no pairs; give inputs with (anchor, positive) pairs"
+        too_few = result.dropped[TOO_FEW]
+        advice = (
+            f"{too_few:,} had fewer than --negatives {options.negatives} candidates left of a pool of "
+            f"{result.summary['pool_texts']:,} texts after --range {options.range_min}:{options.range_max} and "
+            f"--margin {'none' if options.margin is None else options.margin}; give more candidates (more pairs, or "
+            "texts with --pool), ask for fewer --negatives or widen --range"
+            if too_few
+            else "fix the inputs"
+        )
+        return (
+            f"no row mined into --output {result.output}: all {result.lines_read:,} pairs read were dropped "
+            f"({dropped_summary(result.dropped)}): {advice}"
+        )
+
+    result = write_shard_set(output, overwrite, write, nothing_mined)
     logger.info(
         "mined %d rows into %s in %.1f s: positive similarity %s, negative %s, %d rows without enough candidates",
         result.samples,

@@ -199,6 +199,50 @@ class PrepareResult:
         return sum(shard["samples"] for shard in self.shards)
 
 
+class NothingWrittenError(ValueError):
+    """Every row read was dropped: no shard set is written (an empty one would fail only later,
+    in the run that reads it) and ``--output`` is left as it was. ``result``: what was read and
+    why each row was dropped, for the command's summary table."""
+
+    def __init__(self, message: str, result: PrepareResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+# What to change when the rows were dropped for a reason (data prepare's reasons; NLI records'
+# reasons share one piece of advice).
+_DROP_ADVICE = {
+    "empty": "give texts that are not blank (or name the fields that hold them with --text-field)",
+    "invalid_utf8": "convert the inputs to UTF-8 (e.g. iconv)",
+    "malformed": "pass the inputs' --format",
+    "missing_column": "name fields the records have with --text-field",
+    "too_short": "lower --min-words",
+    "too_long": "raise --max-chars",
+    "duplicate": "drop --dedup",
+    "bad_label": "give each pair a label of 0 or 1 in the --label-field",
+}
+_NLI_ADVICE = "give NLI records with an entailment and a contradiction for each premise"
+
+
+def dropped_summary(dropped: dict[str, int]) -> str:
+    """``reason count, ...`` for the reasons that dropped rows, most rows first."""
+    counted = sorted(((count, reason) for reason, count in dropped.items() if count), key=lambda item: -item[0])
+    return ", ".join(f"{reason} {count:,}" for count, reason in counted)
+
+
+def nothing_prepared(result: PrepareResult) -> str:
+    """Why ``data prepare`` wrote no sample (every row dropped, or no row read) and what to change."""
+    if result.lines_read == 0:
+        return f"no sample written to --output {result.output}: the inputs hold no records; give inputs with text in them"
+    read = f"{result.rows_read:,} rows" if result.rows_read is not None else f"{result.lines_read:,} lines"
+    reasons = [reason for _, reason in sorted(((-c, r) for r, c in result.dropped.items() if c))]
+    advice = list(dict.fromkeys(_DROP_ADVICE.get(reason, _NLI_ADVICE) for reason in reasons))
+    return (
+        f"no sample written to --output {result.output}: all {read} read were dropped ({dropped_summary(result.dropped)}); "
+        f"{' or '.join(advice)}"
+    )
+
+
 def _labelled_pairs(record: object) -> list[object]:
     """A triplet record (anchor, positive, negative) -> its labelled pairs (anchor, positive, 1) and
     (anchor, negative, 0); any other record (a drop, an NLI negative line) as it is."""
@@ -471,23 +515,28 @@ def prepare_shards(
         tokenizer = _load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
         return _write_set(readers, stage, options, tokenizer, show_progress)
 
-    result = write_shard_set(output, overwrite, write)
+    result = write_shard_set(output, overwrite, write, nothing_prepared)
     logger.info("wrote %d shards to %s in %.1f s", len(result.shards), output, result.seconds)
-    return replace(result, output=output)
+    return result
 
 
-def write_shard_set(output: Path, overwrite: bool, write: Callable[[Path], Written]) -> Written:
+def write_shard_set(
+    output: Path, overwrite: bool, write: Callable[[Path], Written], nothing_written: Callable[[Written], str]
+) -> Written:
     """Check ``output`` (a shard set in it needs ``overwrite``), then ``write(stage)`` fills a
     staging directory inside it with shards and ``manifest.json``; the complete set replaces the
-    one in ``output`` (:func:`_swap_in`) and ``write``'s result is returned. On any failure
-    ``output`` is left as it was (removed when this call made it), and an ``OSError`` of the
-    output side becomes a ``ValueError`` naming ``--output``."""
+    one in ``output`` (:func:`_swap_in`) and ``write``'s result is returned, its ``output`` set.
+    A set of no sample is :class:`NothingWrittenError`, with ``nothing_written(result)`` as its
+    message. On any failure ``output`` is left as it was (removed when this call made it), and an
+    ``OSError`` of the output side becomes a ``ValueError`` naming ``--output``."""
     _check_output(output, overwrite)
     created = not output.exists()
     try:
         output.mkdir(parents=True, exist_ok=True)
         with _staging_directory(output) as staging:
-            result = write(staging)
+            result = replace(write(staging), output=output)
+            if result.samples == 0:
+                raise NothingWrittenError(nothing_written(result), result)
             _swap_in(staging, output)
     except BaseException as err:
         if created:  # made by this call: nothing of the user's is in it

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import yaml
 
-from vascl_scale.config import RunConfig, save_config
+from vascl_scale.config import RunConfig, check_data_columns, save_config
 from vascl_scale.train.atomic import remove_directory, replace_directory, staging_directory
 
 logger = logging.getLogger(__name__)
@@ -59,6 +59,8 @@ class TrainerState:
     scheduler: dict[str, Any]
     best_score: float | None = None  # best STS-B dev Spearman x 100 so far
     best_step: int | None = None
+    # The columns each training batch holds (None: a checkpoint written before they were saved).
+    columns: list[str] | None = None
     # Size in bytes of every other file of the checkpoint, by path relative to it (all ranks').
     files: dict[str, int] = field(default_factory=dict)
 
@@ -147,7 +149,9 @@ def resolve_resume(target: str, run_dir: Path) -> Path:
 
 
 def check_resume_compatible(checkpoint: Path, config: RunConfig, world_size: int) -> TrainerState:
-    """The saved state, after checking that this run can continue it: same model, same batch, same world."""
+    """The saved state, after checking that this run can continue it, before anything is loaded:
+    the same objective, model (backbone, pooling, head, adapter: every ``model`` key), global
+    batch, columns of the data and world size. Each change is named, saved value against asked."""
     state = TrainerState.from_file(checkpoint / STATE_FILE)
     saved = _saved_config(checkpoint)
     # config.yaml holds the paths as written (expanded in files saved before that): compare
@@ -158,15 +162,21 @@ def check_resume_compatible(checkpoint: Path, config: RunConfig, world_size: int
         for key in current["model"]
         if saved["model"].get(key) not in (current["model"][key], expanded["model"][key])
     ]
+    if saved.get("objective") != current["objective"]:
+        changed.insert(0, "objective")
     if saved["train"].get("global_batch_size") != current["train"]["global_batch_size"]:
         changed.append("train.global_batch_size")
-    if changed:
-        details = ", ".join(
-            f"{key}: {_lookup(saved, key)!r} -> {_lookup(current, key)!r}" for key in changed
-        )
+    details = [f"{key}: {_lookup(saved, key)!r} -> {_lookup(current, key)!r}" for key in changed]
+    problems = [f"the config changes {', '.join(details)}"] if details else []
+    if state.columns is not None:  # what the stream's saved position and the objective's views refer to
+        columns = check_data_columns(config)
+        if set(columns) != set(state.columns):
+            problems.append(f"data.train's columns change: {', '.join(state.columns)} -> {', '.join(columns)}")
+    if problems:
         raise ValueError(
-            f"--resume {checkpoint}: the config changes {details}; resume with the config the "
-            "checkpoint was written with (its config.yaml), or start a new run with another --output"
+            f"--resume {checkpoint}: {'; '.join(problems)}; resume with the config the checkpoint was written "
+            "with (its config.yaml) and its data, or start a new run with another --output (to train its weights "
+            "on from there, set model.path to the run's export: final/ or best/)"
         )
     if state.world_size != world_size:
         raise ValueError(
@@ -190,8 +200,9 @@ def _saved_config(checkpoint: Path) -> dict[str, Any]:
 
 
 def _lookup(tree: dict[str, Any], dotted: str) -> Any:
+    """The value at ``dotted`` in ``tree``; None where a saved config lacks it."""
     for part in dotted.split("."):
-        tree = tree[part]
+        tree = tree.get(part) if isinstance(tree, dict) else None
     return tree
 
 

@@ -174,6 +174,16 @@ def sigterm_stops_training() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _signal_of_exit_status(code: object) -> int | None:
+    """The signal a shell's exit status ``128 + N`` stands for, or None for any other status."""
+    if isinstance(code, int) and code > 128:
+        try:
+            return int(signal.Signals(code - 128))
+        except ValueError:
+            return None
+    return None
+
+
 def launch_workers(
     plan: LaunchPlan, worker_argv: list[str] | None = None, worker_env: dict[str, str] | None = None
 ) -> int:
@@ -216,6 +226,13 @@ def launch_workers(
         failures = "; ".join(f"rank {rank}: exit code {failure.exitcode}" for rank, failure in err.failures.items())
         logger.error("the run failed (%s); the last complete checkpoint can be resumed with --resume", failures)
         return 1
+    except SystemExit as err:
+        # accelerate >= 1.16 turns the agent's SignalException (and a KeyboardInterrupt) into
+        # sys.exit(128 + signal) once the workers are shut down; 1.15 let them propagate.
+        signum = _signal_of_exit_status(err.code)
+        if signum is None:
+            raise
+        raise StoppedBySignal(signum) from None
     finally:
         os.environ.clear()
         os.environ.update(saved_env)

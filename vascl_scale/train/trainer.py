@@ -339,6 +339,7 @@ def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume
         precision=precision,
     )
     stream = build_stream(config, model.tokenizer, acc.process_index, world_size, per_device_batch)
+    state.columns = list(stream.columns)  # saved with each checkpoint: a resume on other columns is refused
     _log_batch_arithmetic(config, world_size, per_device_batch, len(step.objective.spec.encoded_columns(stream.columns)))
     if resume_from is not None:
         stream.load_state_dict(load_checkpoint(acc, resume_from))
