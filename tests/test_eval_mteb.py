@@ -171,3 +171,24 @@ def test_export_step_is_the_step_of_the_exports_model_card(tmp_path):
     assert export_step(export) is None  # no card: not an export of a vascl-scale run
     (export / FACTS_FILE).write_text(card_facts(30).to_json(), encoding="utf-8")
     assert export_step(export) == 30
+
+
+def test_offline_a_task_without_data_prints_its_reason_and_where_mteb_data_must_be(tmp_path):
+    import os
+    import subprocess
+
+    model = save_tiny_bert(tmp_path / "tiny")
+    home = tmp_path / "hf"  # an empty Hugging Face home: the task's data is nowhere
+    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env.pop("HF_HUB_CACHE", None), env.pop("HF_DATASETS_CACHE", None)
+    command = [sys.executable, "-m", "vascl_scale", "eval", "mteb", "--model", str(model), "--task", "STS12", "--no-cache",
+               "--output", str(tmp_path / "m.json")]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    lines = [" ".join(line.split()) for line in result.stderr.splitlines()]
+    summary = lines[next(i for i, line in enumerate(lines) if "1 task(s) failed" in line):]
+    assert summary[1].endswith("ERROR STS12: Couldn't reach 'mteb/sts12-sts' on the Hub (OfflineModeIsEnabled)"), summary
+    hint = " ".join(" ".join(summary[2:]).split())
+    assert f"the Hub cache {home / 'hub'} (HF_HUB_CACHE) and datasets' cache {home / 'datasets'} (HF_DATASETS_CACHE)" in hint
+    assert "(--task STS12) on a machine that reaches the Hub" in hint and "HF_HUB_OFFLINE=1" in hint
+    assert "Traceback" not in result.stderr

@@ -299,9 +299,13 @@ def mteb_command(
     report = EvalReport(reports)
     _show_and_write(report, output, markdown_path)
     logger.info("wrote %s and %s; wall time %.1f s", output, markdown_path, time.perf_counter() - started)
-    failed = sorted({r.task for m in reports for r in m.results if r.status == "failed"})
+    failed = {r.task: r.details["error"] for m in reports for r in m.results if r.status == "failed"}
     if failed:
-        logger.error("%d task(s) failed: %s (their errors are in %s)", len(failed), ", ".join(failed), output)
+        logger.error("%d task(s) failed (their errors are in %s too):", len(failed), output)
+        for task_name, error in sorted(failed.items()):
+            logger.error("  %s: %s", task_name, " ".join(error.split()))  # mteb's message, on one line
+        if any(runner.is_offline_error(error) for error in failed.values()):
+            logger.error("%s", runner.offline_data_hint(sorted(failed)))
         raise typer.Exit(1)
 
 

@@ -59,6 +59,31 @@ def resolve_tasks(names: Sequence[str], benchmark: str | None) -> list[AbsTask]:
     return tasks
 
 
+# What mteb's error holds when a task's data is neither in the local caches nor reachable on the
+# Hugging Face Hub (huggingface_hub's and datasets' messages).
+_UNREACHABLE = ("OfflineModeIsEnabled", "Couldn't reach", "LocalEntryNotFoundError", "ConnectionError", "offline mode")
+
+
+def is_offline_error(error: str) -> bool:
+    """Whether mteb's ``error`` for a task says its data could not be had from the Hub."""
+    return any(marker in error for marker in _UNREACHABLE)
+
+
+def offline_data_hint(task_names: Sequence[str]) -> str:
+    """Where mteb's data must be for a machine without the Hub, and how to put it there."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    names = " ".join(f"--task {name}" for name in task_names)
+    return (
+        "mteb reads each task's data from the Hugging Face Hub through datasets; without the Hub it must be in "
+        f"their caches already: the Hub cache {huggingface_hub.constants.HF_HUB_CACHE} (HF_HUB_CACHE) and datasets' "
+        f"cache {datasets.config.HF_DATASETS_CACHE} (HF_DATASETS_CACHE; by default both lie under HF_HOME). Fill them by running the "
+        f"same command ({names}) on a machine that reaches the Hub, copy both folders to the same places here (or "
+        "point HF_HOME at the copy), and run with HF_HUB_OFFLINE=1"
+    )
+
+
 def _mteb_key_error(err: KeyError) -> str:
     """mteb's message for an unknown name ("KeyError: 'X' not found. Did you mean: 'Y'?")."""
     return str(err.args[0]).removeprefix("KeyError: ")
