@@ -180,9 +180,9 @@ outputs = {{ "corpus/wiki.txt.gz" = "" }}
 [datasets.nli]
 family = "corpus"
 {common}converter = "nli_shards"
-options = {{ shard_size = {NLI_SHARD_SIZE}, shuffle_seed = 0 }}
+options = {{ shard_size = {NLI_SHARD_SIZE}, shuffle_seed = 0, labelled_pairs = "corpus/nli-pairs" }}
 sources = [{source("corpus/nli_for_simcse.csv")}]
-outputs = {{ "corpus/nli/manifest.json" = "", "corpus/nli/shard-000000.tar" = "", "corpus/nli/shard-000001.tar" = "" }}
+outputs = {{ "corpus/nli/manifest.json" = "", "corpus/nli/shard-000000.tar" = "", "corpus/nli/shard-000001.tar" = "", "corpus/nli-pairs/manifest.json" = "", "corpus/nli-pairs/shard-000000.tar" = "", "corpus/nli-pairs/shard-000001.tar" = "", "corpus/nli-pairs/shard-000002.tar" = "" }}
 """
 
 
@@ -736,6 +736,16 @@ def test_nli_becomes_triplet_shards_as_data_prepare_writes_them_and_prints_the_o
         prepared = prepare_shards([tmp_path / "nli_for_simcse.csv"], tmp_path / "prepared", options, show_progress=False)
         assert [shard["sha256"] for shard in manifest["shards"]] == [shard["sha256"] for shard in prepared.shards]
         assert manifest["options"] == json.loads((tmp_path / "prepared" / "manifest.json").read_text())["options"]
+        # PairSupCon's labelled pairs beside them, ready for data.train: as `data prepare --labelled-pairs` writes them.
+        # The row with an empty contradiction keeps its (premise, entailment, 1) pair.
+        assert "9 labelled pairs of 10 rows in 3 shards; rows dropped: empty 1 (counted in corpus/nli-pairs/manifest.json)" in result.output
+        pairs = json.loads((tmp_path / "data" / "corpus" / "nli-pairs" / "manifest.json").read_text())
+        assert pairs["columns"] == ["anchor", "paired", "label"] and pairs["total_samples"] == 9
+        rows = shard_rows(tmp_path / "data" / "corpus" / "nli-pairs")
+        assert set(rows) >= {row for a, p, n in NLI_TRIPLETS for row in ((a, p, "1"), (a, n, "0"))}, rows
+        labelled = PrepareOptions(fmt="nli", shard_size=NLI_SHARD_SIZE, shuffle_seed=0, labelled_pairs=True)
+        prepare_shards([tmp_path / "nli_for_simcse.csv"], tmp_path / "prepared-pairs", labelled, show_progress=False)
+        assert pairs["shards"] == json.loads((tmp_path / "prepared-pairs" / "manifest.json").read_text())["shards"]
         # Present: nothing is fetched or converted again.
         count = len(mirror.requests)
         again = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url, "nli")
@@ -780,4 +790,7 @@ def test_the_shipped_nli_entry_lists_the_shards_its_rows_make() -> None:
     assert nli.description.startswith("275,601 ")  # the triplets the file holds (issue 26)
     shards = -(-275_601 // nli.options["shard_size"])
     expected = [f"corpus/nli/{MANIFEST_NAME}"] + [f"corpus/nli/{SHARD_PATTERN.format(index=index)}" for index in range(shards)]
+    pairs, folder = -(-2 * 275_601 // nli.options["shard_size"]), nli.options["labelled_pairs"]  # two pairs a triplet
+    expected += [f"{folder}/{MANIFEST_NAME}"] + [f"{folder}/{SHARD_PATTERN.format(index=index)}" for index in range(pairs)]
     assert list(nli.outputs) == expected and not any(nli.outputs.values())
+    assert folder == "corpus/nli-labelled-pairs"  # where docs/pairs.md and configs/pairsupcon-bert-base.yaml find them

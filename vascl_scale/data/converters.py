@@ -282,30 +282,38 @@ def sick_semeval(originals: list[Path], options: dict, stage: Path) -> None:
 
 def nli_shards(originals: list[Path], options: dict, stage: Path) -> None:
     """SimCSE's ``nli_for_simcse.csv`` (sent0, sent1, hard_neg) as triplet shards (anchor,
-    positive, negative_0) with their manifest, written by ``data prepare --format nli`` itself
-    (:func:`vascl_scale.data.prepare.prepare_shards`) into the folder of the entry's outputs:
-    ``options.shard_size`` samples a shard, rows shuffled once with ``options.shuffle_seed`` (the
-    loader shuffles shard order and within a buffer only, so a shard should draw on the whole
-    file). A row with an empty text is dropped and counted in the manifest's ``dropped``."""
+    positive, negative_0), and PairSupCon's labelled pairs made of it (each triplet as (anchor,
+    positive, 1) and (anchor, negative, 0)) into ``options.labelled_pairs``, each set with its
+    manifest, written by ``data prepare --format nli`` itself
+    (:func:`vascl_scale.data.prepare.prepare_shards`; the pairs with ``--labelled-pairs``) into
+    the folders of the entry's outputs: ``options.shard_size`` samples a shard, rows shuffled once
+    with ``options.shuffle_seed`` (the loader shuffles shard order and within a buffer only, so a
+    shard should draw on the whole file). A row with an empty text is dropped and counted in the
+    manifests' ``dropped``."""
     from vascl_scale.data.prepare import PrepareOptions, dropped_summary, prepare_shards  # webdataset: kept out of the registry
 
     (original,) = originals
-    folders = {Path(output).parent for output in options["outputs"]}
+    pairs_folder = Path(options["labelled_pairs"])
+    folders = {Path(output).parent for output in options["outputs"]} - {pairs_folder}
     if len(folders) != 1:
-        raise ValueError(f"the outputs of a shard set lie in one folder; the registry entry names {len(folders)}")
-    settings = PrepareOptions(fmt="nli", shard_size=options["shard_size"], shuffle_seed=options["shuffle_seed"])
-    folder = folders.pop()
-    try:
-        result = prepare_shards([original], stage / folder, settings, show_progress=False)  # the download's bars are live
-    except ValueError as err:
-        if isinstance(err.__cause__, OSError):
-            raise err.__cause__  # the disk under --to (full, read-only): a filesystem failure, the original is kept
-        raise
-    dropped = dropped_summary(result.dropped) or "none"
-    logger.info(
-        "%s: %s triplets of %s rows in %d shards; rows dropped: %s (counted in %s/manifest.json)",
-        original.name, f"{result.samples:,}", f"{result.lines_read:,}", len(result.shards), dropped, folder,
-    )
+        raise ValueError(f"the triplet shards' outputs lie in one folder besides {pairs_folder}; the registry entry names {len(folders)}")
+    triplets_folder = folders.pop()
+    common = {"fmt": "nli", "shard_size": options["shard_size"], "shuffle_seed": options["shuffle_seed"]}
+    for folder, settings, what in (
+        (triplets_folder, PrepareOptions(**common), "triplets"),
+        (pairs_folder, PrepareOptions(**common, labelled_pairs=True), "labelled pairs"),
+    ):
+        try:
+            result = prepare_shards([original], stage / folder, settings, show_progress=False)  # the download's bars are live
+        except ValueError as err:
+            if isinstance(err.__cause__, OSError):
+                raise err.__cause__  # the disk under --to (full, read-only): a filesystem failure, the original is kept
+            raise
+        logger.info(
+            "%s: %s %s of %s rows in %d shards; rows dropped: %s (counted in %s/manifest.json)",
+            original.name, f"{result.samples:,}", what, f"{result.rows_read or result.lines_read:,}", len(result.shards),
+            dropped_summary(result.dropped) or "none", folder,
+        )  # fmt: skip
 
 
 CONVERTERS: dict[str, Converter] = {
