@@ -129,7 +129,9 @@ def _train(run_config, deepspeed_path: str | None, resume: str | None) -> None:
 
     try:
         with sigterm_stops_training():
-            build_trainer(run_config, deepspeed_path or deepspeed_path_from_environment(), resume).fit()
+            trainer = build_trainer(run_config, deepspeed_path or deepspeed_path_from_environment(), resume)
+            trainer.fit()
+            trainer.end_process_group()
     except ValueError as err:
         logger.error("%s", err)
         raise typer.Exit(2) from err

@@ -569,6 +569,13 @@ class Trainer:
         )
         return TrainResult(self.run_dir, self.state.step, self.state.best_score, rate, steady)
 
+    def end_process_group(self) -> None:
+        """After :meth:`fit`, in a process about to exit: once every rank is done, end the process
+        group. A worker that exits with gloo's threads still running can abort ("terminate called
+        without an active exception", exit -6), failing a run that finished and exported."""
+        self.accelerator.wait_for_everyone()
+        self.accelerator.end_training()
+
     def _log_window(
         self,
         step: int,
