@@ -11,8 +11,9 @@ Per dataset (:mod:`vascl_scale.data.registry`):
    transfer that stops part-way (or runs past ``--timeout``) keeps its ``.part``; the next run
    asks for the rest with a ``Range`` request, and fetches the whole file afresh when the server
    ignores it or answers from another byte. A directory mirror's symlink must stay inside it.
-3. **Convert** into a staging directory inside ``<to>``, check every converted file against its
-   digest, then move the files into place. A mismatch keeps the old files and names the file,
+3. **Convert** into a staging directory inside ``<to>`` (``.staging-<dataset>-*``; one that a
+   killed run left is removed by the next), check every converted file against its digest,
+   then move the files into place. A mismatch keeps the old files and names the file,
    both digests and what to do. Originals a converter fails on (a cut or damaged archive, an
    error page, a body shorter than the file) are deleted, so the next run fetches them again.
    Where the registry pins no digest for a converted file (the training sets), the summary
@@ -50,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 DOWNLOADS = ".downloads"
 LOCK_FILE = ".download.lock"
+STAGING_PREFIX = ".staging-"  # <to>/.staging-<dataset>-XXXXXXXX: a conversion under way
 READ_TIMEOUT_S = 60.0  # per socket operation: a stalled server fails instead of hanging
 FILE_TIMEOUT_S = 3600.0  # per file (--timeout): a server dripping bytes fails instead of going on for ever
 CHUNK_BYTES = 1 << 20
@@ -261,7 +263,7 @@ def obtain(dataset: Dataset, to: Path, fetcher: Fetcher, force: bool) -> Outcome
         path, transferred = fetcher.fetch(source, force)
         (outcome.fetched if transferred else outcome.reused).append(path)
         originals.append(path)
-    with tempfile.TemporaryDirectory(prefix=f".staging-{dataset.name}-", dir=to) as staging:
+    with tempfile.TemporaryDirectory(prefix=f"{STAGING_PREFIX}{dataset.name}-", dir=to) as staging:
         stage = Path(staging)
         try:
             dataset.convert(originals, stage)
@@ -332,7 +334,22 @@ def download_datasets(
         "or pass another --to (the lock is released when that process exits)",
     )
     with lock:
+        _remove_stale_staging(to)
         return _download_all(datasets, to, mirror, force, show_progress, timeout)
+
+
+def _remove_stale_staging(to: Path) -> None:
+    """Remove the staging folders of conversions killed where no cleanup could run (SIGKILL, a
+    lost node), converted files in them: with the lock held, no other download converts into ``to``."""
+    stale = sorted(path for path in to.glob(f"{STAGING_PREFIX}*") if path.is_dir())
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    if stale:
+        logger.info(
+            "removed %d staging folders left by interrupted `data download` runs: %s",
+            len(stale),
+            ", ".join(str(path) for path in stale),
+        )
 
 
 def _download_all(

@@ -461,6 +461,36 @@ def _held(lock: Path) -> bool:
     return False
 
 
+def _new_lock(output: Path) -> tuple[int, Path]:
+    """A new ``.prepare-XXXX.lock`` in ``output`` and its descriptor, flocked by this process.
+    Another prepare may remove the file as an orphan between its creation and the flock: then
+    the path no longer names the locked file, and another is made."""
+    while True:
+        descriptor, name = tempfile.mkstemp(prefix=STAGING_PREFIX, suffix=".lock", dir=output)
+        with suppress(OSError):  # no flock on this file system: then no staging is judged stale
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        with suppress(FileNotFoundError):
+            if os.stat(name).st_ino == os.fstat(descriptor).st_ino:
+                return descriptor, Path(name)
+        os.close(descriptor)
+
+
+def _remove_orphan_lock(lock: Path) -> bool:
+    """Remove ``lock`` if no process holds it (it is locked here while it goes); whether it went."""
+    try:
+        descriptor = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.unlink(missing_ok=True)
+        return True
+    except OSError:  # held by a live prepare (or no flock here: nothing is judged stale)
+        return False
+    finally:
+        os.close(descriptor)
+
+
 @contextmanager
 def _staging_directory(output: Path) -> Iterator[Path]:
     """A new, empty ``.prepare-XXXX`` directory in ``output`` for this run; removed afterwards.
@@ -469,23 +499,26 @@ def _staging_directory(output: Path) -> Iterator[Path]:
     exists until after its lock file is gone, so a staging directory whose lock no process
     holds (or that has none, as written before locks) was left by a prepare killed where no
     cleanup could run (SIGKILL, a lost node), often with a whole shard set in it. Those are
-    removed here, each named; a concurrent prepare's live one never is.
+    removed here, each named, and so is a lock file that no process holds and whose directory
+    was never made (a prepare killed in between); a concurrent prepare's live ones never are.
     """
-    descriptor, lock_name = tempfile.mkstemp(prefix=STAGING_PREFIX, suffix=".lock", dir=output)
-    lock = Path(lock_name)
+    descriptor, lock = _new_lock(output)
     staging = lock.with_name(lock.name.removesuffix(".lock"))
     try:
-        with suppress(OSError):  # no flock on this file system: then no staging is judged stale
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-        stale = [path for path in sorted(output.glob(STAGING_PREFIX + "*")) if path.is_dir() and not _held(_lock_of(path))]
+        left = sorted(output.glob(STAGING_PREFIX + "*"))
+        stale = [path for path in left if path.is_dir() and not _held(_lock_of(path))]
         for path in stale:
             shutil.rmtree(path, ignore_errors=True)
             _lock_of(path).unlink(missing_ok=True)
-        if stale:
+        orphans = [path for path in left if path.name.endswith(".lock") and path != lock and not path.with_name(path.name.removesuffix(".lock")).exists()]
+        orphans = [path for path in orphans if _remove_orphan_lock(path)]
+        if stale or orphans:
+            removed = [f"{len(stale)} staging directories"] if stale else []
+            removed += [f"{len(orphans)} lock files without their directory"] if orphans else []
             logger.info(
-                "removed %d staging directories left by interrupted `data prepare` runs: %s",
-                len(stale),
-                ", ".join(str(path) for path in stale),
+                "removed %s left by interrupted `data prepare` runs: %s",
+                " and ".join(removed),
+                ", ".join(str(path) for path in stale + orphans),
             )
         staging.mkdir()
         yield staging
