@@ -54,7 +54,7 @@ from vascl_scale.data.augment import AUGMENTATIONS, DEFAULT_WORDNET, AugmentSpec
 from vascl_scale.data.columns import AUGMENTED, POSITIVE, columns_to_read
 from vascl_scale.data.mix_plan import MIX_MODES, check_same_columns, check_source_name, sample_quotas, source_names
 from vascl_scale.hub import PACKAGE_PREFIX, locate_model, package_directory
-from vascl_scale.log import shown
+from vascl_scale.log import shown, shown_name
 from vascl_scale.losses.spec import check_loss_settings, objective_spec
 
 logger = logging.getLogger(__name__)
@@ -500,7 +500,7 @@ def _first_error(err: ValidationError, model: type[BaseModel]) -> str:
         if isinstance(part, int):
             names[-1] = f"{names[-1]}[{part}]"
         elif part not in (_PATH_TAG, _SOURCES_TAG):
-            names.append(part)
+            names.append(shown_name(part))
             if part in owner.model_fields:
                 field = owner.model_fields[part]
                 inner = _model_in(field.annotation)
@@ -560,13 +560,15 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         names = model.model_fields
         where = ".".join(parts[:i]) or "the config"
         if part not in names:
-            raise ValueError(f"unknown key {'.'.join(parts[: i + 1])}; allowed keys in {where}: {', '.join(sorted(names))}")
+            raise ValueError(f"unknown key {'.'.join(map(shown_name, parts[: i + 1]))}; allowed keys in {where}: {', '.join(sorted(names))}")
         annotation = names[part].annotation
         last = i == len(parts) - 1
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             if last:
                 raise ValueError(f"--set {dotted} names a section; set one of its keys, e.g. {dotted}.{next(iter(annotation.model_fields))}")
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):  # the file's value, which validation would refuse as this
+                raise ValueError(f"{'.'.join(parts[: i + 1])} must be a mapping of keys to values; got {shown(node)}")
             model = annotation
         elif not last:
             raise ValueError(f"{'.'.join(parts[: i + 1])} is a value, not a section")
@@ -580,16 +582,24 @@ class _RefusedYAML(yaml.MarkedYAMLError):
 
 class _ConfigLoader(yaml.SafeLoader):
     """yaml's safe loader, refusing a key written twice in one mapping (yaml keeps the last one
-    silently) and aliases that expand past :data:`MAX_YAML_VALUES` values. Both are checked on
-    the composed node graph, before any value is built."""
+    silently), a key that is not a name (``1:``, ``null:``, a list) and aliases that expand past
+    :data:`MAX_YAML_VALUES` values. All are checked on the composed node graph, before any value
+    is built."""
 
     def compose_mapping_node(self, anchor: str | None) -> yaml.MappingNode:
         node = super().compose_mapping_node(anchor)
         lines: dict[tuple[str, str], int] = {}  # each key's (tag, text): the line it is first on
         for key, _ in node.value:
             # "<<" merges a mapping whose keys the ones after it override: no duplicate.
-            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            if isinstance(key, yaml.ScalarNode) and key.tag == "tag:yaml.org,2002:merge":
                 continue
+            # A key YAML reads as a number, null, a date, ... would reach a section as a keyword
+            # argument that is no string (a TypeError), never as an unknown key.
+            if not isinstance(key, yaml.ScalarNode) or key.tag != "tag:yaml.org,2002:str":
+                scalar = isinstance(key, yaml.ScalarNode)
+                what = f"{shown(key.value)} reads as {key.tag.rpartition(':')[2]}" if scalar else "is a list or mapping"
+                problem = f"the key {what}, not a name; config keys are names such as loss or k"
+                raise _RefusedYAML(problem=problem, problem_mark=key.start_mark)
             name = (key.tag, key.value)
             if name in lines:
                 problem = f"duplicate key {shown(key.value)} (also on line {lines[name]})"
@@ -632,6 +642,12 @@ def _parse_yaml(text: str, where: str, in_file: bool = True) -> Any:
         return yaml.load(text, Loader=_ConfigLoader)
     except RecursionError:
         raise ValueError(f"{where}: invalid YAML: values nested too deeply") from None
+    except yaml.reader.ReaderError as err:  # no mark and a str() of two lines; its position is an offset in text
+        line, column = text.count("\n", 0, err.position) + 1, err.position - text.rfind("\n", 0, err.position)
+        position = f":{line}:{column}" if in_file else ""
+        raise ValueError(
+            f"{where}{position}: invalid YAML: unacceptable character #x{err.character:04x} ({err.reason}); remove it"
+        ) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         position = f":{mark.line + 1}:{mark.column + 1}" if in_file and mark is not None else ""
@@ -651,7 +667,13 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> Ru
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"config file {path} does not exist")
-        loaded = _parse_yaml(path.read_text(encoding="utf-8"), str(path))
+        raw = path.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:  # a ValueError whose message names neither the file nor the line
+            line = raw.count(b"\n", 0, err.start) + 1
+            raise ValueError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); save the config as UTF-8") from None
+        loaded = _parse_yaml(text, str(path))
         if loaded is not None and not isinstance(loaded, dict):
             raise ValueError(f"{path}: the top level must be a mapping of sections")
         data = loaded or {}

@@ -159,6 +159,13 @@ def shown(value: Any) -> str:
     return _SHOWN.repr(value)
 
 
+def shown_name(name: object) -> str:
+    """A name (a key, a field, a column) as a one-line message shows it: as it is, or quoted with
+    escapes where it holds a line break, an invisible character or bytes that are not UTF-8."""
+    text = str(name)
+    return text if text.isprintable() else repr(text)
+
+
 def fail(err: Exception, status: int = 2) -> NoReturn:
     """The one way a command reports an error: ``error: <message>`` and exit status 2 (a user
     error), or ``status`` (1: the command ran and produced nothing usable)."""

@@ -7,12 +7,14 @@ yields one item per input record: a tuple of the record's values, one per field 
 label as :func:`label_value` reads it; or a :class:`Drop` naming why the record gives
 no row (a line that is not a JSON object, an NLI line without a pair); or ``NEGATIVE`` for an
 NLI line kept as another row's hard negative. Text is decoded with ``surrogateescape`` and
-checked afterwards, so one bad line costs one record, not the file. Readers also report
-progress as a position in their own unit (bytes read or rows).
+checked afterwards, so one bad line costs one record, not the file; a UTF-8 byte order mark at
+the start of a text, JSONL or CSV file is skipped. Readers also report progress as a position
+in their own unit (bytes read or rows).
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import gzip
 import io
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from vascl_scale.data.columns import LABELS
+from vascl_scale.log import shown_name
 
 FORMATS = ("auto", "txt", "jsonl", "csv", "parquet", "hf", "nli")
 MALFORMED = object()  # a value that is not a string (or null)
@@ -245,7 +248,7 @@ class InputReader:
             if missing:
                 raise ValueError(
                     f"{option}: {where or self.path} has no {kind} {missing[0]!r} "
-                    f"({kind}s: {', '.join(map(str, have))}); pass names it has"
+                    f"({kind}s: {', '.join(map(shown_name, have))}); pass names it has"
                 )
 
     def _open_bytes(self) -> io.BufferedIOBase:
@@ -256,9 +259,12 @@ class InputReader:
         self.total = self.path.stat().st_size
         # Progress in compressed bytes for .gz: the raw file's offset is cheap to read.
         self._position = raw.tell
-        if self.path.name.lower().endswith(".gz"):
-            return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-        return raw
+        handle = gzip.GzipFile(fileobj=raw, mode="rb") if self.path.name.lower().endswith(".gz") else raw
+        # A UTF-8 byte order mark (spreadsheet programs and Windows editors write one) is no text:
+        # kept, it would start the first line's text or the first CSV column's name.
+        if handle.read(len(codecs.BOM_UTF8)) != codecs.BOM_UTF8:
+            handle.seek(0)
+        return handle  # type: ignore[return-value]
 
     def _read_txt(self) -> Iterator[object]:
         with self._open_bytes() as handle:
@@ -275,7 +281,10 @@ class InputReader:
                     continue
                 try:
                     yield number, json.loads(text)
-                except json.JSONDecodeError:
+                # Not JSON (a JSONDecodeError is a ValueError), or JSON the parser gives up on: an
+                # integer past Python's 4300 digits (ValueError), arrays nested too deep
+                # (RecursionError). One bad line, not the end of the file.
+                except (ValueError, RecursionError):
                     yield number, MALFORMED
 
     def _read_jsonl(self) -> Iterator[object]:

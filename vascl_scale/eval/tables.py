@@ -15,6 +15,8 @@ import math
 from pathlib import Path
 from typing import Iterator, Sequence, TextIO
 
+from vascl_scale.log import shown_name
+
 LAYOUT_HINT = (
     "expected the data layout (docs/data.md): sts/<task>/<split>.tsv, clustering/<name>.tsv, "
     "intent/<name>/<split>.tsv; `vascl-scale data download --to DIR` fetches it"
@@ -125,7 +127,7 @@ def read_tsv(
             if len(record) != len(header):
                 raise ValueError(
                     f"{path}:{line}: malformed row with {len(record)} fields, expected {len(header)} "
-                    f"({', '.join(header)}); fix or remove this line"
+                    f"({', '.join(map(shown_name, header))}); fix or remove this line"
                 )
             row = {name: record[i] for name, i in zip(kept, where)}
             for name in text_columns:
