@@ -446,14 +446,18 @@ def _lock_of(staging: Path) -> Path:
     return staging.with_name(staging.name + ".lock")
 
 
-def _held(lock: Path) -> bool:
-    """Whether a live process holds the flock on ``lock`` (False when there is no such file)."""
+def _held(lock: Path, remove_if_free: bool = False) -> bool:
+    """Whether a live process holds the flock on ``lock`` (False when there is no such file).
+    ``remove_if_free``: a lock no process holds is removed while it is locked here, so a prepare
+    that created it and is about to lock it sees it gone (:func:`_new_lock`)."""
     try:
         descriptor = os.open(lock, os.O_RDONLY)
     except FileNotFoundError:
         return False
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if remove_if_free:
+            lock.unlink(missing_ok=True)
     except OSError:  # held; or a file system without flock, where nothing can be judged stale: keep it
         return True
     finally:
@@ -475,22 +479,6 @@ def _new_lock(output: Path) -> tuple[int, Path]:
         os.close(descriptor)
 
 
-def _remove_orphan_lock(lock: Path) -> bool:
-    """Remove ``lock`` if no process holds it (it is locked here while it goes); whether it went."""
-    try:
-        descriptor = os.open(lock, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        lock.unlink(missing_ok=True)
-        return True
-    except OSError:  # held by a live prepare (or no flock here: nothing is judged stale)
-        return False
-    finally:
-        os.close(descriptor)
-
-
 @contextmanager
 def _staging_directory(output: Path) -> Iterator[Path]:
     """A new, empty ``.prepare-XXXX`` directory in ``output`` for this run; removed afterwards.
@@ -506,12 +494,16 @@ def _staging_directory(output: Path) -> Iterator[Path]:
     staging = lock.with_name(lock.name.removesuffix(".lock"))
     try:
         left = sorted(output.glob(STAGING_PREFIX + "*"))
+        orphans = [
+            path
+            for path in left
+            if path.name.endswith(".lock") and path != lock and not path.with_name(path.name.removesuffix(".lock")).exists()
+            and not _held(path, remove_if_free=True)
+        ]
         stale = [path for path in left if path.is_dir() and not _held(_lock_of(path))]
         for path in stale:
             shutil.rmtree(path, ignore_errors=True)
             _lock_of(path).unlink(missing_ok=True)
-        orphans = [path for path in left if path.name.endswith(".lock") and path != lock and not path.with_name(path.name.removesuffix(".lock")).exists()]
-        orphans = [path for path in orphans if _remove_orphan_lock(path)]
         if stale or orphans:
             removed = [f"{len(stale)} staging directories"] if stale else []
             removed += [f"{len(orphans)} lock files without their directory"] if orphans else []
