@@ -179,7 +179,8 @@ def test_offline_a_task_without_data_prints_its_reason_and_where_mteb_data_must_
 
     model = save_tiny_bert(tmp_path / "tiny")
     home = tmp_path / "hf"  # an empty Hugging Face home: the task's data is nowhere
-    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    # A wide terminal: the log lines are not wrapped, so the paths in them read whole.
+    env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "COLUMNS": "1000"}
     env.pop("HF_HUB_CACHE", None), env.pop("HF_DATASETS_CACHE", None)
     command = [sys.executable, "-m", "vascl_scale", "eval", "mteb", "--model", str(model), "--task", "STS12", "--no-cache",
                "--output", str(tmp_path / "m.json")]  # fmt: skip
@@ -188,7 +189,8 @@ def test_offline_a_task_without_data_prints_its_reason_and_where_mteb_data_must_
     lines = [" ".join(line.split()) for line in result.stderr.splitlines()]
     summary = lines[next(i for i, line in enumerate(lines) if "1 task(s) failed" in line):]
     assert summary[1].endswith("ERROR STS12: Couldn't reach 'mteb/sts12-sts' on the Hub (OfflineModeIsEnabled)"), summary
-    hint = " ".join(" ".join(summary[2:]).split())
-    assert f"the Hub cache {home / 'hub'} (HF_HUB_CACHE) and datasets' cache {home / 'datasets'} (HF_DATASETS_CACHE)" in hint
-    assert "(--task STS12) on a machine that reaches the Hub" in hint and "HF_HUB_OFFLINE=1" in hint
+    hint = "".join("".join(summary[2:]).split())  # whitespace left out: a wrapped line may split a path
+    expected = f"the Hub cache {home / 'hub'} (HF_HUB_CACHE) and datasets' cache {home / 'datasets'} (HF_DATASETS_CACHE; by default both lie under HF_HOME)"
+    assert "".join(expected.split()) in hint, hint
+    assert "(--taskSTS12)onamachinethatreachestheHub" in hint and "HF_HUB_OFFLINE=1" in hint
     assert "Traceback" not in result.stderr
