@@ -66,6 +66,16 @@ REPO = Path(__file__).resolve().parents[1]
 BOM = "\ufeff"
 
 
+def quoting_and_line_ends(draw, rows: list[list[str]]) -> tuple[list[list[bool]], list[str]]:
+    """For a delimited file's ``rows``: which cells are quoted (about one in four), and each row's
+    line end (LF or CRLF; the last one sometimes missing)."""
+    quoted = [[draw(st.integers(0, 3)) == 0 for _ in row] for row in rows]
+    ends = [draw(st.sampled_from(["\n", "\r\n"])) for _ in rows]
+    if ends and draw(st.booleans()):
+        ends[-1] = ""
+    return quoted, ends
+
+
 def one_line(message: str) -> bool:
     """Whether an error message prints as one line: no character that ends a line (``str.splitlines``'s)."""
     return bool(message.strip()) and len(message.splitlines()) == 1
@@ -566,10 +576,7 @@ def csv_cases(draw) -> PrepareCase:
         elif kind == "long":
             cells += draw(st.lists(text, min_size=1, max_size=2))
         rows.append(cells)
-    quoted = [[draw(st.integers(0, 3)) == 0 for _ in row] for row in rows]
-    ends = [draw(st.sampled_from(["\n", "\r\n"])) for _ in rows]
-    if ends and draw(st.booleans()):
-        ends[-1] = ""
+    quoted, ends = quoting_and_line_ends(draw, rows)
     return csv_case(header, rows, ends, draw(st.booleans()), draw(st.booleans()), quoted, options)
 
 
@@ -875,10 +882,7 @@ def tsv_files(draw, columns: tuple[str, ...], cell_of: dict[str, st.SearchStrate
         elif kind == "long":
             row += draw(st.lists(text, min_size=1, max_size=2))
         rows.append(row)
-    quoted = [[draw(st.integers(0, 3)) == 0 for _ in row] for row in rows]
-    ends = [draw(st.sampled_from(["\n", "\r\n"])) for _ in rows]
-    if ends and draw(st.booleans()):
-        ends[-1] = ""
+    quoted, ends = quoting_and_line_ends(draw, rows)
     return tsv_text(header, rows, quoted, ends, draw(st.booleans())), header, rows
 
 
