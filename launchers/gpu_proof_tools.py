@@ -155,7 +155,9 @@ def verify(carry: Path) -> None:
     bad = [
         name
         for name, entry in manifest["files"].items()
-        if not (carry / name).is_file() or (carry / name).stat().st_size != entry["bytes"] or _sha256(carry / name) != entry["sha256"]
+        if not (carry / name).is_file()
+        or (carry / name).stat().st_size != entry["bytes"]
+        or _sha256(carry / name) != entry["sha256"]
     ]
     if bad:
         raise SystemExit(f"{len(bad)} carried file(s) missing or changed since packing: {', '.join(bad[:5])}")
@@ -275,8 +277,19 @@ def environment(output: Path, dry_run: bool) -> None:
         "bf16_supported": bool(cuda and torch.cuda.is_bf16_supported()),
         "devices": devices,
         "nvidia_smi": _nvidia_smi() if cuda else None,
-        "packages": {p: _version(p) for p in ("accelerate", "transformers", "sentence-transformers", "deepspeed", "pydantic",
-                                              "webdataset", "pytest", "numpy")},  # fmt: skip
+        "packages": {
+            p: _version(p)
+            for p in (
+                "accelerate",
+                "transformers",
+                "sentence-transformers",
+                "deepspeed",
+                "pydantic",
+                "webdataset",
+                "pytest",
+                "numpy",
+            )
+        },  # fmt: skip
         **peak,
     }
     if cuda:
@@ -291,7 +304,6 @@ def environment(output: Path, dry_run: bool) -> None:
 
 def unpack_model(source: Path, target: Path) -> None:
     """The carried bf16 model as float32 on disk, so that every loader gets float32 weights."""
-    import torch
     from safetensors.torch import load_file, save_file
 
     if target.exists():
@@ -301,7 +313,9 @@ def unpack_model(source: Path, target: Path) -> None:
     dtypes = sorted({str(v.dtype) for v in tensors.values()})
     widened = {k: (v.float() if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
     save_file(widened, str(target / WEIGHTS), metadata={"format": "pt"})
-    print(f"model {source} ({', '.join(dtypes)}) widened to float32 in {target}: bf16-rounded copies of float32 weights")
+    print(
+        f"model {source} ({', '.join(dtypes)}) widened to float32 in {target}: bf16-rounded copies of float32 weights"
+    )
 
 
 def _metrics(run: Path) -> list[dict[str, Any]]:
@@ -357,7 +371,9 @@ def train_report(run: Path, logs: list[Path], stop_at: int, max_steps: int, outp
         problems.append(f"the resumed invocation did not run steps {stop_at + 1}-{max_steps}")
     if f"step-{max_steps:08d}" not in checkpoints or "final" not in report["exported"]:
         problems.append(f"no complete checkpoint step-{max_steps:08d} and final/ export")
-    if not windows or not all(isinstance(r.get("loss/loss"), (int, float)) and math.isfinite(r["loss/loss"]) for r in windows):
+    if not windows or not all(
+        isinstance(r.get("loss/loss"), (int, float)) and math.isfinite(r["loss/loss"]) for r in windows
+    ):
         problems.append("no finite logged losses")
     report["problems"] = problems
     _write_json(output, report)
@@ -419,7 +435,10 @@ def dry_fixtures(carry: Path) -> None:
 
 
 def _bench_figures(result: dict[str, Any]) -> dict[str, Any]:
-    figures: dict[str, Any] = {k: result.get(k) for k in ("device", "precision", "compile", "global_batch", "chunk_size", "max_length", "deepspeed")}
+    figures: dict[str, Any] = {
+        k: result.get(k)
+        for k in ("device", "precision", "compile", "global_batch", "chunk_size", "max_length", "deepspeed")
+    }
     keys = ("median_s", "p10_s", "p90_s", "sentences_per_s", "tflops_per_device", "mfu", "peak_memory_mb", "warmup_s")
     for name, stats in (result.get("objectives") or {}).items():
         figures[name] = {k: stats.get(k) for k in keys}
@@ -451,7 +470,11 @@ def _pytest_figures(path: Path) -> dict[str, Any]:
         return {}
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
     skipped = sorted({(s.get("message") or "").strip() for s in suite.iter("skipped")} - {""})
-    return {**counts, "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"], "skip_reasons": skipped}
+    return {
+        **counts,
+        "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
+        "skip_reasons": skipped,
+    }
 
 
 def _figures(stage: str, out: Path) -> dict[str, Any]:
@@ -465,10 +488,31 @@ def _figures(stage: str, out: Path) -> dict[str, Any]:
     if stage == "eval":
         return _eval_figures(result)
     if stage == "env":
-        keys = ("devices", "nvidia_smi", "torch", "cuda", "nccl", "python", "peak_tflops", "source", "matmul_bf16_tflops", "matmul_over_peak")
+        keys = (
+            "devices",
+            "nvidia_smi",
+            "torch",
+            "cuda",
+            "nccl",
+            "python",
+            "peak_tflops",
+            "source",
+            "matmul_bf16_tflops",
+            "matmul_over_peak",
+        )
         return {k: result[k] for k in keys if k in result}
     if stage in ("train", "zero2_train"):
-        keys = ("resumed", "finished", "loss_first", "loss_last", "tflops_per_device", "mfu", "peak_memory_mb", "stsb_dev_spearman", "problems")
+        keys = (
+            "resumed",
+            "finished",
+            "loss_first",
+            "loss_last",
+            "tflops_per_device",
+            "mfu",
+            "peak_memory_mb",
+            "stsb_dev_spearman",
+            "problems",
+        )
         return {k: result.get(k) for k in keys}
     return result
 
@@ -486,7 +530,10 @@ def _install_figures(log: Path) -> dict[str, Any]:
     text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
     installed = re.findall(r"^Successfully installed (.+)$", text, flags=re.MULTILINE)
     deepspeed = re.search(r"^deepspeed (\S+) imports$", text, flags=re.MULTILINE)
-    return {"installed": installed[-1].split() if installed else [], "deepspeed": deepspeed.group(1) if deepspeed else None}
+    return {
+        "installed": installed[-1].split() if installed else [],
+        "deepspeed": deepspeed.group(1) if deepspeed else None,
+    }
 
 
 def _number(value: Any, spec: str, suffix: str = "") -> str:
@@ -515,7 +562,10 @@ def _brief(stage: str, figures: dict[str, Any]) -> str:
             for name, v in figures.items()
             if isinstance(v, dict) and "median_s" in v
         ]
-        compiled = [f"{name} compiled/eager {_number(ratio, '.2f', 'x')}" for name, ratio in (figures.get("compiled_over_eager") or {}).items()]
+        compiled = [
+            f"{name} compiled/eager {_number(ratio, '.2f', 'x')}"
+            for name, ratio in (figures.get("compiled_over_eager") or {}).items()
+        ]
         return " | ".join(parts + [f"VaSCL/SimCSE {_number(figures.get('vascl_over_simcse'), '.3f')}", *compiled])
     if stage in ("train", "zero2_train"):
         resumed, finished = figures.get("resumed") or {}, figures.get("finished") or {}
@@ -541,7 +591,13 @@ def summary(out: Path) -> None:
     rows = (out / "stages.tsv").read_text(encoding="utf-8").splitlines() if (out / "stages.tsv").is_file() else []
     for row in rows:
         name, status, code, seconds, note = (row.split("\t") + [""] * 5)[:5]
-        entry: dict[str, Any] = {"stage": name, "status": status, "exit": int(code), "seconds": float(seconds), "note": note}
+        entry: dict[str, Any] = {
+            "stage": name,
+            "status": status,
+            "exit": int(code),
+            "seconds": float(seconds),
+            "note": note,
+        }
         entry["figures"] = _install_figures(out / "logs" / "install.log") if name == "install" else _figures(name, out)
         if status not in ("ok", "skipped"):
             entry["log_tail"] = _tail(out / "logs" / f"{name}.log")
@@ -560,7 +616,9 @@ def summary(out: Path) -> None:
     width = max((len(s["stage"]) for s in stages), default=5)
     print(f"\n== summary: {out / 'summary.json'}")
     for s in stages:
-        print(f"  {s['stage']:<{width}}  {s['status']:<8} {s['seconds']:6.1f} s  {s['note'] or _brief(s['stage'], s['figures'])}")
+        print(
+            f"  {s['stage']:<{width}}  {s['status']:<8} {s['seconds']:6.1f} s  {s['note'] or _brief(s['stage'], s['figures'])}"
+        )
     print(json.dumps(result, separators=(",", ":"), default=str))
     verdict = "ok" if result["ok"] else ("FAILED: " + ", ".join(failed) if stages else "FAILED: no stage ran")
     print(f"gpu proof: {verdict}")
@@ -572,8 +630,14 @@ def main(argv: list[str] | None = None) -> None:
     # command -> (its arguments, what it does with them)
     commands: dict[str, tuple[tuple[str, ...], Any]] = {
         "pack-model": (("source", "target"), lambda a: pack_model(Path(a.source), Path(a.target))),
-        "pack-data": (("data_dir", "target", "lines"), lambda a: pack_data(Path(a.data_dir), Path(a.target), int(a.lines))),
-        "manifest": (("carry", "commit"), lambda a: print(f"manifest: {write_manifest(Path(a.carry), a.commit)['total_bytes']:,} bytes")),
+        "pack-data": (
+            ("data_dir", "target", "lines"),
+            lambda a: pack_data(Path(a.data_dir), Path(a.target), int(a.lines)),
+        ),
+        "manifest": (
+            ("carry", "commit"),
+            lambda a: print(f"manifest: {write_manifest(Path(a.carry), a.commit)['total_bytes']:,} bytes"),
+        ),
         "run-record": (
             ("output", "dry_run", "carry", "budget_s", "only", "skip"),
             lambda a: run_record(Path(a.output), a.dry_run == "1", Path(a.carry), int(a.budget_s), a.only, a.skip),
@@ -586,7 +650,9 @@ def main(argv: list[str] | None = None) -> None:
         "unpack-model": (("source", "target"), lambda a: unpack_model(Path(a.source), Path(a.target))),
         "train-report": (
             ("run", "stop_at", "max_steps", "output", "logs"),
-            lambda a: train_report(Path(a.run), [Path(p) for p in a.logs], int(a.stop_at), int(a.max_steps), Path(a.output)),
+            lambda a: train_report(
+                Path(a.run), [Path(p) for p in a.logs], int(a.stop_at), int(a.max_steps), Path(a.output)
+            ),
         ),
         "dry-fixtures": (("carry",), lambda a: dry_fixtures(Path(a.carry))),
         "summary": (("out",), lambda a: summary(Path(a.out))),

@@ -58,19 +58,32 @@ def paired_rows(count: int, negatives: int = 1) -> list[dict[str, str]]:
 def labelled_rows(count: int) -> list[dict[str, object]]:
     """Distinct labelled pairs (anchor, paired, label) whose row shows in the words; labels 1, 0, 0, 1, ..."""
     return [
-        {"anchor": f"anchor {index} of the labelled pairs", "paired": f"paired {index} " + "word " * (index % 5), "label": int(index % 3 == 0)}
+        {
+            "anchor": f"anchor {index} of the labelled pairs",
+            "paired": f"paired {index} " + "word " * (index % 5),
+            "label": int(index % 3 == 0),
+        }
         for index in range(count)
     ]
 
 
-def make_paired_shards(directory: Path, rows: list[dict[str, object]], shard_size: int, tokenizer=None, max_length: int = 32) -> Path:
+def make_paired_shards(
+    directory: Path, rows: list[dict[str, object]], shard_size: int, tokenizer=None, max_length: int = 32
+) -> Path:
     """Shards of the paired layout, one member per column (``<key>.<column>.txt``, and
     ``<key>.<column>.ids`` with ``tokenizer``; a label column's ``<key>.label.cls``), and a
     manifest that lists the columns."""
     import numpy as np
 
     from vascl_scale.data.columns import LABEL_COLUMNS
-    from vascl_scale.data.shards import MANIFEST_FORMAT, MANIFEST_NAME, MANIFEST_VERSION, file_sha256, tokenizer_fingerprint, write_shard
+    from vascl_scale.data.shards import (
+        MANIFEST_FORMAT,
+        MANIFEST_NAME,
+        MANIFEST_VERSION,
+        file_sha256,
+        tokenizer_fingerprint,
+        write_shard,
+    )
 
     directory.mkdir(parents=True, exist_ok=True)
     columns = list(rows[0])
@@ -88,11 +101,19 @@ def make_paired_shards(directory: Path, rows: list[dict[str, object]], shard_siz
             samples.append((f"{start + offset:09d}", fields))
         path = directory / f"shard-{index:06d}.tar"
         write_shard(path, samples)
-        shards.append({"name": path.name, "samples": len(samples), "sha256": file_sha256(path), "bytes": path.stat().st_size})
+        shards.append(
+            {"name": path.name, "samples": len(samples), "sha256": file_sha256(path), "bytes": path.stat().st_size}
+        )
     token_ids = None
     if tokenizer is not None:
         token_ids = {"fingerprint": tokenizer_fingerprint(tokenizer), "max_length": max_length, "dtype": "<i4"}
-    manifest = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "columns": columns, "token_ids": token_ids, "shards": shards}
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "columns": columns,
+        "token_ids": token_ids,
+        "shards": shards,
+    }
     (directory / MANIFEST_NAME).write_text(json.dumps(manifest), encoding="utf-8")
     return directory
 

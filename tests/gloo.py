@@ -7,7 +7,8 @@ import os
 import queue
 import tempfile
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -28,7 +29,9 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, init_file: st
         results.put((rank, "error", traceback.format_exc()))
 
 
-def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 180.0, backend: str = "gloo") -> list[Any]:
+def run_on_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 180.0, backend: str = "gloo"
+) -> list[Any]:
     """fn(rank, world_size, *args) on each of ``world_size`` spawned processes of one
     ``backend`` group (gloo; nccl puts rank r on GPU r).
 
@@ -39,7 +42,9 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: f
         return _collect(_rank_main, fn, world_size, (os.path.join(tmp, "rendezvous"), backend), args, timeout)
 
 
-def _collect(main: Callable[..., None], fn: Callable[..., Any], world_size: int, where: tuple, args: tuple, timeout: float) -> list[Any]:
+def _collect(
+    main: Callable[..., None], fn: Callable[..., Any], world_size: int, where: tuple, args: tuple, timeout: float
+) -> list[Any]:
     """Spawn ``main(fn, rank, world_size, *where, results, args)`` per rank; results in rank order."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()

@@ -55,7 +55,9 @@ def test_word_deletion_removes_the_share_of_words_and_never_all() -> None:
 
 
 @needs_wordnet
-def test_wordnet_substitution_uses_synonyms_from_the_local_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wordnet_substitution_uses_synonyms_from_the_local_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("VASCL_CACHE", str(tmp_path))
     augmenter = build_augmenter(AugmentSpec("wnet", 0.2, wordnet_dir=str(WORDNET)))
     assert "glad" in augmenter.synonyms("happy") and "happy" not in augmenter.synonyms("happy")
@@ -172,13 +174,19 @@ def _train_cli(tmp_path: Path, model: Path, **data) -> tuple[int, str]:
         "checkpoint": {"every_steps": 0},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    result = CliRunner().invoke(app, ["train", "--config", str(tmp_path / "config.yaml"), "--output", str(tmp_path / "run")])
+    result = CliRunner().invoke(
+        app, ["train", "--config", str(tmp_path / "config.yaml"), "--output", str(tmp_path / "run")]
+    )
     return result.exit_code, " ".join(result.output.split())
 
 
-def test_ctxt_refuses_an_encoder_without_a_masked_lm_head_before_training(tmp_path: Path, tiny_plain_encoder: Path) -> None:
+def test_ctxt_refuses_an_encoder_without_a_masked_lm_head_before_training(
+    tmp_path: Path, tiny_plain_encoder: Path
+) -> None:
     code, output = _train_cli(tmp_path, tiny_plain_encoder, augment="ctxt", augment_model=str(tiny_plain_encoder))
-    assert code == 2 and f"data.augment_model {tiny_plain_encoder} has no masked-LM head (no cls weights)" in output, output
+    assert code == 2 and f"data.augment_model {tiny_plain_encoder} has no masked-LM head (no cls weights)" in output, (
+        output
+    )
     assert not (tmp_path / "run" / "final").exists()
 
 

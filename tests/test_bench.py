@@ -17,7 +17,9 @@ from vascl_scale.cli import app
 def tiny_config(tmp_path_factory) -> Path:
     """A Hugging Face config.json: bench commands build a random model from it."""
     path = tmp_path_factory.mktemp("bench") / "config.json"
-    config = BertConfig(vocab_size=1200, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    config = BertConfig(
+        vocab_size=1200, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
     config.architectures = ["BertModel"]
     config.to_json_file(str(path))
     return path
@@ -54,7 +56,9 @@ def test_bench_step_reports_medians_and_the_ratio(tiny_config: Path, tmp_path: P
     assert "VaSCL / SimCSE median step time" in " ".join(result.output.split())
 
 
-def test_bench_step_compile_times_compiled_beside_eager_and_reports_the_compiling_apart(tiny_config: Path, tmp_path: Path) -> None:
+def test_bench_step_compile_times_compiled_beside_eager_and_reports_the_compiling_apart(
+    tiny_config: Path, tmp_path: Path
+) -> None:
     result, report = _bench_step(
         tmp_path / "step.json", "--model", str(tiny_config), "--objective", "simcse", "--global-batch", "8", "--steps", "2",
         "--warmup", "1", "--max-length", "8", "--compile",
@@ -77,7 +81,9 @@ def test_bench_step_compile_times_compiled_beside_eager_and_reports_the_compilin
     assert refused.exit_code != 0 and "drop --deepspeed" in " ".join(refused.output.split())
 
 
-def test_bench_step_gives_simcse_sup_n_hard_negative_columns_and_counts_their_flops(tiny_config: Path, tmp_path: Path) -> None:
+def test_bench_step_gives_simcse_sup_n_hard_negative_columns_and_counts_their_flops(
+    tiny_config: Path, tmp_path: Path
+) -> None:
     result, report = _bench_step(
         tmp_path / "step.json", "--model", str(tiny_config), "--objective", "simcse_sup", "--negatives", "2",
         "--global-batch", "8", "--steps", "1", "--warmup", "0", "--max-length", "8",
@@ -89,7 +95,9 @@ def test_bench_step_gives_simcse_sup_n_hard_negative_columns_and_counts_their_fl
     head = 3 * (2 * 4 * 8 * (32 * 32 + 32 * 128) + 2 * 8 * 3 * 8 * 128)
     assert report["objectives"]["simcse_sup"]["model_flops_per_device"] == encoder + head
     assert "2 hard negatives" in " ".join(result.output.split())
-    refused = CliRunner().invoke(app, ["bench", "step", "--model", str(tiny_config), "--objective", "simcse_sup", "--negatives", "0"])
+    refused = CliRunner().invoke(
+        app, ["bench", "step", "--model", str(tiny_config), "--objective", "simcse_sup", "--negatives", "0"]
+    )
     assert refused.exit_code != 0 and "--negatives must be >= 1: simcse_sup encodes" in " ".join(refused.output.split())
 
 
@@ -117,13 +125,23 @@ def test_bench_step_grid_runs_each_cell_alone_and_skips_what_would_not_fit(tiny_
 
 def test_bench_step_rejects_bad_objective(tiny_config: Path) -> None:
     result = CliRunner().invoke(app, ["bench", "step", "--model", str(tiny_config), "--objective", "simclr"])
-    assert result.exit_code == 2 and "--objective must be one of 'vascl', 'simcse', 'simcse_sup', 'pairsupcon'; got 'simclr'" in " ".join(result.output.split())
+    assert (
+        result.exit_code == 2
+        and "--objective must be one of 'vascl', 'simcse', 'simcse_sup', 'pairsupcon'; got 'simclr'"
+        in " ".join(result.output.split())
+    )
     mixed = CliRunner().invoke(app, ["bench", "step", "--model", str(tiny_config), "--objective", "simcse,pairsupcon"])
-    assert mixed.exit_code == 2 and "pairsupcon trains a pairwise classifier that the others would leave without a gradient" in " ".join(mixed.output.split())
+    assert (
+        mixed.exit_code == 2
+        and "pairsupcon trains a pairwise classifier that the others would leave without a gradient"
+        in " ".join(mixed.output.split())
+    )
 
 
 @pytest.mark.parametrize("chunk_size", ["0", "4"])
-def test_bench_step_runs_pairsupcon_on_synthetic_labelled_pairs_and_counts_its_classifier(tiny_config: Path, tmp_path: Path, chunk_size: str) -> None:
+def test_bench_step_runs_pairsupcon_on_synthetic_labelled_pairs_and_counts_its_classifier(
+    tiny_config: Path, tmp_path: Path, chunk_size: str
+) -> None:
     _, report = _bench_step(
         tmp_path / "step.json", "--model", str(tiny_config), "--objective", "pairsupcon", "--global-batch", "16",
         "--chunk-size", chunk_size, "--steps", "2", "--warmup", "1", "--max-length", "8",
@@ -242,12 +260,28 @@ def test_bench_refuses_sizes_that_would_measure_nothing_naming_the_option(tiny_c
     for arguments, message in cases:
         result = CliRunner().invoke(app, arguments)
         lines = _error_lines(result)
-        assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {message}"), (arguments, result.output)
+        assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {message}"), (
+            arguments,
+            result.output,
+        )
 
 
-def test_bench_matmul_reports_each_size_and_precision_once_and_the_best_as_the_peak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bench_matmul_reports_each_size_and_precision_once_and_the_best_as_the_peak(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     output = tmp_path / "matmul.json"
-    arguments = ["bench", "matmul", "--size", "16,32,16", "--precision", "no,no", "--repeats", "3", "--output", str(output)]
+    arguments = [
+        "bench",
+        "matmul",
+        "--size",
+        "16,32,16",
+        "--precision",
+        "no,no",
+        "--repeats",
+        "3",
+        "--output",
+        str(output),
+    ]
     result = CliRunner().invoke(app, arguments)
     assert result.exit_code == 0, result.output
     report = json.loads(output.read_text())
@@ -268,7 +302,10 @@ def test_bench_matmul_reports_each_size_and_precision_once_and_the_best_as_the_p
     assert (small["best_s"], small["median_s"]) == (0.5, 1.0)
     assert small["best_tflops"] == pytest.approx(2e6 / 0.5 / 1e12)
     assert small["median_tflops"] == pytest.approx(2e6 / 1.0 / 1e12)
-    assert (large["best_tflops"], large["median_tflops"]) == (pytest.approx(1.6e7 / 2.0 / 1e12), pytest.approx(1.6e7 / 2.0 / 1e12))
+    assert (large["best_tflops"], large["median_tflops"]) == (
+        pytest.approx(1.6e7 / 2.0 / 1e12),
+        pytest.approx(1.6e7 / 2.0 / 1e12),
+    )
     assert known["peak_tflops"]["no"] == pytest.approx(large["best_tflops"])  # 8e-6 beats the small size's 4e-6
 
 

@@ -24,7 +24,9 @@ from vascl_scale.tokenizer import load_tokenizer
 
 @pytest.mark.parametrize("columns", [("anchor",), ("anchor", "positive", "negative_0"), LABELLED_PAIR])
 def test_synthetic_shards_hold_full_length_rows_in_every_column_as_the_step_rows_batch(tmp_path: Path, columns) -> None:
-    shards = write_synthetic_shards(tmp_path, columns, rows=12, shard_size=4, model_dir=Path(str(PACKAGED)), max_length=10, seed=0)
+    shards = write_synthetic_shards(
+        tmp_path, columns, rows=12, shard_size=4, model_dir=Path(str(PACKAGED)), max_length=10, seed=0
+    )
     manifest = json.loads((shards / "manifest.json").read_text())
     assert tuple(manifest["columns"]) == columns and manifest["total_samples"] == 12 and len(manifest["shards"]) == 3
     assert manifest["token_ids"]["max_length"] == 10 and sum(manifest["dropped"].values()) == 0
@@ -51,7 +53,9 @@ def test_loop_times_are_the_step_lines_of_metrics_jsonl_after_the_warm_up(tmp_pa
     assert read_loop_metrics(metrics, warmup=0).times_s == [9.0, 3.0, 1.0, 2.0]
 
 
-def test_bench_step_compare_times_the_peer_in_the_same_rounds_and_the_loop_from_its_metrics(tmp_path: Path, monkeypatch) -> None:
+def test_bench_step_compare_times_the_peer_in_the_same_rounds_and_the_loop_from_its_metrics(
+    tmp_path: Path, monkeypatch
+) -> None:
     model = save_tiny_bert(tmp_path / "model")  # weights and tokenizer: the peer and the loop load the same directory
     seen = {}  # what the loop's run directory held before the bench removed it
 
@@ -69,8 +73,16 @@ def test_bench_step_compare_times_the_peer_in_the_same_rounds_and_the_loop_from_
     assert result.exit_code == 0, result.output
     report = json.loads(output.read_text())
     config = seen["config"]
-    assert config["objective"] == "simcse" and config["train"]["global_batch_size"] == 8 and config["data"]["max_length"] == 8
-    assert config["train"]["log_every"] == 1 and config["eval"]["every_steps"] == 0 and config["checkpoint"]["every_steps"] == 0
+    assert (
+        config["objective"] == "simcse"
+        and config["train"]["global_batch_size"] == 8
+        and config["data"]["max_length"] == 8
+    )
+    assert (
+        config["train"]["log_every"] == 1
+        and config["eval"]["every_steps"] == 0
+        and config["checkpoint"]["every_steps"] == 0
+    )
     assert config["train"]["max_steps"] == 4 and config["train"]["precision"] == "auto" and config["train"]["seed"] == 0
     windows = [line["step_seconds"] for line in seen["metrics"] if "step_seconds" in line]
     assert len(windows) == 4  # every step a window, the warm-up one dropped
@@ -85,16 +97,28 @@ def test_bench_step_compare_times_the_peer_in_the_same_rounds_and_the_loop_from_
     assert report["loop_speedup_over_peer"]["simcse"] == pytest.approx(peer["median_s"] / loop["median_s"])
     text = " ".join(result.output.split())
     assert "vascl-scale simcse: " in text and "x the sentences/s of sentence-transformers" in text
-    assert "simcse train loop" in text and "vascl-scale simcse train loop: " in text and "x the sentences/s of its step" in text
+    assert (
+        "simcse train loop" in text
+        and "vascl-scale simcse train loop: " in text
+        and "x the sentences/s of its step" in text
+    )
 
 
 def test_bench_step_compare_refuses_an_unknown_peer_and_more_than_one_process(tmp_path: Path) -> None:
     model = save_tiny_bert(tmp_path / "model")
-    refused = CliRunner().invoke(app, ["bench", "step", "--model", str(model), "--compare", "open_clip", "--steps", "1"])
+    refused = CliRunner().invoke(
+        app, ["bench", "step", "--model", str(model), "--compare", "open_clip", "--steps", "1"]
+    )
     assert refused.exit_code != 0 and "--compare takes sentence-transformers" in " ".join(refused.output.split())
-    alone = CliRunner().invoke(app, ["bench", "step", "--model", str(model), "--compare", "sentence-transformers", "--num-processes", "2"])
+    alone = CliRunner().invoke(
+        app, ["bench", "step", "--model", str(model), "--compare", "sentence-transformers", "--num-processes", "2"]
+    )
     assert alone.exit_code != 0 and "--compare runs on one process without DeepSpeed" in " ".join(alone.output.split())
     config = tmp_path / "config.json"
     config.write_text((model / "config.json").read_text())
-    no_directory = CliRunner().invoke(app, ["bench", "step", "--model", str(config), "--compare", "sentence-transformers", "--steps", "1"])
-    assert no_directory.exit_code != 0 and "--compare needs --model to name a model directory" in " ".join(no_directory.output.split())
+    no_directory = CliRunner().invoke(
+        app, ["bench", "step", "--model", str(config), "--compare", "sentence-transformers", "--steps", "1"]
+    )
+    assert no_directory.exit_code != 0 and "--compare needs --model to name a model directory" in " ".join(
+        no_directory.output.split()
+    )

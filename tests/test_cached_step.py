@@ -26,7 +26,10 @@ CASES = [
     ("vascl", {}),
     ("vascl", {"detach": False}),
     ("vascl", {"eps_mode": "relative", "xi_mode": "relative", "eps": 0.5, "xi": 0.5}),
-    ("vascl", {"eps_mode": "relative_instance", "xi_mode": "relative_instance", "eps": 0.5, "xi": 0.5, "detach": False}),
+    (
+        "vascl",
+        {"eps_mode": "relative_instance", "xi_mode": "relative_instance", "eps": 0.5, "xi": 0.5, "detach": False},
+    ),
     ("simcse", {}),
 ]
 CASE_IDS = ["vascl", "vascl-no-detach", "vascl-relative", "vascl-instance-no-detach", "simcse"]
@@ -101,7 +104,9 @@ def _parts(objective: str, loss: dict, chunk_size: int, dropout: float, grad_acc
     return accelerator, model, step, recorder
 
 
-def _own_batch(rank: int, world_size: int, seed: int = 10, positive: bool = False, negatives: int = 0) -> dict[str, dict[str, torch.Tensor]]:
+def _own_batch(
+    rank: int, world_size: int, seed: int = 10, positive: bool = False, negatives: int = 0
+) -> dict[str, dict[str, torch.Tensor]]:
     """This rank's rows of the global batch; ``positive``: with a positive column of other tokens
     (a labelled pair's, or data.augment's); ``negatives``: with that many hard-negative columns,
     negative_j of other tokens and j + 1 tokens narrower than the anchor (each column padded to
@@ -168,13 +173,17 @@ def one_loss_call(
     """One loss call and its backward on this rank: "uncached", "cached" or "same_masks"."""
     accelerator, model, step, recorder = _parts(objective, loss, 0 if mode == "uncached" else CHUNK, dropout)
     forwards: list[tuple[bool, torch.Tensor]] = []
-    model.register_forward_hook(lambda module, args, output: forwards.append((torch.is_grad_enabled(), output.detach().clone())))
+    model.register_forward_hook(
+        lambda module, args, output: forwards.append((torch.is_grad_enabled(), output.detach().clone()))
+    )
     batch = _own_batch(rank, world_size, positive=positive)
     out = same_mask_reference(step, batch, 0) if mode == "same_masks" else _call_and_backward(step, batch, mode)
     return {"loss": out.loss.detach(), "gradients": _gradients(model), "recorded": recorder.calls, "forwards": forwards}
 
 
-def loss_calls(rank: int, world_size: int, dropout: float, modes: tuple[str, ...], positive: bool = False) -> list[dict]:
+def loss_calls(
+    rank: int, world_size: int, dropout: float, modes: tuple[str, ...], positive: bool = False
+) -> list[dict]:
     """:func:`one_loss_call` for every case and mode in one process (starting ranks is what costs)."""
     results = [
         {mode: one_loss_call(rank, world_size, o, loss, dropout, mode, positive) for mode in modes} for o, loss in CASES
@@ -258,9 +267,13 @@ def test_with_dropout_the_cached_call_replays_the_masks_of_its_chunks() -> None:
         forwards = cached["forwards"]
         assert [grad for grad, _ in forwards] == [False] * 6 + [True] * 6
         for index in range(6):
-            assert (forwards[index][1] == forwards[6 + index][1]).all(), f"{case_id}: forward {index} was not replayed exactly"
+            assert (forwards[index][1] == forwards[6 + index][1]).all(), (
+                f"{case_id}: forward {index} was not replayed exactly"
+            )
         for index in range(3):  # the same sentences in both views, under different masks
-            assert abs(forwards[index][1] - forwards[3 + index][1]).max() > 1e-3, f"{case_id}: chunk {index}: the views share masks"
+            assert abs(forwards[index][1] - forwards[3 + index][1]).max() > 1e-3, (
+                f"{case_id}: chunk {index}: the views share masks"
+            )
         # And the masks are dropout's: the reference's forwards are the cached step's first pass.
         for index in range(6):
             assert (reference["forwards"][index][1] == forwards[index][1]).all(), case_id
@@ -273,12 +286,19 @@ def simcse_sup_calls(rank: int, world_size: int) -> dict:
     for negatives in (1, 2):
         for alpha in (0.0, 1.5):
             for mode in ("uncached", "cached"):
-                _, model, step, _ = _parts("simcse_sup", {"hard_negative_weight": alpha}, 0 if mode == "uncached" else CHUNK, 0.0)
+                _, model, step, _ = _parts(
+                    "simcse_sup", {"hard_negative_weight": alpha}, 0 if mode == "uncached" else CHUNK, 0.0
+                )
                 forwards: list[bool] = []
                 model.register_forward_hook(lambda module, args, output: forwards.append(torch.is_grad_enabled()))
                 batch = _own_batch(rank, world_size, positive=True, negatives=negatives)
                 out = _call_and_backward(step, batch, mode)
-                results[negatives, alpha, mode] = {"loss": out.loss.detach(), "gradients": _gradients(model), "recorded": [], "forwards": forwards}
+                results[negatives, alpha, mode] = {
+                    "loss": out.loss.detach(),
+                    "gradients": _gradients(model),
+                    "recorded": [],
+                    "forwards": forwards,
+                }
     return _portable(results)
 
 
@@ -298,7 +318,9 @@ def test_without_dropout_the_cached_simcse_sup_call_is_the_one_forward_call(worl
                 assert results[negatives, alpha, "uncached"]["forwards"] == [True], what  # every column in one forward
                 assert results[negatives, alpha, "cached"]["forwards"] == [False] * spans + [True] * spans, what
             assert abs(results[negatives, 0.0, "uncached"]["loss"] - results[negatives, 1.5, "uncached"]["loss"]) > 1e-6
-        assert abs(results[1, 1.5, "uncached"]["loss"] - results[2, 1.5, "uncached"]["loss"]) > 1e-6  # the second negative counts
+        assert (
+            abs(results[1, 1.5, "uncached"]["loss"] - results[2, 1.5, "uncached"]["loss"]) > 1e-6
+        )  # the second negative counts
 
 
 # VaSCL on pairs (the data's positive as x_i'), in both gradient modes, and supervised SimCSE on
@@ -318,7 +340,11 @@ def paired_calls(rank: int, world_size: int) -> dict:
         for mode in ("uncached", "cached"):
             _, model, step, recorder = _parts(objective, loss, 0 if mode == "uncached" else CHUNK, 0.0)
             out = _call_and_backward(step, _own_batch(rank, world_size, positive=True, negatives=negatives), mode)
-            results[case_id, mode] = {"loss": out.loss.detach(), "gradients": _gradients(model), "recorded": recorder.calls}
+            results[case_id, mode] = {
+                "loss": out.loss.detach(),
+                "gradients": _gradients(model),
+                "recorded": recorder.calls,
+            }
     return _portable(results)
 
 
@@ -332,7 +358,9 @@ def test_on_pairs_two_ranks_equal_one_process_uncached_and_cached() -> None:
         what = f"{case_id}, {mode}"
         if mode == "cached":
             _assert_same_call(expected, reference[case_id, "uncached"], f"{what} against uncached, one process")
-        _assert_close(sum(_tensor(got[case_id, mode]["loss"]) for got in per_rank) / 2, expected["loss"], f"{what}, mean loss")
+        _assert_close(
+            sum(_tensor(got[case_id, mode]["loss"]) for got in per_rank) / 2, expected["loss"], f"{what}, mean loss"
+        )
         for got in per_rank:
             for name, gradient in expected["gradients"].items():
                 _assert_close(got[case_id, mode]["gradients"][name], gradient, f"{what}, gradient of {name}")
@@ -367,12 +395,19 @@ def pairsupcon_calls(rank: int, world_size: int, dropout: float, modes: tuple[st
     results = {}
     for contrast_type in ("orig", "hardneg"):
         for mode in modes:
-            _, model, step, _ = _parts("pairsupcon", {"contrast_type": contrast_type, "beta": 0.5}, 0 if mode == "uncached" else CHUNK, dropout)
+            _, model, step, _ = _parts(
+                "pairsupcon", {"contrast_type": contrast_type, "beta": 0.5}, 0 if mode == "uncached" else CHUNK, dropout
+            )
             forwards: list[bool] = []
             model.register_forward_hook(lambda module, args, output: forwards.append(torch.is_grad_enabled()))
             batch = _pair_batch(rank, world_size, narrower=narrower)
             out = same_mask_reference(step, batch, 0) if mode == "same_masks" else _call_and_backward(step, batch, mode)
-            results[contrast_type, mode] = {"loss": out.loss.detach(), "gradients": _gradients(model), "recorded": [], "forwards": forwards}
+            results[contrast_type, mode] = {
+                "loss": out.loss.detach(),
+                "gradients": _gradients(model),
+                "recorded": [],
+                "forwards": forwards,
+            }
     return _portable(results)
 
 
@@ -395,7 +430,11 @@ def test_without_dropout_the_cached_pairsupcon_call_is_the_one_forward_call(worl
 def test_with_dropout_the_cached_pairsupcon_call_replays_the_masks_of_its_chunks() -> None:
     (results,) = run_as_launched(pairsupcon_calls, 1, 0.2, ("same_masks", "cached"), 0)
     for contrast_type in ("orig", "hardneg"):
-        _assert_same_call(results[contrast_type, "cached"], results[contrast_type, "same_masks"], f"pairsupcon {contrast_type}, dropout 0.2")
+        _assert_same_call(
+            results[contrast_type, "cached"],
+            results[contrast_type, "same_masks"],
+            f"pairsupcon {contrast_type}, dropout 0.2",
+        )
 
 
 STEPPED = ("vascl", "simcse", "pairsupcon")  # the objectives of the optimiser-step comparison
@@ -423,11 +462,16 @@ def optimiser_steps(rank: int, world_size: int, grad_accum_steps: int) -> dict:
             for index in range(2):
                 before = len(reductions)
                 make = _pair_batch if objective == "pairsupcon" else _own_batch
-                batches = iter([make(rank, world_size, seed=20 + 2 * index + micro) for micro in range(grad_accum_steps)])
+                batches = iter(
+                    [make(rank, world_size, seed=20 + 2 * index + micro) for micro in range(grad_accum_steps)]
+                )
                 step(batches, index)
                 per_step.append(len(reductions) - before)
             weights = {name: p.detach().clone() for name, p in model.named_parameters()}
-            results[objective, "cached" if chunk_size else "uncached"] = {"weights": weights, "reductions_per_step": per_step}
+            results[objective, "cached" if chunk_size else "uncached"] = {
+                "weights": weights,
+                "reductions_per_step": per_step,
+            }
     return _portable(results)
 
 
@@ -453,7 +497,9 @@ def test_a_chunk_larger_than_the_per_device_batch_or_negative_is_refused_naming_
     from vascl_scale.config import config_from_dict
 
     def config(chunk):
-        return config_from_dict({"model": {"path": "m"}, "data": {"train": "t"}, "train": {"global_batch_size": 64, "chunk_size": chunk}})
+        return config_from_dict(
+            {"model": {"path": "m"}, "data": {"train": "t"}, "train": {"global_batch_size": 64, "chunk_size": chunk}}
+        )
 
     with pytest.raises(ValueError, match=r"train\.chunk_size"):
         config(-1)

@@ -22,7 +22,16 @@ def _heavy_modules_after(code: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "args", [["--help"], ["train", "--help"], ["eval", "--help"], ["eval", "mteb", "--help"], ["data", "download", "--help"], ["data", "mine", "--help"], ["sweep"]]
+    "args",
+    [
+        ["--help"],
+        ["train", "--help"],
+        ["eval", "--help"],
+        ["eval", "mteb", "--help"],
+        ["data", "download", "--help"],
+        ["data", "mine", "--help"],
+        ["sweep"],
+    ],
 )
 def test_help_imports_no_heavy_library(args: list[str]) -> None:
     code = f"from vascl_scale.cli import app\ntry:\n    app({args!r}, prog_name='vascl-scale')\nexcept SystemExit:\n    pass\n"
@@ -31,4 +40,9 @@ def test_help_imports_no_heavy_library(args: list[str]) -> None:
 
 def test_loading_a_config_imports_no_heavy_library() -> None:
     """The config reads the objectives' declarations (vascl_scale.losses.spec), not their maths."""
-    assert _heavy_modules_after("from vascl_scale.config import load_config\nload_config('configs/cpu-demo.yaml', ['objective=simcse'])\n") == []
+    assert (
+        _heavy_modules_after(
+            "from vascl_scale.config import load_config\nload_config('configs/cpu-demo.yaml', ['objective=simcse'])\n"
+        )
+        == []
+    )

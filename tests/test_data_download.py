@@ -7,10 +7,10 @@ import gzip
 import hashlib
 import io
 import json
-import shutil
-import tarfile
 import os
 import random
+import shutil
+import tarfile
 import threading
 import time
 import zipfile
@@ -56,24 +56,30 @@ def tar_gz_bytes(files: dict[str, bytes]) -> bytes:
 ORIGINALS = {
     # An STS year's release zip: the SentEval layout in a folder, a pair without gold, a subset
     # named "surprise.*", a third source column (as STS16 has), a file of another folder ignored.
-    "sts/STS2012-en-test.zip": zip_bytes({
-        "test-gold/STS.input.MSRpar.txt": b"A b.\tC \"d\".\nNo gold\there\n",
-        "test-gold/STS.gs.MSRpar.txt": b"4.400\n\n",
-        "test-gold/STS.input.surprise.OnWN.txt": "x y\tz\u00e9\tsource\n".encode(),
-        "test-gold/STS.gs.surprise.OnWN.txt": b"5.000\n",
-        "other/STS.input.MSRpar.txt": b"never\tread\n",
-    }),
-    "sts/Stsbenchmark.tar.gz": tar_gz_bytes({
-        "stsbenchmark/sts-train.csv": b"main-captions\tMSRvid\t2012test\t0001\t5.000\tA plane.\tAn air plane.\n"
-        b"main-news\theadlines\t2013\t0002\t0.500\tOne \"q\tTwo\tsrc1\tsrc2\n",
-        "stsbenchmark/readme.txt": b"readme",
-    }),
-    "sts/sick_train.zip": zip_bytes({
-        "SICK_train.txt": b"pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\r\n"
-        b"1\tA dog runs\tA dog is running\t4.7\tENTAILMENT\r\n2\tX\tY\t1\tNEUTRAL\r\n",
-        "readme.txt": b"readme",
-    }),
-    "clustering/T": b"2\tfoo bar\t\r\n1\tbaz \"q\" x\r\n",
+    "sts/STS2012-en-test.zip": zip_bytes(
+        {
+            "test-gold/STS.input.MSRpar.txt": b'A b.\tC "d".\nNo gold\there\n',
+            "test-gold/STS.gs.MSRpar.txt": b"4.400\n\n",
+            "test-gold/STS.input.surprise.OnWN.txt": "x y\tz\u00e9\tsource\n".encode(),
+            "test-gold/STS.gs.surprise.OnWN.txt": b"5.000\n",
+            "other/STS.input.MSRpar.txt": b"never\tread\n",
+        }
+    ),
+    "sts/Stsbenchmark.tar.gz": tar_gz_bytes(
+        {
+            "stsbenchmark/sts-train.csv": b"main-captions\tMSRvid\t2012test\t0001\t5.000\tA plane.\tAn air plane.\n"
+            b'main-news\theadlines\t2013\t0002\t0.500\tOne "q\tTwo\tsrc1\tsrc2\n',
+            "stsbenchmark/readme.txt": b"readme",
+        }
+    ),
+    "sts/sick_train.zip": zip_bytes(
+        {
+            "SICK_train.txt": b"pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\r\n"
+            b"1\tA dog runs\tA dog is running\t4.7\tENTAILMENT\r\n2\tX\tY\t1\tNEUTRAL\r\n",
+            "readme.txt": b"readme",
+        }
+    ),
+    "clustering/T": b'2\tfoo bar\t\r\n1\tbaz "q" x\r\n',
     "intent/train.csv": b'text,category\r\n"hi\nthere",card_arrival\r\n ok ,top_up\r\n',
     "intent/data_full.json": json.dumps(
         {"train": [["a b", "x"]], "val": [["c", "y"]], "test": [['say "d"', "z"]], "oos_train": [["e", "oos"]]}
@@ -84,7 +90,7 @@ ORIGINALS = {
     # SimCSE's nli_for_simcse.csv: quoted fields (a comma, doubled quotes) and a row without a
     # hard negative, which the conversion drops and counts.
     "corpus/nli_for_simcse.csv": b'sent0,sent1,hard_neg\n"A man, a plan, a canal.",A plan.,No plan at all.\n'
-    b'The cat sat.,A cat sits.,A dog stands.\nan anchor,a positive,\n'
+    b"The cat sat.,A cat sits.,A dog stands.\nan anchor,a positive,\n"
     b'"She said ""hi"".",She spoke.,She was silent.\nTwo birds fly.,Birds fly.,Nothing flies.\n',
 }
 # The rows of that CSV the conversion keeps, as (anchor, positive, negative_0).
@@ -259,7 +265,7 @@ class Mirror:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "Mirror":
+    def __enter__(self) -> Mirror:
         self.thread.start()
         return self
 
@@ -297,11 +303,29 @@ def test_converters_turn_each_original_format_into_the_layout(tmp_path: Path) ->
         again = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url)
         assert again.exit_code == 0 and "9 present" in again.output and len(mirror.requests) == count
         # --force converts again, from the downloaded originals re-fetched.
-        forced = CliRunner().invoke(app, ["data", "download", "t", "--to", str(tmp_path / "data"), "--mirror",
-                                          mirror.url, "--registry", str(tmp_path / "registry.toml"), "--force"])
+        forced = CliRunner().invoke(
+            app,
+            [
+                "data",
+                "download",
+                "t",
+                "--to",
+                str(tmp_path / "data"),
+                "--mirror",
+                mirror.url,
+                "--registry",
+                str(tmp_path / "registry.toml"),
+                "--force",
+            ],
+        )
         assert forced.exit_code == 0 and "1 converted" in forced.output and len(mirror.requests) == count + 1
     # The gzip bytes carry no timestamp: converting again gives the same file.
-    download_datasets(load_registry(tmp_path / "registry.toml").select(["wiki"]), tmp_path / "again", mirror=str(tmp_path / "data" / ".downloads"), show_progress=False)
+    download_datasets(
+        load_registry(tmp_path / "registry.toml").select(["wiki"]),
+        tmp_path / "again",
+        mirror=str(tmp_path / "data" / ".downloads"),
+        show_progress=False,
+    )
     assert (tmp_path / "again" / "corpus" / "wiki.txt.gz").read_bytes() == corpus
 
 
@@ -311,12 +335,19 @@ def test_a_converted_file_that_differs_from_its_checksum_fails_clearly_and_is_no
     with Mirror(corrupt) as mirror:
         result = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url)
     assert result.exit_code == 1
-    expected, actual = sha256(EXPECTED["clustering/t.tsv"]), sha256(EXPECTED["clustering/t.tsv"].replace(b"foo", b"fOo"))
+    expected, actual = (
+        sha256(EXPECTED["clustering/t.tsv"]),
+        sha256(EXPECTED["clustering/t.tsv"].replace(b"foo", b"fOo")),
+    )
     flat = " ".join(result.output.split())
     assert "checksum" in flat and "clustering/t.tsv" in flat, result.output
     assert "--force" in flat and "1 failed" in flat and "8 converted" in flat  # the others went on
-    failure = download_datasets(load_registry(tmp_path / "registry.toml").select(["t"]), tmp_path / "data",
-                                mirror=str(tmp_path / "data" / ".downloads"), show_progress=False)[0]
+    failure = download_datasets(
+        load_registry(tmp_path / "registry.toml").select(["t"]),
+        tmp_path / "data",
+        mirror=str(tmp_path / "data" / ".downloads"),
+        show_progress=False,
+    )[0]
     assert failure.status == "failed" and failure.reason.startswith("checksum:")
     assert expected in failure.reason and actual in failure.reason
     assert not (tmp_path / "data" / "clustering" / "t.tsv").exists()
@@ -327,9 +358,15 @@ def test_a_pinned_original_with_other_bytes_is_refused_and_deleted(tmp_path: Pat
     pins = {"intent/train.csv": sha256(b"something else")}
     (tmp_path / "registry.toml").write_text(registry_text(EXPECTED, pins))
     with Mirror(ORIGINALS) as mirror:
-        outcome = download_datasets(load_registry(tmp_path / "registry.toml").select(["bk"]), tmp_path / "data",
-                                    mirror=mirror.url, show_progress=False)[0]
-    assert outcome.status == "failed" and "the original" in outcome.reason and pins["intent/train.csv"] in outcome.reason
+        outcome = download_datasets(
+            load_registry(tmp_path / "registry.toml").select(["bk"]),
+            tmp_path / "data",
+            mirror=mirror.url,
+            show_progress=False,
+        )[0]
+    assert (
+        outcome.status == "failed" and "the original" in outcome.reason and pins["intent/train.csv"] in outcome.reason
+    )
     assert not list((tmp_path / "data" / ".downloads").rglob("train.csv*"))
 
 
@@ -354,8 +391,12 @@ def test_an_unreachable_source_is_a_network_failure_and_the_rest_go_on(tmp_path:
     (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
     files = {name: data for name, data in ORIGINALS.items() if name != "intent/label"}
     with Mirror(files) as mirror:
-        outcomes = download_datasets(load_registry(tmp_path / "registry.toml").select(["intent"]), tmp_path / "data",
-                                     mirror=mirror.url, show_progress=False)
+        outcomes = download_datasets(
+            load_registry(tmp_path / "registry.toml").select(["intent"]),
+            tmp_path / "data",
+            mirror=mirror.url,
+            show_progress=False,
+        )
     by_name = {outcome.name: outcome for outcome in outcomes}
     assert by_name["p"].status == "failed" and "HTTP 404" in by_name["p"].reason
     assert by_name["bk"].status == by_name["c"].status == "converted"
@@ -419,9 +460,14 @@ def test_resume_starts_over_when_the_server_ignores_range_or_the_file_changed(tm
     part = tmp_path / "data" / ".downloads" / HOST / "intent" / "data_full.json.part"
     with Mirror(ORIGINALS, ranges=False) as mirror:
         mirror.cut_after[f"/{HOST}/intent/data_full.json"] = 10
-        assert download_datasets(datasets, tmp_path / "data", mirror=mirror.url, show_progress=False)[0].status == "failed"
+        assert (
+            download_datasets(datasets, tmp_path / "data", mirror=mirror.url, show_progress=False)[0].status == "failed"
+        )
         assert part.stat().st_size == 10
-        assert download_datasets(datasets, tmp_path / "data", mirror=mirror.url, show_progress=False)[0].status == "converted"
+        assert (
+            download_datasets(datasets, tmp_path / "data", mirror=mirror.url, show_progress=False)[0].status
+            == "converted"
+        )
     assert (tmp_path / "data" / "intent" / "c" / "test.tsv").read_bytes() == EXPECTED["intent/c/test.tsv"]
     # A .part of another version of the file (its ETag no longer matches): fetched afresh.
     shutil.rmtree(tmp_path / "data")
@@ -445,7 +491,10 @@ def test_a_complete_part_file_is_finished_without_refetching(tmp_path: Path) -> 
     (downloads / "data_full.json.part").write_bytes(data)
     (downloads / "data_full.json.part.validator").write_text(f'"{sha256(data)[:16]}"')
     with Mirror(ORIGINALS) as mirror:
-        assert download_datasets(datasets, tmp_path / "data", mirror=mirror.url, show_progress=False)[0].status == "converted"
+        assert (
+            download_datasets(datasets, tmp_path / "data", mirror=mirror.url, show_progress=False)[0].status
+            == "converted"
+        )
         assert mirror.requests == [(f"/{HOST}/intent/data_full.json", f"bytes={len(data)}-")]
 
 
@@ -454,7 +503,9 @@ def test_direct_urls_a_directory_mirror_and_broken_originals(tmp_path: Path) -> 
         # The registry's URLs themselves (no --mirror), here on the loopback server.
         text = registry_text(EXPECTED).replace(f"https://{HOST}/", f"{mirror.url}/{HOST}/")
         (tmp_path / "direct.toml").write_text(text)
-        outcome = download_datasets(load_registry(tmp_path / "direct.toml").select(["t"]), tmp_path / "direct", show_progress=False)[0]
+        outcome = download_datasets(
+            load_registry(tmp_path / "direct.toml").select(["t"]), tmp_path / "direct", show_progress=False
+        )[0]
         assert outcome.status == "converted" and outcome.fetched
     assert (tmp_path / "direct" / "clustering" / "t.tsv").read_bytes() == EXPECTED["clustering/t.tsv"]
     # A directory mirror (<mirror>/<host>/<path>) lacking a file: a source failure naming the layout.
@@ -463,13 +514,21 @@ def test_direct_urls_a_directory_mirror_and_broken_originals(tmp_path: Path) -> 
     (mirror_dir / "clustering" / "T").write_bytes(ORIGINALS["clustering/T"])
     (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
     registry = load_registry(tmp_path / "registry.toml")
-    done, missing = download_datasets(registry.select(["t", "bk"]), tmp_path / "data", mirror=str(tmp_path / "mirror"), show_progress=False)
+    done, missing = download_datasets(
+        registry.select(["t", "bk"]), tmp_path / "data", mirror=str(tmp_path / "mirror"), show_progress=False
+    )
     assert done.status == "converted"
-    assert missing.status == "failed" and missing.reason.startswith("source:") and "<mirror>/<host>/<path>" in missing.reason
+    assert (
+        missing.status == "failed"
+        and missing.reason.startswith("source:")
+        and "<mirror>/<host>/<path>" in missing.reason
+    )
     # An original that is no archive (an error page): a conversion failure that says --force.
     (mirror_dir / "sts").mkdir()
     (mirror_dir / "sts" / "STS2012-en-test.zip").write_bytes(b"<html>Service unavailable</html>")
-    broken = download_datasets(registry.select(["s12"]), tmp_path / "data", mirror=str(tmp_path / "mirror"), show_progress=False)[0]
+    broken = download_datasets(
+        registry.select(["s12"]), tmp_path / "data", mirror=str(tmp_path / "mirror"), show_progress=False
+    )[0]
     assert broken.status == "failed" and broken.reason.startswith("conversion:") and "deleted" in broken.reason
 
 
@@ -479,7 +538,10 @@ def test_direct_urls_a_directory_mirror_and_broken_originals(tmp_path: Path) -> 
         (lambda t: t.replace(f"https://{HOST}/clustering/T", f"https://{HOST}/../../etc/passwd"), "'..' path segments"),
         (lambda t: t.replace('converter = "label_tab_text"', 'converter = "nope"'), "converter 'nope' is not one of"),
         (lambda t: t.replace('"clustering/t.tsv" =', '"intent/t.tsv" ='), "must lie under clustering/"),
-        (lambda t: t.replace('"intent/c/valid.tsv" = "val"', '"intent/c/other.tsv" = "val"'), "must map onto exactly the outputs"),
+        (
+            lambda t: t.replace('"intent/c/valid.tsv" = "val"', '"intent/c/other.tsv" = "val"'),
+            "must map onto exactly the outputs",
+        ),
     ],
 )
 def test_a_bad_registry_is_one_clear_error(tmp_path: Path, change, message: str) -> None:
@@ -490,7 +552,11 @@ def test_a_bad_registry_is_one_clear_error(tmp_path: Path, change, message: str)
 
 # Damaged originals, hostile servers and mirrors (issue 25).
 
-STSB_TRAIN = tarfile.open(fileobj=io.BytesIO(ORIGINALS["sts/Stsbenchmark.tar.gz"])).extractfile("stsbenchmark/sts-train.csv").read()
+STSB_TRAIN = (
+    tarfile.open(fileobj=io.BytesIO(ORIGINALS["sts/Stsbenchmark.tar.gz"]))
+    .extractfile("stsbenchmark/sts-train.csv")
+    .read()
+)
 SICK_TRAIN = zipfile.ZipFile(io.BytesIO(ORIGINALS["sts/sick_train.zip"])).read("SICK_train.txt")
 
 
@@ -577,12 +643,17 @@ def test_only_the_archive_members_a_converter_needs_are_read_each_within_a_limit
     monkeypatch.setattr(converters, "MEMBER_LIMIT_BYTES", len(STSB_TRAIN) - 1)
     result = run_download(tmp_path / "registry.toml", tmp_path / "data", str(mirror), "b")
     text = flat(result.output)
-    assert result.exit_code == 1 and f"sts-train.csv in Stsbenchmark.tar.gz holds more than {len(STSB_TRAIN) - 1} bytes" in text, result.output
+    assert (
+        result.exit_code == 1
+        and f"sts-train.csv in Stsbenchmark.tar.gz holds more than {len(STSB_TRAIN) - 1} bytes" in text
+    ), result.output
     monkeypatch.setattr(converters, "MEMBER_LIMIT_BYTES", 1 << 20)
     monkeypatch.setattr(converters, "ARCHIVE_LIMIT_BYTES", 4000)
     result = run_download(tmp_path / "registry.toml", tmp_path / "data", str(mirror), "b")
     text = flat(result.output)
-    assert result.exit_code == 1 and "more than 4000 bytes uncompressed" in text and "Stsbenchmark.tar.gz" in text, result.output
+    assert result.exit_code == 1 and "more than 4000 bytes uncompressed" in text and "Stsbenchmark.tar.gz" in text, (
+        result.output
+    )
 
 
 def test_a_range_reply_from_another_byte_is_discarded_and_the_file_fetched_whole(tmp_path: Path) -> None:
@@ -603,14 +674,19 @@ def test_a_range_reply_from_another_byte_is_discarded_and_the_file_fetched_whole
 def test_a_416_reply_leaves_no_validator_behind(tmp_path: Path) -> None:
     (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
     downloads = tmp_path / "data" / ".downloads" / HOST
-    parts = {"intent/data_full.json": ORIGINALS["intent/data_full.json"], "clustering/T": ORIGINALS["clustering/T"] + b"more"}
+    parts = {
+        "intent/data_full.json": ORIGINALS["intent/data_full.json"],
+        "clustering/T": ORIGINALS["clustering/T"] + b"more",
+    }
     for name, data in parts.items():  # one complete .part, one longer than the file
         (downloads / name).parent.mkdir(parents=True, exist_ok=True)
         (downloads / f"{name}.part").write_bytes(data)
         (downloads / f"{name}.part.validator").write_text(f'"{sha256(ORIGINALS[name])[:16]}"')
     with Mirror(ORIGINALS) as mirror:
         result = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url, "c", "t")
-    assert result.exit_code == 1 and "does not fit" in flat(result.output) and "1 converted" in result.output, result.output
+    assert result.exit_code == 1 and "does not fit" in flat(result.output) and "1 converted" in result.output, (
+        result.output
+    )
     assert not list(downloads.rglob("*.validator")) and not list(downloads.rglob("*.part"))
 
 
@@ -656,7 +732,9 @@ def test_a_server_that_drips_bytes_fails_at_the_timeout(tmp_path: Path) -> None:
         result = CliRunner().invoke(app, [*args, "--mirror", mirror.url, "--timeout", "1"])
         elapsed = time.monotonic() - started
     text = flat(result.output)
-    assert result.exit_code == 1 and "network:" in text and "not complete after 1 s" in text and "--timeout" in text, result.output
+    assert result.exit_code == 1 and "network:" in text and "not complete after 1 s" in text and "--timeout" in text, (
+        result.output
+    )
     assert elapsed < 5  # the whole file would take 8 s
     refused = CliRunner().invoke(app, [*args, "--timeout", "0"])
     assert refused.exit_code == 2 and "--timeout 0" in refused.output and len(refused.output.strip().splitlines()) == 1
@@ -674,13 +752,19 @@ def test_a_mirror_symlink_that_leads_outside_the_mirror_is_refused(tmp_path: Pat
     mirror = write_mirror(tmp_path / "mirror", {"store/train.csv": ORIGINALS["intent/train.csv"]})
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "T").write_bytes(ORIGINALS["clustering/T"])
-    for name, target in (("clustering/T", tmp_path / "outside" / "T"), ("intent/train.csv", mirror / HOST / "store" / "train.csv")):
+    for name, target in (
+        ("clustering/T", tmp_path / "outside" / "T"),
+        ("intent/train.csv", mirror / HOST / "store" / "train.csv"),
+    ):
         (mirror / HOST / name).parent.mkdir(parents=True, exist_ok=True)
         (mirror / HOST / name).symlink_to(target)
     result = run_download(tmp_path / "registry.toml", tmp_path / "data", str(mirror), "t", "bk")
     text = flat(result.output)
     assert result.exit_code == 1 and "1 converted" in text, result.output  # a link inside the mirror is fine
-    assert f"source: {mirror / HOST / 'clustering' / 'T'} leads to {tmp_path / 'outside' / 'T'}, outside the mirror" in text
+    assert (
+        f"source: {mirror / HOST / 'clustering' / 'T'} leads to {tmp_path / 'outside' / 'T'}, outside the mirror"
+        in text
+    )
     assert not (tmp_path / "data" / "clustering" / "t.tsv").exists()
 
 
@@ -691,7 +775,9 @@ def test_a_second_download_into_the_same_directory_is_refused_naming_the_first(t
     with Mirror(ORIGINALS) as mirror:
         mirror.hold = threading.Event()
         first = threading.Thread(
-            target=lambda: outcomes.extend(download_datasets(datasets, tmp_path / "data", mirror=mirror.url, show_progress=False))
+            target=lambda: outcomes.extend(
+                download_datasets(datasets, tmp_path / "data", mirror=mirror.url, show_progress=False)
+            )
         )
         first.start()
         try:
@@ -723,7 +809,10 @@ def test_nli_becomes_triplet_shards_as_data_prepare_writes_them_and_prints_the_o
         result = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url, "nli")
         assert result.exit_code == 0 and "1 converted" in result.output, result.output
         assert f"nli_for_simcse.csv: sha256 {sha256(csv_bytes)} (not pinned)" in flat(result.output)
-        assert "4 triplets of 5 rows in 2 shards; rows dropped: empty 1 (counted in corpus/nli/manifest.json)" in result.output
+        assert (
+            "4 triplets of 5 rows in 2 shards; rows dropped: empty 1 (counted in corpus/nli/manifest.json)"
+            in result.output
+        )
         manifest = nli_manifest(tmp_path / "data")
         assert manifest["columns"] == ["anchor", "positive", "negative_0"]
         assert manifest["lines_read"] == 5 and manifest["total_samples"] == 4 and manifest["dropped"]["empty"] == 1
@@ -733,12 +822,17 @@ def test_nli_becomes_triplet_shards_as_data_prepare_writes_them_and_prints_the_o
         # The same shards as `data prepare --format nli` with the entry's options, byte for byte.
         (tmp_path / "nli_for_simcse.csv").write_bytes(csv_bytes)
         options = PrepareOptions(fmt="nli", shard_size=NLI_SHARD_SIZE, shuffle_seed=0)
-        prepared = prepare_shards([tmp_path / "nli_for_simcse.csv"], tmp_path / "prepared", options, show_progress=False)
+        prepared = prepare_shards(
+            [tmp_path / "nli_for_simcse.csv"], tmp_path / "prepared", options, show_progress=False
+        )
         assert [shard["sha256"] for shard in manifest["shards"]] == [shard["sha256"] for shard in prepared.shards]
         assert manifest["options"] == json.loads((tmp_path / "prepared" / "manifest.json").read_text())["options"]
         # PairSupCon's labelled pairs beside them, ready for data.train: as `data prepare --labelled-pairs` writes them.
         # The row with an empty contradiction keeps its (premise, entailment, 1) pair.
-        assert "9 labelled pairs of 10 rows in 3 shards; rows dropped: empty 1 (counted in corpus/nli-pairs/manifest.json)" in result.output
+        assert (
+            "9 labelled pairs of 10 rows in 3 shards; rows dropped: empty 1 (counted in corpus/nli-pairs/manifest.json)"
+            in result.output
+        )
         pairs = json.loads((tmp_path / "data" / "corpus" / "nli-pairs" / "manifest.json").read_text())
         assert pairs["columns"] == ["anchor", "paired", "label"] and pairs["total_samples"] == 9
         rows = shard_rows(tmp_path / "data" / "corpus" / "nli-pairs")
@@ -789,8 +883,12 @@ def test_the_shipped_nli_entry_lists_the_shards_its_rows_make() -> None:
     (nli,) = load_registry().select(["nli"])
     assert nli.description.startswith("275,601 ")  # the triplets the file holds (issue 26)
     shards = -(-275_601 // nli.options["shard_size"])
-    expected = [f"corpus/nli/{MANIFEST_NAME}"] + [f"corpus/nli/{SHARD_PATTERN.format(index=index)}" for index in range(shards)]
+    expected = [f"corpus/nli/{MANIFEST_NAME}"] + [
+        f"corpus/nli/{SHARD_PATTERN.format(index=index)}" for index in range(shards)
+    ]
     pairs, folder = -(-2 * 275_601 // nli.options["shard_size"]), nli.options["labelled_pairs"]  # two pairs a triplet
-    expected += [f"{folder}/{MANIFEST_NAME}"] + [f"{folder}/{SHARD_PATTERN.format(index=index)}" for index in range(pairs)]
+    expected += [f"{folder}/{MANIFEST_NAME}"] + [
+        f"{folder}/{SHARD_PATTERN.format(index=index)}" for index in range(pairs)
+    ]
     assert list(nli.outputs) == expected and not any(nli.outputs.values())
     assert folder == "corpus/nli-labelled-pairs"  # where docs/pairs.md and configs/pairsupcon-bert-base.yaml find them

@@ -16,7 +16,15 @@ from itertools import islice
 import pytest
 import torch
 
-from tests.data_helpers import decode_rows, labelled_rows, make_paired_shards, make_shards, minilm_tokenizer, paired_rows, sentences
+from tests.data_helpers import (
+    decode_rows,
+    labelled_rows,
+    make_paired_shards,
+    make_shards,
+    minilm_tokenizer,
+    paired_rows,
+    sentences,
+)
 from vascl_scale.config import DataConfig
 from vascl_scale.data.loader import CorruptShardError, build_train_stream
 
@@ -116,9 +124,15 @@ def test_batches_are_dynamically_padded_long_tensors(tmp_path, tokenizer):
     shards = make_shards(tmp_path, texts, shard_size=16)
     with time_limit(60):
         for batch in islice(iter(_stream(shards, tokenizer, max_length=24)), 12):
-            assert set(batch) == {"anchor"} and set(batch["anchor"]) == {"input_ids", "attention_mask", "token_type_ids"}
+            assert set(batch) == {"anchor"} and set(batch["anchor"]) == {
+                "input_ids",
+                "attention_mask",
+                "token_type_ids",
+            }
             lengths = batch["anchor"]["attention_mask"].sum(dim=1)
-            assert all(t.dtype == torch.long and t.shape == (BATCH, int(lengths.max())) for t in batch["anchor"].values())
+            assert all(
+                t.dtype == torch.long and t.shape == (BATCH, int(lengths.max())) for t in batch["anchor"].values()
+            )
             assert int(lengths.max()) <= 24
 
 
@@ -225,7 +239,9 @@ def test_the_rows_left_at_the_end_of_an_epoch_are_dropped_counted_and_resumed_pa
     rank 0's (the position follows from the batch count, drops included) the stream goes on
     exactly. ``cut`` 2: just after epoch 0's last batch, its drop not yet seen; 5: inside epoch 2."""
     texts = sentences(36)
-    shards = make_shards(tmp_path, texts, shard_size=6)  # 6 shards: 3 per rank, 18 rows = 2 batches and 2 dropped per epoch
+    shards = make_shards(
+        tmp_path, texts, shard_size=6
+    )  # 6 shards: 3 per rank, 18 rows = 2 batches and 2 dropped per epoch
     shard_of = {text: index // 6 for index, text in enumerate(texts)}
     options = dict(mode="exact", num_workers=0, shuffle_buffer=4)
     reference_stream = _stream(shards, tokenizer, 1, 2, **options)
@@ -297,7 +313,11 @@ def test_sources_follow_webdataset_url_syntax(tmp_path, monkeypatch):
     shards = make_shards(tmp_path, sentences(32), shard_size=8)
     monkeypatch.setenv("WDS_SHARDS", str(shards))
     source = resolve_source("${SHARDS}/shard-{000000..000001}.tar::${SHARDS}/shard-000003.tar")
-    assert [url.rsplit("/", 1)[1] for url in source.urls] == ["shard-000000.tar", "shard-000001.tar", "shard-000003.tar"]
+    assert [url.rsplit("/", 1)[1] for url in source.urls] == [
+        "shard-000000.tar",
+        "shard-000001.tar",
+        "shard-000003.tar",
+    ]
     assert source.counts == (8, 8, 8)
     with pytest.raises(ValueError, match="WDS_NAME"):
         resolve_source("${UNSET_NAME}/shard-000000.tar")
@@ -409,7 +429,9 @@ def test_shards_prepared_with_two_hard_negatives_stream_every_column_row_by_row(
     fields = ("query", "pos", "neg_a", "neg_b")
     path = tmp_path / "in.jsonl"
     path.write_text("".join(json.dumps(dict(zip(fields, row.values()))) + "\n" for row in rows))
-    prepare_shards([path], tmp_path / "shards", PrepareOptions(shard_size=6, text_field=",".join(fields)), show_progress=False)
+    prepare_shards(
+        [path], tmp_path / "shards", PrepareOptions(shard_size=6, text_field=",".join(fields)), show_progress=False
+    )
     columns = ("anchor", "positive", "negative_0", "negative_1")
     assert OBJECTIVES["simcse_sup"].columns_read(source_columns(str(tmp_path / "shards"))) == columns
     stream = _stream(tmp_path / "shards", tokenizer, columns=OBJECTIVES["simcse_sup"].columns_read(columns))
@@ -426,7 +448,9 @@ def test_shards_prepared_with_two_hard_negatives_stream_every_column_row_by_row(
 LABELLED = ("anchor", "paired", "label")
 
 
-@pytest.mark.parametrize("rows,columns", [(paired_rows, PAIR), (labelled_rows, LABELLED)], ids=["pairs", "labelled_pairs"])
+@pytest.mark.parametrize(
+    "rows,columns", [(paired_rows, PAIR), (labelled_rows, LABELLED)], ids=["pairs", "labelled_pairs"]
+)
 def test_paired_streams_resume_exactly_and_stored_ids_give_the_same_batches(tmp_path, tokenizer, rows, columns):
     """60 rows, 2 workers: pieces end short at each pass's end, so batches join pieces (labels with them)."""
     rows = rows(60)
@@ -448,7 +472,10 @@ def test_a_sample_without_a_column_read_is_counted_and_never_yielded(tmp_path, t
     from vascl_scale.data.shards import write_shard
 
     shards = make_paired_shards(tmp_path / "pairs", paired_rows(17), shard_size=17)
-    samples = [(f"{i:09d}", {"anchor.txt": f"anchor {i}".encode(), "positive.txt": f"positive {i}".encode()}) for i in range(17)]
+    samples = [
+        (f"{i:09d}", {"anchor.txt": f"anchor {i}".encode(), "positive.txt": f"positive {i}".encode()})
+        for i in range(17)
+    ]
     del samples[3][1]["positive.txt"]
     write_shard(shards / "shard-000000.tar", samples)  # its manifest entry no longer matches: warned about, read on
     stream = _stream(shards, tokenizer, num_workers=0, columns=PAIR)
@@ -471,7 +498,9 @@ def test_columns_come_from_the_manifests_and_augmenting_data_that_has_positives_
     assert source_columns(f"{pairs}/shard-000000.tar::{single}/shard-000000.tar") == ("anchor",)
     assert source_columns(str(single)) == source_columns(f"pipe:cat {pairs}/shard-000000.tar") == ("anchor",)
     assert source_columns(str(tmp_path / "corpus.txt")) == source_columns(str(tmp_path / "absent.tar")) == ("anchor",)
-    with pytest.raises(ValueError, match="data.augment makes each sample's positive from its anchor, and .* has a positive column"):
+    with pytest.raises(
+        ValueError, match="data.augment makes each sample's positive from its anchor, and .* has a positive column"
+    ):
         _stream(pairs, tokenizer, columns=PAIR, augment="wdel")
     augmented = _stream(pairs, tokenizer, num_workers=0, columns=("anchor",), augment="wdel")
     assert augmented.columns == PAIR  # the data's positives are not read: the augmentation makes them
@@ -501,7 +530,12 @@ def test_a_label_that_is_not_0_or_1_is_a_corrupt_shard(tmp_path, tokenizer):
     from vascl_scale.data.shards import write_shard
 
     shards = make_paired_shards(tmp_path / "pairs", labelled_rows(16), shard_size=8)
-    samples = [(f"{i:09d}", {"anchor.txt": b"an anchor", "paired.txt": b"its pair", "label.cls": b"2" if i == 5 else b"1"}) for i in range(8)]
+    samples = [
+        (f"{i:09d}", {"anchor.txt": b"an anchor", "paired.txt": b"its pair", "label.cls": b"2" if i == 5 else b"1"})
+        for i in range(8)
+    ]
     write_shard(shards / "shard-000000.tar", samples)
-    with pytest.raises(CorruptShardError, match=r"shard-000000.tar: ValueError: a label member holds '2', not one of 0, 1"):
+    with pytest.raises(
+        CorruptShardError, match=r"shard-000000.tar: ValueError: a label member holds '2', not one of 0, 1"
+    ):
         _batches(_stream(shards, tokenizer, num_workers=0, columns=LABELLED, on_corrupt="fail", shuffle_buffer=0), 2)

@@ -132,7 +132,7 @@ def test_no_margin_takes_the_top_of_the_range_and_random_draws_are_seeded_subset
             assert mined.rows == draws[seed]  # the draw depends on the seed and the row, not the chunking
     order = ["c1", "c2", "c3", "c4", "c5", "c6", "x"]  # a's survivors, most similar first
     for rows in draws.values():
-        for anchor, positive, *negatives in rows[:2]:
+        for _anchor, _positive, *negatives in rows[:2]:
             assert set(negatives) <= set(order) and negatives == sorted(negatives, key=order.index)
     assert len({tuple(rows) for rows in draws.values()}) > 1, "six seeds drew the same negatives"
 
@@ -166,7 +166,10 @@ def test_faiss_search_equals_the_exact_search():
         return np.stack([vectors[text] for text in texts])
 
     settings = dict(negatives=3, range_min=2, range_max=30, margin=None, chunk_size=16)
-    mined = {search: mine_pairs(pairs, encode, MineOptions(search=search, **settings), extra) for search in ("exact", "faiss")}
+    mined = {
+        search: mine_pairs(pairs, encode, MineOptions(search=search, **settings), extra)
+        for search in ("exact", "faiss")
+    }
     assert mined["faiss"].rows == mined["exact"].rows and len(mined["exact"].rows) > 30
     assert mined["faiss"].summary["search"] == "faiss"
 
@@ -190,7 +193,9 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 def _pairs_tsv(path: Path, count: int) -> list[tuple[str, str]]:
-    pairs = [(f"question {index} about topic {index % 5}", f"answer {index} on topic {index % 5}") for index in range(count)]
+    pairs = [
+        (f"question {index} about topic {index % 5}", f"answer {index} on topic {index % 5}") for index in range(count)
+    ]
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle, delimiter="\t")
         writer.writerow(["query", "answer", "score"])
@@ -227,7 +232,7 @@ def test_mine_cli_writes_paired_shards_that_the_loader_reads(tiny_model, tmp_pat
     rows = shard_rows(output)
     assert [row[:2] for row in rows] == pairs
     candidates = {positive for _, positive in pairs} | {f"extra text {index}" for index in range(12)}
-    for anchor, positive, *negatives in rows:
+    for _anchor, positive, *negatives in rows:
         assert len(set(negatives)) == 2 and set(negatives) <= candidates - {positive}
     # the loader streams the mined columns, one sample per row
     tokenizer = load_tokenizer(str(tiny_model))

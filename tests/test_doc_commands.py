@@ -58,9 +58,15 @@ def test_reader_joins_lines_and_strips_the_shell_around_commands() -> None:
         ("vascl-scale eval sts --modle m", "No such option: --modle"),  # unknown option
         ("vascl-scale --config c.yaml train", "No such option: --config"),  # an option of train before it
         ("vascl-scale train --config c.yaml --max-steps", "'--max-steps' requires an argument"),  # missing value
-        ("vascl-scale train --config c.yaml --max-steps ten", "'--max-steps': Input should be a valid integer"),  # not an integer
+        (
+            "vascl-scale train --config c.yaml --max-steps ten",
+            "'--max-steps': Input should be a valid integer",
+        ),  # not an integer
         ("vascl-scale bench data shards --seconds fast", "'--seconds': Input should be a valid number"),  # not a number
-        ("vascl-scale eval sts --model m --batch-size 0", "'--batch-size': Input should be greater than or equal to 1"),  # below the option's minimum
+        (
+            "vascl-scale eval sts --model m --batch-size 0",
+            "'--batch-size': Input should be greater than or equal to 1",
+        ),  # below the option's minimum
         ("vascl-scale train --config c.yaml --resume=yes", "does not take a value"),  # a flag given a value
         ("vascl-scale train --config c.yaml --resume yes", "unexpected extra argument(s) yes"),
         ("vascl-scale train --max-steps 3", "missing option --config"),

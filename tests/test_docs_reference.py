@@ -47,7 +47,9 @@ def test_configuration_page_has_every_key_with_its_docstring() -> None:
         assert f"| `{key}` |" in page, key
     assert sum(line.startswith("| `") for line in page.splitlines()) == len(keys)  # no other rows
     # The description is the docstring under the field, and the row has type, default and bounds.
-    assert LossConfig.model_fields["k"].description.startswith("neighbours per anchor, searched over the whole global batch")
+    assert LossConfig.model_fields["k"].description.startswith(
+        "neighbours per anchor, searched over the whole global batch"
+    )
     assert "| `loss.k` | integer | `16` |   | neighbours per anchor" in page
     assert "| `train.precision` | string | `auto` | `auto`, `no`, `bf16`, `fp16` |" in page
     assert "| `data.augment_fraction` | number | `0.1` | > 0, <= 1 |" in page
@@ -55,7 +57,9 @@ def test_configuration_page_has_every_key_with_its_docstring() -> None:
     assert "| `model.path` | string | required | not empty |" in page
 
 
-def _visible_commands(command: typing.Any, path: str, parent: typing.Any = None) -> list[tuple[str, typing.Any, typing.Any]]:
+def _visible_commands(
+    command: typing.Any, path: str, parent: typing.Any = None
+) -> list[tuple[str, typing.Any, typing.Any]]:
     ctx = command.context_class(command, info_name=path.rsplit(" ", 1)[-1], parent=parent)
     found = [(path, command, ctx)]
     for name in getattr(command, "commands", {}):
@@ -76,7 +80,11 @@ def test_commands_page_has_every_command_and_visible_option() -> None:
     for path, command, ctx in commands:
         help_option = command.get_help_option(ctx)
         for param in command.get_params(ctx):
-            names = [*param.opts, *param.secondary_opts] if param.param_type_name == "option" else [param.metavar or param.name]
+            names = (
+                [*param.opts, *param.secondary_opts]
+                if param.param_type_name == "option"
+                else [param.metavar or param.name]
+            )
             shown = f"| `{names[0]}`" in sections[path]
             assert shown == (param is not help_option and not getattr(param, "hidden", False)), (path, names)
     # Flags are flags, not options taking a boolean; a value's kind and bounds are given.

@@ -27,7 +27,9 @@ REAL_DATA = Path(os.environ.get("VASCL_DATA") or REPO.parent / "shared" / "data"
 
 def save_tiny_bert(directory: Path, seed: int = 0, tokenizer: bool = True) -> Path:
     torch.manual_seed(seed)
-    config = BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    config = BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, max_position_embeddings=64
+    )
     BertModel(config).save_pretrained(directory)
     if tokenizer:
         AutoTokenizer.from_pretrained(str(PACKAGED)).save_pretrained(directory)
@@ -46,14 +48,24 @@ def make_data(root: Path) -> Path:
     """stsb and sts12 (with subsets); agnews-shaped clustering with labels 3, 17, 42; snips-shaped
     intent with 3 classes of 24. Every other task of the layout is absent."""
     rng = np.random.default_rng(0)
-    sentence = lambda topic: " ".join(rng.choice(WORDS[4 * topic : 4 * topic + 4], size=5))
+
+    def sentence(topic):
+        return " ".join(rng.choice(WORDS[4 * topic : 4 * topic + 4], size=5))
+
     pairs = [f"{sentence(i % 3)}\t{sentence((i + i // 3) % 3)}\t{i % 6}" for i in range(30)]
     write_tsv(root / "sts" / "stsb" / "test.tsv", "sentence1\tsentence2\tscore", pairs)
     write_tsv(root / "sts" / "stsb" / "dev.tsv", "sentence1\tsentence2\tscore", pairs)
-    write_tsv(root / "sts" / "sts12" / "test.tsv", "sentence1\tsentence2\tscore\tsubset",
-              [p + ("\tMSRpar" if i % 2 else "\tOnWN") for i, p in enumerate(pairs)])
+    write_tsv(
+        root / "sts" / "sts12" / "test.tsv",
+        "sentence1\tsentence2\tscore\tsubset",
+        [p + ("\tMSRpar" if i % 2 else "\tOnWN") for i, p in enumerate(pairs)],
+    )
     labels = (3, 17, 42)
-    write_tsv(root / "clustering" / "agnews.tsv", "text\tlabel", [f"{sentence(i % 3)} {i}\t{labels[i % 3]}" for i in range(60)])
+    write_tsv(
+        root / "clustering" / "agnews.tsv",
+        "text\tlabel",
+        [f"{sentence(i % 3)} {i}\t{labels[i % 3]}" for i in range(60)],
+    )
     for split, count in (("train", 60), ("valid", 12), ("test", 15)):
         rows = [f"{split} {sentence(i % 3)} {i}\tintent_{i % 3}" for i in range(count)]
         write_tsv(root / "intent" / "snips" / f"{split}.tsv", "text\tlabel", rows)
@@ -84,7 +96,9 @@ def test_eval_all_end_to_end_then_from_cache(tiny_model, data_dir, tmp_path):
     results = {r["family"] + "/" + r["task"] + "/" + r["variant"]: r for r in report["models"][0]["results"]}
     assert results["sts/stsb/"]["status"] == "ok"
     assert set(results["sts/sts12/"]["details"]["subsets"]) == {"MSRpar", "OnWN"}
-    assert results["sts/sickr/"]["status"] == "missing" and "sickr/test.tsv" in results["sts/sickr/"]["details"]["error"]
+    assert (
+        results["sts/sickr/"]["status"] == "missing" and "sickr/test.tsv" in results["sts/sickr/"]["details"]["error"]
+    )
     assert len(results["clustering/agnews/"]["details"]["per_seed"]) == 10
     assert [results[f"intent/snips/{k}-shot"]["details"]["shots"] for k in (5, 10, 20)] == [5, 10, 20]
     assert len(results["intent/snips/20-shot"]["details"]["per_split"]) == 5
@@ -106,15 +120,27 @@ def test_eval_all_end_to_end_then_from_cache(tiny_model, data_dir, tmp_path):
 
 
 def test_single_family_run_fails_on_a_missing_file(tiny_model, data_dir, tmp_path):
-    result = invoke("sts", "--model", str(tiny_model), "--data-dir", str(data_dir), "--task", "sickr", "--no-cache",
-                    "--output", str(tmp_path / "r.json"))
+    result = invoke(
+        "sts",
+        "--model",
+        str(tiny_model),
+        "--data-dir",
+        str(data_dir),
+        "--task",
+        "sickr",
+        "--no-cache",
+        "--output",
+        str(tmp_path / "r.json"),
+    )
     assert result.exit_code == 2
     assert "sickr/test.tsv not found" in result.output and "layout" in result.output
 
 
 def test_clustering_subsample_through_the_cli(tiny_model, data_dir, tmp_path):
     common = ["--model", str(tiny_model), "--data-dir", str(data_dir), "--no-cache"]
-    result = invoke("clustering", *common, "--task", "agnews", "--clustering-max-texts", "12", "--output", str(tmp_path / "c.json"))
+    result = invoke(
+        "clustering", *common, "--task", "agnews", "--clustering-max-texts", "12", "--output", str(tmp_path / "c.json")
+    )
     assert result.exit_code == 0, result.output
     details = json.loads((tmp_path / "c.json").read_text())["models"][0]["results"][0]["details"]
     assert details["texts"] == 12 and details["clusters"] == 3  # 60 texts, 3 classes of 20 -> 4 each
@@ -161,7 +187,11 @@ def _sentence_transformers_dir(root: Path, mode: str, layout: str) -> Path:
     (root / "1_Pooling").mkdir()
     if layout == "legacy":
         (root / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 16, "do_lower_case": False}))
-        legacy_keys = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens", "max": "pooling_mode_max_tokens"}
+        legacy_keys = {
+            "cls": "pooling_mode_cls_token",
+            "mean": "pooling_mode_mean_tokens",
+            "max": "pooling_mode_max_tokens",
+        }
         pooling = {key: name == mode for name, key in legacy_keys.items()}
     else:
         tokenizer_config = json.loads((root / "tokenizer_config.json").read_text())
@@ -221,7 +251,9 @@ def test_bf16_embeddings_are_close_to_float32_cached_apart_and_refused_without_n
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     assert Embedder(spec, precision="auto").stats.precision == "no"
-    result = invoke("sts", "--model", str(tiny_model), "--data-dir", str(data_dir), "--task", "stsb", "--precision", "bf16")
+    result = invoke(
+        "sts", "--model", str(tiny_model), "--data-dir", str(data_dir), "--task", "stsb", "--precision", "bf16"
+    )
     assert result.exit_code == 2 and "--precision = 'bf16' needs native bf16" in result.output
 
 
@@ -262,8 +294,24 @@ def test_compare_gives_no_difference_between_scores_on_different_sts_sources(tmp
 
 def test_neighbours_writes_table_plot_and_json(tiny_model, data_dir, tmp_path):
     plot, output = tmp_path / "n.png", tmp_path / "n.json"
-    result = invoke("neighbours", "--model", str(tiny_model), "--dataset", "agnews", "--data-dir", str(data_dir),
-                    "--k", "1", "--k", "5", "--plot", str(plot), "--output", str(output), "--no-cache")
+    result = invoke(
+        "neighbours",
+        "--model",
+        str(tiny_model),
+        "--dataset",
+        "agnews",
+        "--data-dir",
+        str(data_dir),
+        "--k",
+        "1",
+        "--k",
+        "5",
+        "--plot",
+        str(plot),
+        "--output",
+        str(output),
+        "--no-cache",
+    )
     assert result.exit_code == 0, result.output
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     record = json.loads(output.read_text())
@@ -272,9 +320,22 @@ def test_neighbours_writes_table_plot_and_json(tiny_model, data_dir, tmp_path):
     assert {"alignment", "uniformity"} <= set(record["stsb_dev"][label])
 
 
-def test_neighbours_plot_defaults_to_eval_results_never_the_working_directory(tiny_model, data_dir, tmp_path, monkeypatch):
+def test_neighbours_plot_defaults_to_eval_results_never_the_working_directory(
+    tiny_model, data_dir, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
-    result = invoke("neighbours", "--model", str(tiny_model), "--dataset", "agnews", "--data-dir", str(data_dir), "--k", "1", "--no-cache")
+    result = invoke(
+        "neighbours",
+        "--model",
+        str(tiny_model),
+        "--dataset",
+        "agnews",
+        "--data-dir",
+        str(data_dir),
+        "--k",
+        "1",
+        "--no-cache",
+    )
     assert result.exit_code == 0, result.output
     assert (tmp_path / "eval-results" / "neighbours-agnews.png").is_file() and not list(tmp_path.glob("*.png"))
     record = json.loads((tmp_path / "eval-results" / "neighbours-agnews.json").read_text())  # the JSON beside it
@@ -286,8 +347,22 @@ def test_neighbours_plot_defaults_to_eval_results_never_the_working_directory(ti
 @pytest.mark.skipif(not (REAL_DATA / "sts").is_dir(), reason=f"no evaluation data at {REAL_DATA}")
 def test_fidelity_packaged_minilm_matches_published_mteb_figures(tmp_path):
     """all-MiniLM-L6-v2, mean pooling, max length 256, float32: MTEB reports STS-B 82.03, SICK-R 77.58."""
-    result = invoke("sts", "--model", str(PACKAGED), "--data-dir", str(REAL_DATA), "--task", "stsb",
-                    "--task", "sickr-full", "--no-cache", "--precision", "no", "--output", str(tmp_path / "f.json"))
+    result = invoke(
+        "sts",
+        "--model",
+        str(PACKAGED),
+        "--data-dir",
+        str(REAL_DATA),
+        "--task",
+        "stsb",
+        "--task",
+        "sickr-full",
+        "--no-cache",
+        "--precision",
+        "no",
+        "--output",
+        str(tmp_path / "f.json"),
+    )
     assert result.exit_code == 0, result.output
     scores = {r["task"]: r["primary"] for r in json.loads((tmp_path / "f.json").read_text())["models"][0]["results"]}
     assert scores["stsb"] == pytest.approx(82.03, abs=0.05)
@@ -296,7 +371,10 @@ def test_fidelity_packaged_minilm_matches_published_mteb_figures(tmp_path):
 
 def test_sts_source_senteval_scores_the_senteval_copies_and_keeps_sickr_untokenised(tiny_model, tmp_path):
     rng = np.random.default_rng(1)
-    sentence = lambda: " ".join(rng.choice(WORDS, size=4))
+
+    def sentence():
+        return " ".join(rng.choice(WORDS, size=4))
+
     published = [f"{sentence()}\t{sentence()}\t{i % 5}" for i in range(20)]
     senteval = [f"{sentence().upper()} .\t{sentence()} .\t{(i * 7) % 5}" for i in range(20)]
     header = "sentence1\tsentence2\tscore"
@@ -320,7 +398,9 @@ def test_sts_source_senteval_scores_the_senteval_copies_and_keeps_sickr_untokeni
     assert published_scores["stsb"]["primary"] != chosen["stsb"]["primary"]
     assert "SentEval" in (tmp_path / "senteval.md").read_text()
 
-    wrong = invoke("sts", *common, "--data-dir", str(both), "--sts-source", "moses", "--output", str(tmp_path / "w.json"))
+    wrong = invoke(
+        "sts", *common, "--data-dir", str(both), "--sts-source", "moses", "--output", str(tmp_path / "w.json")
+    )
     assert wrong.exit_code == 2 and "--sts-source must be one of mteb, senteval" in wrong.output
     refused = invoke("clustering", "--model", str(tiny_model), "--data-dir", str(both), "--sts-source", "senteval")
     assert refused.exit_code == 2 and "only applies to STS" in refused.output
@@ -328,7 +408,9 @@ def test_sts_source_senteval_scores_the_senteval_copies_and_keeps_sickr_untokeni
 
 def test_augmentation_cosines_table_plot_and_json(tiny_model, tmp_path):
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(" ".join(WORDS[(i + j) % len(WORDS)] for j in range(6 + i % 4)) for i in range(40)) + "\nshort\n")
+    corpus.write_text(
+        "\n".join(" ".join(WORDS[(i + j) % len(WORDS)] for j in range(6 + i % 4)) for i in range(40)) + "\nshort\n"
+    )
     common = ["--model", str(tiny_model), "--corpus", str(corpus), "--no-cache", "--plot", str(tmp_path / "aug.png")]
     result = invoke("augmentation", *common, "--fraction", "0.1,0.5", "--samples", "30")
     assert result.exit_code == 0, result.output
@@ -368,7 +450,11 @@ def test_encoding_outside_a_terminal_logs_plain_progress_lines(tmp_path, tiny_mo
         logger.removeHandler(collector)
         logger.setLevel(previous)
     lines = [record.getMessage() for record in records]
-    assert [line.split(",")[0] for line in lines] == ["encoding: 4 of 12 texts", "encoding: 8 of 12 texts", "encoding: 12 of 12 texts"]
+    assert [line.split(",")[0] for line in lines] == [
+        "encoding: 4 of 12 texts",
+        "encoding: 8 of 12 texts",
+        "encoding: 12 of 12 texts",
+    ]
     assert all("texts/s" in line and "elapsed, about" in line for line in lines)
 
 
@@ -382,9 +468,14 @@ def test_results_go_inside_the_evaluated_run_or_to_eval_results(tiny_model, data
     first = invoke("sts", "--model", str(run), *common)
     assert first.exit_code == 0 and "will replace" not in first.output
     assert (run / "eval-sts.json").is_file() and (run / "eval-sts.md").is_file()
-    again = " ".join(invoke("sts", "--model", str(run), *common).output.split())  # says, before any work, what it replaces
+    again = " ".join(
+        invoke("sts", "--model", str(run), *common).output.split()
+    )  # says, before any work, what it replaces
     for option, path in (("--output", run / "eval-sts.json"), ("--markdown", run / "eval-sts.md")):
-        assert f"{option} {path}: this run will replace the file written " in again and f"(pass another {option} to keep it)" in again
+        assert (
+            f"{option} {path}: this run will replace the file written " in again
+            and f"(pass another {option} to keep it)" in again
+        )
     assert invoke("sts", "--model", str(tiny_model), *common).exit_code == 0
     assert (tmp_path / "eval-results" / "sts.json").is_file()
 
@@ -392,8 +483,11 @@ def test_results_go_inside_the_evaluated_run_or_to_eval_results(tiny_model, data
 def test_intent_shots_option_sets_the_few_shot_sizes(tiny_model, tmp_path):
     """Classes of 8 pool texts are too few for the default 10 and 20 shots; --shots lowers them."""
     for split, count in (("train", 24), ("test", 6)):
-        write_tsv(tmp_path / "data" / "intent" / "snips" / f"{split}.tsv", "text\tlabel",
-                  [f"{split} {WORDS[i % 12]} {i}\tintent_{i % 3}" for i in range(count)])
+        write_tsv(
+            tmp_path / "data" / "intent" / "snips" / f"{split}.tsv",
+            "text\tlabel",
+            [f"{split} {WORDS[i % 12]} {i}\tintent_{i % 3}" for i in range(count)],
+        )
     common = ["--model", str(tiny_model), "--data-dir", str(tmp_path / "data"), "--task", "snips", "--no-cache"]
     refused = invoke("intent", *common, "--output", str(tmp_path / "d.json"))
     assert refused.exit_code == 2, refused.output

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from vascl_scale.eval.intent import FewShotProtocol, IntentData, IntentEvaluator, sample_few_shot_split, train_linear_probes
+from vascl_scale.eval.intent import (
+    FewShotProtocol,
+    IntentData,
+    IntentEvaluator,
+    sample_few_shot_split,
+    train_linear_probes,
+)
 
 LABELS = ["a"] * 12 + ["b"] * 7 + ["c"] * 30  # class b has fewer than 2K examples at K = 5
 
@@ -62,7 +68,9 @@ def test_batched_probes_match_probes_trained_alone():
         protocol,
     )
     for s, (x, y) in enumerate([(train_x, train_y), (train_x.flip(0), train_y.flip(0)), (train_x, train_y)]):
-        alone = train_linear_probes(x[None], y[None], valid_x[None], valid_y[None], test_x, test_y, 3, [seeds[s]], protocol)
+        alone = train_linear_probes(
+            x[None], y[None], valid_x[None], valid_y[None], test_x, test_y, 3, [seeds[s]], protocol
+        )
         batched, single = stacked[s]["curve"], alone[0]["curve"]
         # same evaluation points, and at each the same validation and test accuracy
         assert [point["iteration"] for point in batched] == [point["iteration"] for point in single]
@@ -77,8 +85,15 @@ def test_probe_learns_separable_classes_and_reports_best_validation_point():
     valid_x, valid_y = _blobs(3, 4, 16, seed=1)
     test_x, test_y = _blobs(10, 4, 16, seed=2)
     runs = train_linear_probes(
-        torch.stack([train_x] * 2), torch.stack([train_y] * 2), torch.stack([valid_x] * 2), torch.stack([valid_y] * 2),
-        test_x, test_y, 4, [0, 1], protocol,
+        torch.stack([train_x] * 2),
+        torch.stack([train_y] * 2),
+        torch.stack([valid_x] * 2),
+        torch.stack([valid_y] * 2),
+        test_x,
+        test_y,
+        4,
+        [0, 1],
+        protocol,
     )
     for run in runs:
         assert run["test_accuracy"] == pytest.approx(100.0)
@@ -95,9 +110,11 @@ def test_evaluator_embeds_only_sampled_pool_texts_and_reports_every_k():
     evaluator = IntentEvaluator({"toy": data}, protocol=protocol)
     texts = evaluator.texts()
     assert {"test 0", "test 1", "test 2"} <= texts and len(texts) < 63  # unsampled pool texts are not embedded
+
     # embeddings that encode the class directly: every probe reaches 100 %
     def encode(batch):
         return np.array([np.eye(3)[int(t.split()[1]) % 3] for t in batch], dtype=np.float32)
+
     results = evaluator.evaluate(encode)
     assert [r.variant for r in results] == ["2-shot", "3-shot"]
     for result in results:

@@ -36,7 +36,7 @@ def write(path: Path, text: str) -> Path:
 def test_sts_tsv_with_quotes_and_subsets(tmp_path):
     path = write(
         tmp_path / "sts12" / "test.tsv",
-        'sentence1\tsentence2\tscore\tsubset\n'
+        "sentence1\tsentence2\tscore\tsubset\n"
         'A man "runs".\tA man is running.\t4.2\tMSRvid\n'
         '"He said ""no""\tthen left."\tNobody spoke.\t0.5\tOnWN\n',
     )
@@ -76,7 +76,10 @@ def test_missing_column_is_reported(tmp_path):
 
 
 def test_missing_file_names_file_and_layout(tmp_path):
-    with pytest.raises(MissingDataError, match=r"sts/stsb/test\.tsv not found; expected the data layout \(docs/data\.md\).*data download"):
+    with pytest.raises(
+        MissingDataError,
+        match=r"sts/stsb/test\.tsv not found; expected the data layout \(docs/data\.md\).*data download",
+    ):
         load_sts_task(tmp_path, "stsb")
     with pytest.raises(ValueError, match="unknown STS task"):
         load_sts_task(tmp_path, "sts99")

@@ -170,7 +170,9 @@ def test_the_tables_say_what_a_starred_average_averages(tmp_path) -> None:
 
     full = [TaskResult("sts", task, "spearman", 70.0) for task in PAPER_STS_TASKS]
     no_sickr = [*full[:-1], TaskResult.missing("sts", "sickr", "spearman", FileNotFoundError("sickr/test.tsv"))]
-    report = EvalReport([ModelReport({"name": "a/full"}, {}, {}, full), ModelReport({"name": "b/part"}, {}, {}, no_sickr)])
+    report = EvalReport(
+        [ModelReport({"name": "a/full"}, {}, {}, full), ModelReport({"name": "b/part"}, {}, {}, no_sickr)]
+    )
     assert average_note(report, "sts") == (
         "Avg.* is the mean of sts12, sts13, sts14, sts15, sts16, stsb only (6 of the 7 tasks the paper averages)."
     )

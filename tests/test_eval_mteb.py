@@ -23,6 +23,7 @@ from vascl_scale.eval.embed import embedding_fingerprint, resolve_model
 from vascl_scale.eval.sts import load_sts_tsv
 from vascl_scale.model_card import FACTS_FILE, CardFacts, export_step
 
+
 def local_sts_task(name: str, path: Path | None) -> type[AbsTaskSTS]:
     """An mteb STS task over an ``eval sts`` TSV (sentence1, sentence2, score in 0..5); with
     ``path=None`` its data cannot be loaded, so mteb reports it failed."""
@@ -105,8 +106,29 @@ def scores(path: Path) -> tuple[dict, dict]:
 
 def test_mteb_sts_equals_eval_sts_and_its_cache_is_keyed_by_the_weights(tmp_path, data_dir, local_tasks):
     run = write_run(tmp_path / "run", seed=0, step=10)
-    mteb_args = ["mteb", "--model", str(run), "--task", "LocalSTS", "--mteb-cache", str(tmp_path / "mteb"), "--precision", "no"]
-    sts_args = ["sts", "--model", str(run), "--data-dir", str(data_dir), "--task", "stsb", "--no-cache", "--precision", "no"]
+    mteb_args = [
+        "mteb",
+        "--model",
+        str(run),
+        "--task",
+        "LocalSTS",
+        "--mteb-cache",
+        str(tmp_path / "mteb"),
+        "--precision",
+        "no",
+    ]
+    sts_args = [
+        "sts",
+        "--model",
+        str(run),
+        "--data-dir",
+        str(data_dir),
+        "--task",
+        "stsb",
+        "--no-cache",
+        "--precision",
+        "no",
+    ]
 
     def evaluate() -> tuple[dict, dict, float]:
         result = invoke(*mteb_args)
@@ -116,12 +138,16 @@ def test_mteb_sts_equals_eval_sts_and_its_cache_is_keyed_by_the_weights(tmp_path
         return model, by_task["LocalSTS"], scores(run / "eval-sts.json")[1]["stsb"]["primary"]
 
     model, first, reference = evaluate()
-    assert first["family"] == "mteb" and first["metric"] == "cosine_spearman" and not first["details"]["from_mteb_cache"]
+    assert (
+        first["family"] == "mteb" and first["metric"] == "cosine_spearman" and not first["details"]["from_mteb_cache"]
+    )
     assert first["primary"] == pytest.approx(reference, abs=0.01)  # mteb's evaluator on the project's embeddings
     fingerprint = embedding_fingerprint(resolve_model(run), "no")
     assert model["mteb"]["name"] == "vascl-scale/run/final" and model["mteb"]["revision"] == f"step-10-{fingerprint}"
-    assert (tmp_path / "mteb" / "results" / "vascl-scale__run__final" / f"step-10-{fingerprint}" / "LocalSTS.json").is_file()
-    assert f"| LocalSTS | Avg. |" in (run / "eval-mteb.md").read_text(encoding="utf-8")
+    assert (
+        tmp_path / "mteb" / "results" / "vascl-scale__run__final" / f"step-10-{fingerprint}" / "LocalSTS.json"
+    ).is_file()
+    assert "| LocalSTS | Avg. |" in (run / "eval-mteb.md").read_text(encoding="utf-8")
 
     again = evaluate()[1]
     assert again["details"]["from_mteb_cache"] and again["primary"] == pytest.approx(first["primary"], abs=1e-3)
@@ -129,16 +155,32 @@ def test_mteb_sts_equals_eval_sts_and_its_cache_is_keyed_by_the_weights(tmp_path
     write_run(run, seed=1, step=20)  # training continued: other weights in the same final/
     model, other, other_reference = evaluate()
     assert model["mteb"]["revision"].startswith("step-20-") and not other["details"]["from_mteb_cache"]
-    assert other["primary"] == pytest.approx(other_reference, abs=0.01) and other_reference != pytest.approx(reference, abs=0.01)
+    assert other["primary"] == pytest.approx(other_reference, abs=0.01) and other_reference != pytest.approx(
+        reference, abs=0.01
+    )
 
 
 def test_a_failing_task_is_reported_and_the_others_still_run(tmp_path, local_tasks):
     model = save_tiny_bert(tmp_path / "tiny")
     output = tmp_path / "m.json"
-    result = invoke("mteb", "--model", str(model), "--task", "BrokenSTS", "--task", "LocalSTS", "--no-cache", "--output", str(output))
+    result = invoke(
+        "mteb",
+        "--model",
+        str(model),
+        "--task",
+        "BrokenSTS",
+        "--task",
+        "LocalSTS",
+        "--no-cache",
+        "--output",
+        str(output),
+    )
     assert result.exit_code == 1, result.output
     by_task = scores(output)[1]
-    assert by_task["BrokenSTS"]["status"] == "failed" and "BrokenSTS has no data" in by_task["BrokenSTS"]["details"]["error"]
+    assert (
+        by_task["BrokenSTS"]["status"] == "failed"
+        and "BrokenSTS has no data" in by_task["BrokenSTS"]["details"]["error"]
+    )
     assert by_task["LocalSTS"]["status"] == "ok"
     assert "failed" in output.with_suffix(".md").read_text(encoding="utf-8")
 
@@ -187,8 +229,10 @@ def test_offline_a_task_without_data_prints_its_reason_and_where_mteb_data_must_
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stderr
     lines = [" ".join(line.split()) for line in result.stderr.splitlines()]
-    summary = lines[next(i for i, line in enumerate(lines) if "1 task(s) failed" in line):]
-    assert summary[1].endswith("ERROR STS12: Couldn't reach 'mteb/sts12-sts' on the Hub (OfflineModeIsEnabled)"), summary
+    summary = lines[next(i for i, line in enumerate(lines) if "1 task(s) failed" in line) :]
+    assert summary[1].endswith("ERROR STS12: Couldn't reach 'mteb/sts12-sts' on the Hub (OfflineModeIsEnabled)"), (
+        summary
+    )
     hint = "".join("".join(summary[2:]).split())  # whitespace left out: a wrapped line may split a path
     expected = f"the Hub cache {home / 'hub'} (HF_HUB_CACHE) and datasets' cache {home / 'datasets'} (HF_DATASETS_CACHE; by default both lie under HF_HOME)"
     assert "".join(expected.split()) in hint, hint

@@ -35,7 +35,9 @@ def _real_rows(tensors: dict[str, torch.Tensor]) -> list[tuple[int, ...]]:
 
 def _global_stream(source, tokenizer, rank: int, world_size: int, **data):
     data = {"allow_pipe": str(source).startswith("pipe:"), **data}
-    return _stream(source, tokenizer, rank, world_size, batch=GLOBAL_BATCH // world_size, mode="global", on_corrupt="fail", **data)
+    return _stream(
+        source, tokenizer, rank, world_size, batch=GLOBAL_BATCH // world_size, mode="global", on_corrupt="fail", **data
+    )
 
 
 def _rank_batches(stream, count: int) -> list[dict]:
@@ -54,7 +56,9 @@ def _joined(per_rank: list[list[dict]]) -> list[dict[str, list[tuple[int, ...]]]
     return steps
 
 
-def _global_batches(source, tokenizer, world_size: int, steps: int = STEPS, **data) -> list[dict[str, list[tuple[int, ...]]]]:
+def _global_batches(
+    source, tokenizer, world_size: int, steps: int = STEPS, **data
+) -> list[dict[str, list[tuple[int, ...]]]]:
     streams = [_global_stream(source, tokenizer, rank, world_size, **data) for rank in range(world_size)]
     return _joined([_rank_batches(stream, steps) for stream in streams])
 
@@ -66,15 +70,24 @@ def test_one_two_and_four_ranks_see_the_global_batches_of_the_one_process_stream
     else:  # the augmentation's seeds follow the reader, not the rank: the positives agree too
         source, data = tmp_path / "corpus.txt", {"augment": "wdel", "augment_fraction": 0.3}
         source.write_text("\n".join(f"{text} with a few more words" for text in sentences(ROWS)) + "\n")
-    one_process = _joined([_rank_batches(_stream(source, tokenizer, 0, 1, batch=GLOBAL_BATCH, mode="exact", **data), STEPS)])
-    assert set(one_process[0]) == ({"anchor", "positive", "negative_0"} if kind == "triplet shards" else {"anchor", "positive"})
+    one_process = _joined(
+        [_rank_batches(_stream(source, tokenizer, 0, 1, batch=GLOBAL_BATCH, mode="exact", **data), STEPS)]
+    )
+    assert set(one_process[0]) == (
+        {"anchor", "positive", "negative_0"} if kind == "triplet shards" else {"anchor", "positive"}
+    )
     anchors = [row for step in one_process for row in step["anchor"]]
     epoch_rows = ROWS // GLOBAL_BATCH * GLOBAL_BATCH  # the pass's full batches; its last rows are dropped
     assert len(set(anchors[:epoch_rows])) == epoch_rows  # an exact pass: every sample at most once per epoch
     for world_size in (1, 2, 4):
         assert _global_batches(source, tokenizer, world_size, **data) == one_process, f"{world_size} ranks"
     # Exact mode splits the shards between the ranks instead: other global batches.
-    exact = _joined([_rank_batches(_stream(source, tokenizer, rank, 2, batch=GLOBAL_BATCH // 2, mode="exact", **data), STEPS) for rank in (0, 1)])
+    exact = _joined(
+        [
+            _rank_batches(_stream(source, tokenizer, rank, 2, batch=GLOBAL_BATCH // 2, mode="exact", **data), STEPS)
+            for rank in (0, 1)
+        ]
+    )
     assert exact != one_process
 
 
@@ -82,7 +95,9 @@ def test_one_two_and_four_ranks_see_the_global_batches_of_the_one_process_stream
 # sample counts, so a position cannot be recomputed from the batch count (in global mode it
 # need not be: every rank reads the same stream).
 @pytest.mark.parametrize("source,cut", [("manifest", 5), ("manifest", 13), ("pipe", 13)])
-def test_global_streams_resume_exactly_from_any_ranks_state_and_any_split_of_the_batch(tmp_path, tokenizer, source, cut):
+def test_global_streams_resume_exactly_from_any_ranks_state_and_any_split_of_the_batch(
+    tmp_path, tokenizer, source, cut
+):
     shards = make_paired_shards(tmp_path / "triplets", paired_rows(ROWS), shard_size=SHARD_SIZE)
     if source == "pipe":
         shards = f"pipe:cat {shards}/shard-{{000000..000008}}.tar"
@@ -146,7 +161,9 @@ def workspace(tmp_path_factory):
     write_dev_tsv(root / "dev.tsv")
     rng = random.Random(3)
     columns = ("anchor", "positive", "negative_0")
-    rows = [{column: " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) for column in columns} for _ in range(96)]
+    rows = [
+        {column: " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) for column in columns} for _ in range(96)
+    ]
     make_paired_shards(root / "triplets", rows, shard_size=24)
     make_paired_shards(root / "labelled", labelled_rows(96), shard_size=24)
     return root
@@ -170,7 +187,9 @@ def _train(workspace, directory, objective: str, *extra: str, stop_at: int | Non
 
     data = {"train": str(workspace / OBJECTIVES[objective]), "mode": "global", "on_corrupt": "fail"}
     optim = {"lr": 1e-3, "head_lr": 1e-2, "adam_eps": 1e-6}
-    config = write_config(workspace, directory / "config.yaml", objective=objective, data=data, optim=optim, eval={"every_steps": 0})
+    config = write_config(
+        workspace, directory / "config.yaml", objective=objective, data=data, optim=optim, eval={"every_steps": 0}
+    )
     run = directory / "run"
     if stop_at is not None:
         run_train(config, run, *extra, "--max-steps", str(stop_at), timeout=420)
@@ -205,7 +224,9 @@ def _assert_same_run(
 
     from tests.test_train import assert_same_weights, final_weights
 
-    result, records, run = _train(workspace, tmp_path, objective, "--num-processes", str(ranks), *engine, stop_at=stop_at)
+    result, records, run = _train(
+        workspace, tmp_path, objective, "--num-processes", str(ranks), *engine, stop_at=stop_at
+    )
     log = result.stderr
     assert f"global mode, rank 0 of {ranks}" in log and f"rows 0-{16 // ranks - 1} of each global batch of 16" in log
     assert stop_at is None or f"at step {stop_at}" in result.stderr  # resumed
@@ -224,15 +245,20 @@ def _assert_same_run(
 # The supervised run is stopped after 2 steps and resumed: each rank's data state continues the
 # one stream exactly. Four ranks once, on the triplets.
 @pytest.mark.parametrize(
-    "objective,stop_at,ranks", [("simcse", None, 2), ("vascl", None, 2), ("simcse_sup", 2, 2), ("pairsupcon", None, 2), ("simcse_sup", None, 4)]
+    "objective,stop_at,ranks",
+    [("simcse", None, 2), ("vascl", None, 2), ("simcse_sup", 2, 2), ("pairsupcon", None, 2), ("simcse_sup", None, 4)],
 )
-def test_ddp_ranks_in_global_mode_end_with_the_one_process_weights(workspace, tmp_path, one_process_runs, objective, stop_at, ranks):
+def test_ddp_ranks_in_global_mode_end_with_the_one_process_weights(
+    workspace, tmp_path, one_process_runs, objective, stop_at, ranks
+):
     _assert_same_run(workspace, tmp_path, one_process_runs, objective, stop_at=stop_at, ranks=ranks)
 
 
 @pytest.mark.deepspeed
 @pytest.mark.parametrize("objective", ["simcse", "simcse_sup"])
-def test_two_zero2_ranks_in_global_mode_end_with_the_one_process_weights(workspace, tmp_path, one_process_runs, objective):
+def test_two_zero2_ranks_in_global_mode_end_with_the_one_process_weights(
+    workspace, tmp_path, one_process_runs, objective
+):
     from tests.test_train import ZERO2
 
     _assert_same_run(workspace, tmp_path, one_process_runs, objective, "--deepspeed", ZERO2)

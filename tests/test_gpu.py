@@ -41,7 +41,9 @@ def same_masks_on_the_device(step, batch: dict[str, dict[str, torch.Tensor]], lo
     generator = torch.Generator(device=device).manual_seed(loss_call_seed(step.seed, loss_call, 0))
     anchor = {k: v.to(device) for k, v in batch["anchor"].items()}  # single text: the anchor is both views
     spans = chunk_spans(step.per_device_batch, step.chunk_size)
-    views = [torch.cat([step.model(**{k: v[a:b] for k, v in anchor.items()}) for a, b in spans]) for _ in range(2)]  # 2 x (b, d)
+    views = [
+        torch.cat([step.model(**{k: v[a:b] for k, v in anchor.items()}) for a, b in spans]) for _ in range(2)
+    ]  # 2 x (b, d)
     out = step.objective(views, step.head, generator)
     step.accelerator.backward(out.loss)
     return out
@@ -57,10 +59,19 @@ def cuda_cached_and_reference(rank: int, world_size: int, dropout: float) -> lis
         for mode in ("same_masks", "cached"):
             _, model, step, recorder = _parts(objective, loss, CHUNK, dropout)
             forwards: list[tuple[bool, torch.Tensor]] = []
-            model.register_forward_hook(lambda module, args, output, seen=forwards: seen.append((torch.is_grad_enabled(), output.detach().clone())))
+            model.register_forward_hook(
+                lambda module, args, output, seen=forwards: seen.append(
+                    (torch.is_grad_enabled(), output.detach().clone())
+                )
+            )
             batch = _own_batch(rank, world_size)
             out = step.cached_loss_call(batch, 0, 0) if mode == "cached" else same_masks_on_the_device(step, batch, 0)
-            calls[mode] = {"loss": out.loss.detach(), "gradients": _gradients(model), "recorded": recorder.calls, "forwards": forwards}
+            calls[mode] = {
+                "loss": out.loss.detach(),
+                "gradients": _gradients(model),
+                "recorded": recorder.calls,
+                "forwards": forwards,
+            }
         calls["devices"] = sorted({str(t.device) for _, t in calls["cached"]["forwards"]})
         results.append(calls)
     return _on_cpu(results)
@@ -77,9 +88,13 @@ def test_on_cuda_the_cached_call_replays_each_chunks_dropout_masks() -> None:
         forwards = cached["forwards"]  # 2 views x 3 chunks without gradient, then again with it
         assert [grad for grad, _ in forwards] == [False] * 6 + [True] * 6
         for index in range(6):
-            torch.testing.assert_close(torch.as_tensor(forwards[6 + index][1]), torch.as_tensor(forwards[index][1]), rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(
+                torch.as_tensor(forwards[6 + index][1]), torch.as_tensor(forwards[index][1]), rtol=1e-12, atol=1e-12
+            )
         for index in range(3):  # the same sentences in both views, under different masks
-            assert abs(forwards[index][1] - forwards[3 + index][1]).max() > 1e-3, f"{case_id}: chunk {index}: the views share masks"
+            assert abs(forwards[index][1] - forwards[3 + index][1]).max() > 1e-3, (
+                f"{case_id}: chunk {index}: the views share masks"
+            )
 
 
 def bf16_steps(rank: int, world_size: int) -> dict:
@@ -115,7 +130,9 @@ def bf16_steps(rank: int, world_size: int) -> dict:
             results[objective, chunk] = {
                 "loss": float(result.terms["loss"]),
                 "dtypes": sorted({str(p.dtype) for p in unwrapped.parameters()}),
-                "moved": {n: float((p.detach() - before[n].to(p.device)).abs().max()) for n, p in unwrapped.named_parameters()},
+                "moved": {
+                    n: float((p.detach() - before[n].to(p.device)).abs().max()) for n, p in unwrapped.named_parameters()
+                },
                 "mixed_precision": str(accelerator.mixed_precision),
             }
     return results
@@ -127,7 +144,9 @@ def test_on_cuda_a_bf16_step_keeps_float32_weights_and_the_cached_step_matches()
         uncached, cached = results[objective, 0], results[objective, 3]
         for result in (uncached, cached):
             assert result["mixed_precision"] == "bf16"
-            assert result["dtypes"] == ["torch.float32"], objective  # autocast computes in bf16, the weights stay float32
+            assert result["dtypes"] == ["torch.float32"], (
+                objective
+            )  # autocast computes in bf16, the weights stay float32
             assert math.isfinite(result["loss"]), objective
             moved = [n for n, v in result["moved"].items() if v > 0]
             assert len(moved) > len(result["moved"]) // 2, f"{objective}: the step hardly moved the weights"

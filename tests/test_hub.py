@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from tests.test_eval_cli import invoke, save_tiny_bert, write_tsv
 from vascl_scale.cli import app
-from vascl_scale.config import config_from_dict, path_values, resolve_paths, save_config, load_config
+from vascl_scale.config import config_from_dict, load_config, path_values, resolve_paths, save_config
 from vascl_scale.eval.embed import resolve_model
 from vascl_scale.hub import locate_model
 
@@ -41,7 +41,9 @@ def offline_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_a_hub_id_loads_from_the_cache_and_the_run_config_pins_its_commit(offline_cache: Path, tmp_path: Path) -> None:
     assert locate_model("acme/minilm").directory == offline_cache
     assert locate_model("acme/minilm", revision="main").revision == COMMIT
-    config = config_from_dict({"model": {"path": "acme/minilm"}, "data": {"train": "t.txt"}, "eval": {"every_steps": 0}})
+    config = config_from_dict(
+        {"model": {"path": "acme/minilm"}, "data": {"train": "t.txt"}, "eval": {"every_steps": 0}}
+    )
     resolved = resolve_paths(config)
     assert resolved.model.path == str(offline_cache)
     assert resolved.as_written().model.path == "acme/minilm"
@@ -58,8 +60,12 @@ def test_a_hub_id_loads_from_the_cache_and_the_run_config_pins_its_commit(offlin
 
 
 def test_a_hub_model_missing_offline_is_one_error_naming_the_id_and_the_fix(offline_cache: Path) -> None:
-    config = config_from_dict({"model": {"path": "roberta-base"}, "data": {"train": "t.txt"}, "eval": {"every_steps": 0}})
-    with pytest.raises(ValueError, match=r"model.path = 'roberta-base' is not a local directory.*hf download roberta-base"):
+    config = config_from_dict(
+        {"model": {"path": "roberta-base"}, "data": {"train": "t.txt"}, "eval": {"every_steps": 0}}
+    )
+    with pytest.raises(
+        ValueError, match=r"model.path = 'roberta-base' is not a local directory.*hf download roberta-base"
+    ):
         resolve_paths(config)
     with pytest.raises(ValueError, match=r"--model = 'acme/other'.*hf download acme/other"):
         resolve_model("acme/other")
@@ -75,14 +81,20 @@ def test_local_paths_never_reach_the_hub(offline_cache: Path, tmp_path: Path) ->
         locate_model(str(PACKAGED), revision="main")
 
 
-PACKAGE_FORM = "a package: name is package:MODULE/SUBDIR, MODULE an installed package's dotted name, SUBDIR a folder inside it"
+PACKAGE_FORM = (
+    "a package: name is package:MODULE/SUBDIR, MODULE an installed package's dotted name, SUBDIR a folder inside it"
+)
 
 
 @pytest.fixture(scope="module")
 def outside_model(tmp_path_factory) -> Path:
     """A tiny model directory outside every package, and an STS-B test file beside it."""
     root = tmp_path_factory.mktemp("outside")
-    write_tsv(root / "data" / "sts" / "stsb" / "test.tsv", "sentence1\tsentence2\tscore", [f"a b {i}\tb c {i}\t{i}" for i in range(4)])
+    write_tsv(
+        root / "data" / "sts" / "stsb" / "test.tsv",
+        "sentence1\tsentence2\tscore",
+        [f"a b {i}\tb c {i}\t{i}" for i in range(4)],
+    )
     return save_tiny_bert(root / "model")
 
 
@@ -103,7 +115,18 @@ def test_a_bad_package_name_is_one_line_naming_the_value_and_the_form(
     escape = os.path.relpath(outside_model, PACKAGED.parent)
     name, problem = name.format(escape=escape), problem.format(escape=escape, root=PACKAGED.parent)
     data = str(outside_model.parent / "data")
-    result = invoke("sts", "--model", name, "--data-dir", data, "--task", "stsb", "--no-cache", "--output", str(tmp_path / "sts.json"))
+    result = invoke(
+        "sts",
+        "--model",
+        name,
+        "--data-dir",
+        data,
+        "--task",
+        "stsb",
+        "--no-cache",
+        "--output",
+        str(tmp_path / "sts.json"),
+    )
     output = " ".join(result.output.split())
     assert result.exit_code == 2 and f"--model = {name!r}: {problem}; {PACKAGE_FORM}" in output, output
     assert "Traceback" not in output
@@ -113,12 +136,19 @@ def test_a_bad_package_name_is_one_line_naming_the_value_and_the_form(
     "assignments, message",
     [
         (["model.path=package:os/x"], "model.path = 'package:os/x': 'os' is a module, not a package"),
-        (["data.augment=ctxt", "data.augment_model=package:../x"], "data.augment_model = 'package:../x': '..' is not a package's"),
+        (
+            ["data.augment=ctxt", "data.augment_model=package:../x"],
+            "data.augment_model = 'package:../x': '..' is not a package's",
+        ),
     ],
 )
-def test_a_bad_package_name_in_the_config_is_refused_before_training(tmp_path: Path, assignments: list[str], message: str) -> None:
+def test_a_bad_package_name_in_the_config_is_refused_before_training(
+    tmp_path: Path, assignments: list[str], message: str
+) -> None:
     config = tmp_path / "config.yaml"
-    config.write_text(f"model: {{path: {tmp_path / 'model'}}}\ndata: {{train: {tmp_path / 'text.txt'}}}\neval: {{every_steps: 0}}\n")
+    config.write_text(
+        f"model: {{path: {tmp_path / 'model'}}}\ndata: {{train: {tmp_path / 'text.txt'}}}\neval: {{every_steps: 0}}\n"
+    )
     options = [arg for assignment in assignments for arg in ("--set", assignment)]
     result = CliRunner().invoke(app, ["train", "--config", str(config), "--output", str(tmp_path / "run"), *options])
     output = " ".join(result.output.split())

@@ -35,8 +35,19 @@ from tests.data_helpers import sentences
 from tests.test_data_download import EXPECTED, HOST, ORIGINALS, Mirror, registry_text
 from tests.test_data_mine import _pairs_tsv
 from tests.test_eval_cli import make_data
-from tests.test_train import REPO, ZERO2, _alive, assert_same_weights, cli_env, run_train, train_command, write_config
-from tests.test_train import ddp_reference, ddp_references, workspace  # noqa: F401 (fixtures)
+from tests.test_train import (  # noqa: F401 (fixtures)
+    REPO,
+    ZERO2,
+    _alive,
+    assert_same_weights,
+    cli_env,
+    ddp_reference,
+    ddp_references,
+    run_train,
+    train_command,
+    workspace,
+    write_config,
+)
 
 pytestmark = pytest.mark.kill
 
@@ -81,7 +92,9 @@ def kill_at(command: list[str], point, directory: Path, timeout: float = 180) ->
             spec["rank"] = point.rank
         env.update(PYTHONPATH=f"{KILL_POINTS}{os.pathsep}{REPO}", VASCL_TEST_PAUSE=json.dumps(spec))
     with log.open("w") as out:
-        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     below: set[int] = set()
     try:
         paused = _wait_for(point, pid_file, process, log, timeout)
@@ -93,7 +106,9 @@ def kill_at(command: list[str], point, directory: Path, timeout: float = 180) ->
         process.wait(timeout=30)
         deadline = time.monotonic() + 30  # docs/training.md: every worker polls its launcher and exits
         while any(_alive(pid) for pid in below):
-            assert time.monotonic() < deadline, f"processes {[pid for pid in below if _alive(pid)]} outlived the killed command"
+            assert time.monotonic() < deadline, (
+                f"processes {[pid for pid in below if _alive(pid)]} outlived the killed command"
+            )
             time.sleep(0.1)
     finally:
         with suppress(ProcessLookupError):
@@ -139,9 +154,13 @@ def _wait_for(point, pid_file: Path, process: subprocess.Popen, log: Path, timeo
 
 def run_cli(*arguments: str, expect: int = 0, timeout: float = 300) -> subprocess.CompletedProcess:
     """``vascl-scale ARGUMENTS`` to its end, as a user reruns it (no kill point)."""
-    result = subprocess.run([*CLI, *arguments], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        [*CLI, *arguments], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=timeout
+    )
     if result.returncode != expect:
-        raise AssertionError(f"exit code {result.returncode} (expected {expect})\n{result.stdout}\n{result.stderr[-6000:]}")
+        raise AssertionError(
+            f"exit code {result.returncode} (expected {expect})\n{result.stdout}\n{result.stderr[-6000:]}"
+        )
     return result
 
 
@@ -171,7 +190,18 @@ PREPARE_SHARDS = 4  # 200 sentences, 50 a shard
 
 
 def prepare_arguments(corpus: Path, output: Path, *extra: str) -> list[str]:
-    return ["data", "prepare", str(corpus), "--output", str(output), "--shard-size", "50", "--shuffle-seed", "3", *extra]
+    return [
+        "data",
+        "prepare",
+        str(corpus),
+        "--output",
+        str(output),
+        "--shard-size",
+        "50",
+        "--shuffle-seed",
+        "3",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -265,7 +295,10 @@ DOWNLOAD_NAMES = ("c", "wiki", "nli")  # three outputs; one large original; shar
 WIKI = f"/{HOST}/corpus/wiki.txt"
 # wiki.txt large enough that the part received before the stall reaches the disk (the writer's
 # buffer is 8 KiB): 400 kB, of which the server sends 160 kB and then stops.
-DOWNLOAD_ORIGINALS = {**ORIGINALS, "corpus/wiki.txt": ("\n".join(f"line {index} of the corpus" for index in range(16000)) + "\n").encode()}
+DOWNLOAD_ORIGINALS = {
+    **ORIGINALS,
+    "corpus/wiki.txt": ("\n".join(f"line {index} of the corpus" for index in range(16000)) + "\n").encode(),
+}
 STALL_AFTER = 160_000
 
 
@@ -318,13 +351,17 @@ def downloaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     with Mirror(DOWNLOAD_ORIGINALS) as mirror:
         run_cli(*download_arguments(registry, root / "reference", mirror))
     reference = tree(root / "reference", ignore=(".download.lock",))
-    assert {"intent/c/valid.tsv", "corpus/wiki.txt.gz", "corpus/nli/manifest.json", f".downloads{WIKI}"} <= set(reference)
+    assert {"intent/c/valid.tsv", "corpus/wiki.txt.gz", "corpus/nli/manifest.json", f".downloads{WIKI}"} <= set(
+        reference
+    )
     return registry, reference
 
 
 DOWNLOAD_POINTS = [
     pytest.param(None, id="transfer-stalled-160k-of-400k"),
-    pytest.param(Pause("os.replace", r"/\.staging-c-\w+/intent/c/valid\.tsv -> "), id="convert-1-of-3-outputs-moved-in"),
+    pytest.param(
+        Pause("os.replace", r"/\.staging-c-\w+/intent/c/valid\.tsv -> "), id="convert-1-of-3-outputs-moved-in"
+    ),
 ]
 
 
@@ -338,7 +375,9 @@ def test_killed_download_reruns_to_the_same_files(downloaded, tmp_path: Path, pa
         if pause is None:  # killed while the server holds back the rest of wiki.txt
             release = stall_first_response(mirror, WIKI, STALL_AFTER)
             try:
-                kill_at([*CLI, *arguments], lambda: part.is_file() and part.stat().st_size >= STALL_AFTER // 2, tmp_path)
+                kill_at(
+                    [*CLI, *arguments], lambda: part.is_file() and part.stat().st_size >= STALL_AFTER // 2, tmp_path
+                )
             finally:
                 release.set()
             received = part.stat().st_size
@@ -400,14 +439,19 @@ def test_killed_train_reruns_to_the_weights_of_an_uninterrupted_run(
         assert f"{run} already holds checkpoints of a run; pass --resume to continue it or a new --output" in line
         resumed = run_train(config, run, *engine_arguments, "--resume", timeout=420)
         step = 4 if point.startswith("final") else 2
-        assert f"resumed from {run / 'checkpoints' / f'step-{step:08d}'} at step {step}" in " ".join(resumed.stderr.split())
+        assert f"resumed from {run / 'checkpoints' / f'step-{step:08d}'} at step {step}" in " ".join(
+            resumed.stderr.split()
+        )
     # ZeRO-2 reduces in DeepSpeed's order: equal to DDP up to float32 rounding.
     assert_same_weights(run, ddp_reference, atol=0 if engine == "ddp" else 1e-6)
     if engine == "ddp":  # each step logged once, with the values of the uninterrupted run
         assert _metrics(run) == _metrics(ddp_reference)
     else:
         assert [record[0] for record in _metrics(run)] == [record[0] for record in _metrics(ddp_reference)]
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000002", "step-00000004"]  # no .tmp-*, .trash-*
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "step-00000002",
+        "step-00000004",
+    ]  # no .tmp-*, .trash-*
     assert not [p.name for p in run.iterdir() if p.name.startswith((".tmp-", ".trash-"))]
 
 
@@ -445,7 +489,9 @@ EVAL_POINTS = [
 
 
 @pytest.mark.parametrize("pause,cached", EVAL_POINTS)
-def test_killed_eval_reruns_to_the_same_scores(workspace: Path, evaluated, tmp_path: Path, pause: Pause, cached: int | None) -> None:
+def test_killed_eval_reruns_to_the_same_scores(
+    workspace: Path, evaluated, tmp_path: Path, pause: Pause, cached: int | None
+) -> None:
     data, reference, encoded = evaluated
     output = tmp_path / "out" / "sts.json"
     arguments = eval_arguments(workspace / "model", data, tmp_path / "cache", output)

@@ -20,7 +20,9 @@ def test_the_demo_refuses_to_replace_a_directory_it_did_not_make(tmp_path: Path)
     theirs.mkdir()
     (theirs / "keep.txt").write_text("someone's results")
     env = {**os.environ, "VASCL_DATA": str(tmp_path / "data"), "DEMO_OUT": str(theirs)}
-    result = subprocess.run(["bash", "launchers/cpu_demo.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", "launchers/cpu_demo.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2, result.stderr
     assert "was not made by this demo" in result.stderr
     assert (theirs / "keep.txt").read_text() == "someone's results"
@@ -28,14 +30,21 @@ def test_the_demo_refuses_to_replace_a_directory_it_did_not_make(tmp_path: Path)
 
 def test_the_demo_without_data_says_how_to_get_it(tmp_path: Path) -> None:
     env = {**os.environ, "VASCL_DATA": str(tmp_path / "nowhere")}
-    result = subprocess.run(["bash", "launchers/cpu_demo.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["bash", "launchers/cpu_demo.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2 and "vascl-scale data download --to data" in result.stderr
 
 
 def _gpu_proof(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     environment = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable, **env}
     return subprocess.run(
-        ["bash", "launchers/gpu_proof.sh", *args], cwd=REPO, env=environment, capture_output=True, text=True, timeout=300
+        ["bash", "launchers/gpu_proof.sh", *args],
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 

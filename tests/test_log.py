@@ -52,7 +52,11 @@ def test_loop_progress_logs_plain_lines_with_the_note_and_time_left(file_console
         logger.handlers.clear()
     assert len(messages) == 2, messages
     assert messages[0].startswith("train: 20 of 40 steps, ") and messages[0].endswith("left | loss 1.84 | 21.8 sent/s")
-    assert messages[1].startswith("train: 30 of 40 steps, ") and " steps/s, " in messages[1] and "elapsed, about 0:00:0" in messages[1]
+    assert (
+        messages[1].startswith("train: 30 of 40 steps, ")
+        and " steps/s, " in messages[1]
+        and "elapsed, about 0:00:0" in messages[1]
+    )
 
 
 def test_loop_progress_lines_are_rate_limited_and_absent_on_a_terminal(file_console, monkeypatch):

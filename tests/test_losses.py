@@ -15,7 +15,6 @@ from vascl_scale.losses.vascl import project
 from vascl_scale.model import ProjectionHead
 
 
-
 @pytest.fixture(autouse=True)
 def _float64_by_default():
     previous = torch.get_default_dtype()
@@ -89,9 +88,13 @@ def test_relative_strengths_scale_with_the_mean_embedding_norm() -> None:
     head = ProjectionHead(16, 4)
     init_dir = torch.rand(12, 16) - 0.5
     mean_norm = e1.norm(dim=-1).mean()
-    relative = vascl_objective(e1, e1 + 0.1, head, k=3, eps=0.5, xi=0.2, eps_mode="relative", xi_mode="relative", init_dir=init_dir)
+    relative = vascl_objective(
+        e1, e1 + 0.1, head, k=3, eps=0.5, xi=0.2, eps_mode="relative", xi_mode="relative", init_dir=init_dir
+    )
     assert_norm_is_eps_unless_saturated(relative.delta, 0.5 * mean_norm.item())
-    absolute = vascl_objective(e1, e1 + 0.1, head, k=3, eps=0.5 * mean_norm.item(), xi=0.2 * mean_norm.item(), init_dir=init_dir)
+    absolute = vascl_objective(
+        e1, e1 + 0.1, head, k=3, eps=0.5 * mean_norm.item(), xi=0.2 * mean_norm.item(), init_dir=init_dir
+    )
     torch.testing.assert_close(relative.delta, absolute.delta)
     torch.testing.assert_close(relative.loss, absolute.loss)
 
@@ -103,7 +106,15 @@ def test_instance_relative_strengths_scale_with_each_embedding_norm() -> None:
     init_dir = torch.rand(12, 16) - 0.5
     norms = e1.norm(dim=-1)
     out = vascl_objective(
-        e1, e1 + 0.1, head, k=3, eps=0.5, xi=0.2, eps_mode="relative_instance", xi_mode="relative_instance", init_dir=init_dir
+        e1,
+        e1 + 0.1,
+        head,
+        k=3,
+        eps=0.5,
+        xi=0.2,
+        eps_mode="relative_instance",
+        xi_mode="relative_instance",
+        init_dir=init_dir,
     )
     assert_norm_is_eps_unless_saturated(out.delta, 0.5 * norms)
     assert out.stats["delta_to_embedding"] == pytest.approx(0.5, rel=0.05)
@@ -278,9 +289,7 @@ def test_gradcheck_nt_xent_and_neighbourhood_nll() -> None:
     candidates = torch.randn(6, 3, requires_grad=True)
     positive = torch.tensor([1, 2, 3, 0])
     own = torch.tensor([0, 5, 4, 1])
-    assert torch.autograd.gradcheck(
-        lambda a, c: nt_xent(_unit(a), _unit(c), positive, own, 0.5), (anchors, candidates)
-    )
+    assert torch.autograd.gradcheck(lambda a, c: nt_xent(_unit(a), _unit(c), positive, own, 0.5), (anchors, candidates))
     pos = torch.randn(4, 3, requires_grad=True)
     negs = torch.randn(4, 2, 3, requires_grad=True)
     assert torch.autograd.gradcheck(
@@ -343,11 +352,15 @@ def test_head_gradient_is_that_of_eq6_at_fixed_delta() -> None:
         head = head_of(w1, w2)
         clean, aug = _unit(head(e1)), _unit(head(e1 + delta))
         negatives = torch.cat([clean[neighbours], aug[neighbours]], dim=1)
-        nbr = neighbourhood_nll(aug, clean, negatives, 0.5).mean() + neighbourhood_nll(clean, aug, negatives, 0.5).mean()
+        nbr = (
+            neighbourhood_nll(aug, clean, negatives, 0.5).mean() + neighbourhood_nll(clean, aug, negatives, 0.5).mean()
+        )
         return simcse_loss(_unit(head(e1)), _unit(head(e2)), 0.5) + 0.5 * nbr
 
     assert torch.autograd.gradcheck(eq6_at_fixed_delta, weights)
-    for got, expected in zip(torch.autograd.grad(out.loss, weights), torch.autograd.grad(eq6_at_fixed_delta(*weights), weights)):
+    for got, expected in zip(
+        torch.autograd.grad(out.loss, weights), torch.autograd.grad(eq6_at_fixed_delta(*weights), weights)
+    ):
         torch.testing.assert_close(got, expected)
 
 
@@ -501,7 +514,9 @@ def test_block_row_is_the_rank_major_then_view_major_layout_of_the_gathered_bloc
 
     world, views, rows = 3, 2, 4
     # Rank r's block [v_0; v_1] holds 100 r + 10 v + i at row i of view v; gathered rank by rank.
-    gathered = torch.cat([torch.tensor([100 * r + 10 * v + i for v in range(views) for i in range(rows)]) for r in range(world)])
+    gathered = torch.cat(
+        [torch.tensor([100 * r + 10 * v + i for v in range(views) for i in range(rows)]) for r in range(world)]
+    )
     for r in range(world):
         for v in range(views):
             for i in range(rows):
@@ -519,7 +534,10 @@ def test_declarations_stand_the_anchor_in_for_a_missing_positive_and_name_what_i
         assert OBJECTIVES[name].encoded_columns(("positive", "anchor")) == ("anchor", "positive")
     triplets = ObjectiveSpec("triplets", ("anchor", "positive", "negative_0"))
     assert triplets.missing_columns(("anchor", "positive", "negative_0")) == ()
-    with pytest.raises(ValueError, match=r"objective 'triplets' needs the column\(s\) positive, negative_0, which the batch lacks \(its columns: anchor\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"objective 'triplets' needs the column\(s\) positive, negative_0, which the batch lacks \(its columns: anchor\)",
+    ):
         triplets.encoded_columns(("anchor",))
 
 
@@ -535,9 +553,13 @@ def test_the_objective_is_called_with_its_views_in_declared_order() -> None:
     assert torch.equal(simcse.loss, simcse_loss(project(head, anchor), project(head, positive), temperature=0.1))
     vascl = build_objective("vascl", settings)([anchor, positive], head, torch.Generator().manual_seed(3))
     vascl_settings = {key: settings[key] for key in OBJECTIVES["vascl"].loss_keys}
-    expected = vascl_objective(anchor, positive, head, generator=torch.Generator().manual_seed(3), with_stats=False, **vascl_settings)
+    expected = vascl_objective(
+        anchor, positive, head, generator=torch.Generator().manual_seed(3), with_stats=False, **vascl_settings
+    )
     assert torch.equal(vascl.loss, expected.loss)
-    with pytest.raises(ValueError, match="objective must be one of 'vascl', 'simcse', 'simcse_sup', 'pairsupcon'; got 'simclr'"):
+    with pytest.raises(
+        ValueError, match="objective must be one of 'vascl', 'simcse', 'simcse_sup', 'pairsupcon'; got 'simclr'"
+    ):
         build_objective("simclr", settings)
 
 
@@ -608,7 +630,9 @@ def test_simcse_sup_matches_the_loop_reference_in_value_and_gradient(seed: int, 
         torch.testing.assert_close(ours, theirs)
 
 
-def test_simcse_sup_weight_is_on_the_own_hard_negatives_only_and_blocks_equal_one_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_simcse_sup_weight_is_on_the_own_hard_negatives_only_and_blocks_equal_one_matrix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """alpha changes the loss; alpha -> -inf removes each anchor's own N = 2 hard negatives only
     (its row of candidates then lacks those two columns); the blocked path is the one-matrix path."""
     import vascl_scale.losses.contrastive as contrastive
@@ -637,23 +661,36 @@ def test_simcse_sup_encodes_every_hard_negative_of_the_data_and_counts_its_flops
 
     spec = OBJECTIVES["simcse_sup"]
     assert spec.inputs == ("anchor", "positive") and spec.hard_negatives and not spec.stand_ins
-    triplets, quintuples = ("anchor", "positive", "negative_0"), ("negative_2", "anchor", "negative_0", "positive", "negative_1")
+    triplets, quintuples = (
+        ("anchor", "positive", "negative_0"),
+        ("negative_2", "anchor", "negative_0", "positive", "negative_1"),
+    )
     assert spec.encoded_columns(triplets) == triplets
     assert spec.encoded_columns(quintuples) == ("anchor", "positive", "negative_0", "negative_1", "negative_2")
     assert spec.columns_read(quintuples) == quintuples and spec.unread_columns(quintuples) == ()
     # Numbered from 0 without gaps: a negative after a gap is not one of the N.
     assert spec.encoded_columns(("anchor", "positive", "negative_0", "negative_2")) == triplets
     assert spec.unread_columns(("anchor", "positive", "negative_0", "negative_2")) == ("negative_2",)
-    for data, missing in ((("anchor",), "positive, negative_0"), (("anchor", "positive"), "negative_0"), (("anchor", "positive", "negative_1"), "negative_0")):
-        with pytest.raises(ValueError, match=rf"objective 'simcse_sup' needs the column\(s\) {missing}, which the batch lacks"):
+    for data, missing in (
+        (("anchor",), "positive, negative_0"),
+        (("anchor", "positive"), "negative_0"),
+        (("anchor", "positive", "negative_1"), "negative_0"),
+    ):
+        with pytest.raises(
+            ValueError, match=rf"objective 'simcse_sup' needs the column\(s\) {missing}, which the batch lacks"
+        ):
             spec.encoded_columns(data)
     settings = LossConfig().model_dump()
     rows, global_rows, hidden, out_dim = 4, 16, 32, 8
     for negatives in (1, 3):
         views = 2 + negatives
         # (2 + N) b rows through the head; b anchors against (1 + N) B candidates; forward and backward (x 3).
-        expected = 3 * (head_forward_flops(views * rows, hidden, out_dim) + 2 * rows * (1 + negatives) * global_rows * out_dim)
-        assert build_objective("simcse_sup", settings).model_flops(views, rows, global_rows, hidden, out_dim) == expected
+        expected = 3 * (
+            head_forward_flops(views * rows, hidden, out_dim) + 2 * rows * (1 + negatives) * global_rows * out_dim
+        )
+        assert (
+            build_objective("simcse_sup", settings).model_flops(views, rows, global_rows, hidden, out_dim) == expected
+        )
     # The unsupervised one: 2b rows through the head, (2b, 2B) logits.
     unsupervised = 3 * (head_forward_flops(2 * rows, hidden, out_dim) + 2 * (2 * rows) * (2 * global_rows) * out_dim)
     assert build_objective("simcse", settings).model_flops(2, rows, global_rows, hidden, out_dim) == unsupervised
@@ -731,7 +768,9 @@ def _pairsupcon_parts(seed: int, rows: int = 5, hidden: int = 6):
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("contrast_type", ["orig", "hardneg"])
 @pytest.mark.parametrize("beta", [1.0, 0.3])
-def test_pairsupcon_matches_the_loop_reference_of_the_authors_code_in_value_and_gradient(seed, contrast_type, beta) -> None:
+def test_pairsupcon_matches_the_loop_reference_of_the_authors_code_in_value_and_gradient(
+    seed, contrast_type, beta
+) -> None:
     from vascl_scale.config import LossConfig
     from vascl_scale.losses import build_objective
 
@@ -741,7 +780,9 @@ def test_pairsupcon_matches_the_loop_reference_of_the_authors_code_in_value_and_
     out = build_objective("pairsupcon", settings)(views, head, labels=labels, classifier=classifier, with_stats=True)
     parameters = [*views, *head.parameters(), classifier.linear.weight]
     got_grads = torch.autograd.grad(out.loss, parameters)
-    expected, instdisc, classification = reference_pairsupcon(*views, labels, head, classifier.linear.weight, 0.1, contrast_type, beta)
+    expected, instdisc, classification = reference_pairsupcon(
+        *views, labels, head, classifier.linear.weight, 0.1, contrast_type, beta
+    )
     expected_grads = torch.autograd.grad(expected, parameters)
     torch.testing.assert_close(out.loss, expected)
     torch.testing.assert_close(out.terms["instdisc"], instdisc.detach())
@@ -790,14 +831,19 @@ def test_pairsupcon_declares_labelled_pairs_and_the_classifier_and_counts_its_fl
     assert spec.inputs == ("anchor", "paired") and spec.label == "label" and spec.classifier and not spec.stand_ins
     assert spec.columns_read(("anchor", "positive", "paired", "label", "negative_0")) == ("anchor", "paired", "label")
     assert spec.encoded_columns(("anchor", "paired", "label")) == ("anchor", "paired")
-    with pytest.raises(ValueError, match=r"objective 'pairsupcon' needs the column\(s\) paired, label, which the batch lacks"):
+    with pytest.raises(
+        ValueError, match=r"objective 'pairsupcon' needs the column\(s\) paired, label, which the batch lacks"
+    ):
         spec.encoded_columns(("anchor", "positive", "negative_0"))
     rows, global_rows, hidden, out_dim = 4, 16, 32, 8
     # 2b rows through the head, (2b, 2B) logits, the classifier's 3d x 2 on b pairs; forward and backward.
     expected = 3 * (head_forward_flops(2 * rows, hidden, out_dim) + 2 * (2 * rows) * (2 * global_rows) * out_dim)
     expected += 3 * 2 * rows * 3 * hidden * 2
     assert classifier_forward_flops(rows, hidden, 2) == 2 * rows * 3 * hidden * 2
-    assert build_objective("pairsupcon", LossConfig().model_dump()).model_flops(2, rows, global_rows, hidden, out_dim) == expected
+    assert (
+        build_objective("pairsupcon", LossConfig().model_dump()).model_flops(2, rows, global_rows, hidden, out_dim)
+        == expected
+    )
 
 
 def test_pairsupcon_refuses_bad_settings_and_labels() -> None:

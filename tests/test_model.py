@@ -97,7 +97,9 @@ def test_a_model_directory_without_a_tokenizer_vocabulary_is_refused(tmp_path) -
     for name in ("tokenizer.json", "vocab.txt"):
         (tmp_path / name).unlink(missing_ok=True)  # transformers 5 writes tokenizer.json only
     assert (tmp_path / "tokenizer_config.json").is_file()
-    with pytest.raises(ValueError, match=r"has no tokenizer vocabulary: none of tokenizer.json, vocab.txt, vocab.json \+ merges.txt"):
+    with pytest.raises(
+        ValueError, match=r"has no tokenizer vocabulary: none of tokenizer.json, vocab.txt, vocab.json \+ merges.txt"
+    ):
         SentenceEncoder.from_pretrained(tmp_path)
     (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")  # a vocabulary of special tokens
     with pytest.raises(ValueError, match=r"turns every word of .* into its unknown token '\[UNK\]'.*5 tokens"):

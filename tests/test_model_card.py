@@ -22,7 +22,15 @@ def facts_of(objective: str = "simcse", model: dict | None = None, card: dict | 
             "card": card or {},
         }
     )
-    settings = dict(step=10, world_size=4, zero_stage=2, device_type="cuda", precision="bf16", embedding_dimension=768, vascl_scale_version="0.1.0")
+    settings = dict(
+        step=10,
+        world_size=4,
+        zero_stage=2,
+        device_type="cuda",
+        precision="bf16",
+        embedding_dimension=768,
+        vascl_scale_version="0.1.0",
+    )
     return CardFacts(config=config.to_dict(), **{**settings, **values})
 
 
@@ -42,7 +50,10 @@ def test_front_matter_names_a_hub_base_model_and_the_card_section_and_the_body_s
     rows = " ".join(body.split())
     assert "| settings (`loss`) | temperature = 0.05 |" in rows  # SimCSE reads no other loss key
     assert "| sentences seen | 1,280 (10 steps x 64 sentences x 2 loss calls a step) |" in rows
-    assert "64 sentences per loss call (4 x 16 per device); gradient accumulation x2 (adds no negatives); cached step in chunks of 8" in rows
+    assert (
+        "64 sentences per loss call (4 x 16 per device); gradient accumulation x2 (adds no negatives); cached step in chunks of 8"
+        in rows
+    )
     assert "| engine | DeepSpeed ZeRO-2, 4 processes |" in rows and "| precision | bf16 |" in rows
     assert "Not evaluated yet" in body
     config_block = body.split("```yaml\n", 1)[1].split("\n```", 1)[0]
@@ -56,16 +67,28 @@ def test_front_matter_names_a_hub_base_model_and_the_card_section_and_the_body_s
     )
     meta, body = split_card(render_card(hub))
     assert meta["base_model"] == "roberta-base"
-    assert (meta["datasets"], meta["language"], meta["license"]) == (["princeton-nlp/datasets-for-simcse"], ["en"], "apache-2.0")
+    assert (meta["datasets"], meta["language"], meta["license"]) == (
+        ["princeton-nlp/datasets-for-simcse"],
+        ["en"],
+        "apache-2.0",
+    )
     assert meta["metrics"] == ["cosine_spearman"]
     (selection,) = meta["model-index"][0]["results"]
     assert selection["dataset"] == {"name": "stsb-dev (model selection)", "type": "stsb"}
     assert selection["metrics"][0]["value"] == 81.23
-    assert "k = 16" in body and "eps_mode = \"absolute\"" in body
+    assert "k = 16" in body and 'eps_mode = "absolute"' in body
 
 
 def result(family: str, task: str, value: float | None, variant: str = "", status: str = "ok", **details) -> dict:
-    return {"family": family, "task": task, "metric": "m", "primary": value, "variant": variant, "status": status, "details": details}
+    return {
+        "family": family,
+        "task": task,
+        "metric": "m",
+        "primary": value,
+        "variant": variant,
+        "status": status,
+        "details": details,
+    }
 
 
 def model_record(*results: dict) -> dict:
@@ -73,7 +96,9 @@ def model_record(*results: dict) -> dict:
 
 
 def test_attached_evaluations_merge_by_task_the_latest_winning_and_skip_missing_data(tmp_path: Path) -> None:
-    assert not attach_evaluation(tmp_path, "sts", model_record(), "2026-01-01T00:00:00+00:00")  # no card: nothing written
+    assert not attach_evaluation(
+        tmp_path, "sts", model_record(), "2026-01-01T00:00:00+00:00"
+    )  # no card: nothing written
     assert not list(tmp_path.iterdir())
     write_model_card(tmp_path, facts_of())
     sts = model_record(result("sts", "stsb", 80.0, source="mteb"), result("sts", "sickr", None, status="missing"))
@@ -88,6 +113,9 @@ def test_attached_evaluations_merge_by_task_the_latest_winning_and_skip_missing_
     values = {entry["dataset"]["name"]: entry["metrics"][0]["value"] for entry in meta["model-index"][0]["results"]}
     assert values == {"stsb": 82.5, "agnews": 70.0, "snips (5-shot)": 90.0}  # eval all is later than eval sts
     assert meta["metrics"] == ["accuracy", "cosine_spearman"]
-    assert "| clustering / agnews | 70.00 +- 1.50 | 60 texts | `eval all`, 2026-01-03T00:00:00+00:00, max length 128 |" in body
+    assert (
+        "| clustering / agnews | 70.00 +- 1.50 | 60 texts | `eval all`, 2026-01-03T00:00:00+00:00, max length 128 |"
+        in body
+    )
     assert "sickr" not in body  # its data was missing: no score
     assert CardFacts.from_file(tmp_path / "model_card.json").evaluations.keys() == {"sts", "all"}

@@ -28,7 +28,9 @@ def test_a_cpu_without_native_bf16_runs_float32_and_refuses_bf16_saying_what_to_
 
 
 @pytest.mark.parametrize(("native", "expected"), [(True, "bf16"), (False, "no")])
-def test_auto_trains_and_evaluates_in_bf16_exactly_where_the_cpu_has_it(monkeypatch, native: bool, expected: str) -> None:
+def test_auto_trains_and_evaluates_in_bf16_exactly_where_the_cpu_has_it(
+    monkeypatch, native: bool, expected: str
+) -> None:
     # Detection mocked at the one function that asks torch.
     monkeypatch.delenv(EMULATE_ENV, raising=False)
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)

@@ -51,8 +51,12 @@ from vascl_scale.eval.tables import FIELD_LIMIT
 # Every example runs the CLI or writes and reads files, so some take more than hypothesis's
 # 200 ms "too slow" budget for generating data; the long fields are meant to be large.
 _QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example]
-settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True, suppress_health_check=_QUIET)
-settings.register_profile("deep", derandomize=False, database=None, deadline=None, print_blob=True, suppress_health_check=_QUIET)
+settings.register_profile(
+    "ci", derandomize=True, database=None, deadline=None, print_blob=True, suppress_health_check=_QUIET
+)
+settings.register_profile(
+    "deep", derandomize=False, database=None, deadline=None, print_blob=True, suppress_health_check=_QUIET
+)
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 settings.load_profile(PROFILE)
 SCALE = 10 if PROFILE == "deep" else 1  # examples per test: ci's count below, times this
@@ -97,14 +101,50 @@ def assert_one_error_line(result, marker: str) -> None:
 # Text: words, odd characters, invalid bytes (as surrogateescape characters), long runs.
 
 ODD = [
-    "e\u0301", "\u0301",  # a combining acute accent, after a letter and alone
-    "\u05e9\u05dc\u05d5\u05dd", "\u0645\u0631\u062d\u0628\u0627", "\u200f", "\u202e",  # Hebrew, Arabic, RLM, RLO
-    "\U0001f600", "\U0001f469\u200d\U0001f469\u200d\U0001f467", "\U0001d518", "\U00020000",  # astral: emoji (ZWJ), letters
-    "\u200b", "\u200c", "\u200d", "\u2060", BOM,  # zero-width
-    "\u2028", "\u2029", "\x85", "\r", "\r\n", "\n", "\t", "\x0b", "\x0c", "\x1c",  # what some readers take for line ends
-    "\x00", "\x07",
-    '"', '""', "'", ",", ";", "\\", "{", "}", "[", "]", ":", "#", "- ",  # quotes, delimiters, YAML and JSON syntax
-    " ", "  ", "\u00a0", "\u3000",
+    "e\u0301",
+    "\u0301",  # a combining acute accent, after a letter and alone
+    "\u05e9\u05dc\u05d5\u05dd",
+    "\u0645\u0631\u062d\u0628\u0627",
+    "\u200f",
+    "\u202e",  # Hebrew, Arabic, RLM, RLO
+    "\U0001f600",
+    "\U0001f469\u200d\U0001f469\u200d\U0001f467",
+    "\U0001d518",
+    "\U00020000",  # astral: emoji (ZWJ), letters
+    "\u200b",
+    "\u200c",
+    "\u200d",
+    "\u2060",
+    BOM,  # zero-width
+    "\u2028",
+    "\u2029",
+    "\x85",
+    "\r",
+    "\r\n",
+    "\n",
+    "\t",
+    "\x0b",
+    "\x0c",
+    "\x1c",  # what some readers take for line ends
+    "\x00",
+    "\x07",
+    '"',
+    '""',
+    "'",
+    ",",
+    ";",
+    "\\",
+    "{",
+    "}",
+    "[",
+    "]",
+    ":",
+    "#",
+    "- ",  # quotes, delimiters, YAML and JSON syntax
+    " ",
+    "  ",
+    "\u00a0",
+    "\u3000",
 ]
 WORDS = ["word", "the cat sat", "a b c", "Z", "12", "1.0", "na\u00efve caf\u00e9", "\ufb01ne"]
 # Bytes that are never valid UTF-8 where they stand (continuation bytes after a whole character,
@@ -128,7 +168,11 @@ def texts(draw, bad: bool = False, forbid: str = "", long: bool = True) -> str:
         size = draw(st.sampled_from([5_000, FIELD_LIMIT, FIELD_LIMIT + 1]))
         text = (unit * (size // len(unit) + 1))[:size]
     else:
-        atoms = [st.sampled_from(WORDS), st.sampled_from(ODD), st.text(st.characters(exclude_categories=["Cs"]), max_size=4)]
+        atoms = [
+            st.sampled_from(WORDS),
+            st.sampled_from(ODD),
+            st.text(st.characters(exclude_categories=["Cs"]), max_size=4),
+        ]
         text = "".join(draw(st.lists(st.one_of(*atoms), min_size=1, max_size=6)))
     if bad and rarely(draw, 6):
         at = draw(st.integers(0, len(text)))
@@ -283,7 +327,10 @@ def expected_output(records: list[object], options: Options) -> Expected:
         if not options.labelled:
             values, label = tuple(map(text_value, item)), None
         else:  # --label-field's value, or --labelled-pairs' 1 / 0
-            values, label = tuple(map(text_value, item[:-1])), label_of(item[-1]) if options.label is not None else item[-1]
+            values, label = (
+                tuple(map(text_value, item[:-1])),
+                label_of(item[-1]) if options.label is not None else item[-1],
+            )
         reason = next((name for name, marker in VALUE_PROBLEMS if any(value is marker for value in values)), None)
         if reason is None and any(not value.strip() for value in values):
             reason = "empty"
@@ -353,7 +400,9 @@ def run_prepare(case: PrepareCase) -> None:
         assert result.exit_code == 0, result.output
         manifest = json.loads((output / "manifest.json").read_text(encoding="utf-8"))
         reasons = set(DROP_REASONS) | (set(LABEL_DROP_REASONS) if options.label is not None else set())
-        assert set(manifest["dropped"]) <= reasons and all(isinstance(n, int) and n >= 0 for n in manifest["dropped"].values())
+        assert set(manifest["dropped"]) <= reasons and all(
+            isinstance(n, int) and n >= 0 for n in manifest["dropped"].values()
+        )
         read = manifest["rows_read"] if options.labelled_pairs else manifest["lines_read"]
         assert read == manifest["total_samples"] + sum(manifest["dropped"].values()) + manifest.get("negative_lines", 0)
         assert manifest["lines_read"] == expected.lines_read
@@ -400,7 +449,9 @@ def txt_case(lines: list[str], ends: list[str], bom: bool, options: Options = Op
     """A text file of ``lines`` (``ends[i]`` after line i, the last one may be ""); its records
     are read back from the bytes as the product defines a line: bytes up to a ``\\n``, the
     file's leading BOM no part of it."""
-    data = (BOM if bom else "").encode() + "".join(line + end for line, end in zip(lines, ends)).encode("utf-8", "surrogateescape")
+    data = (BOM if bom else "").encode() + "".join(line + end for line, end in zip(lines, ends)).encode(
+        "utf-8", "surrogateescape"
+    )
     body = data.removeprefix(BOM.encode())
     pieces = body.split(b"\n")
     if pieces[-1] == b"":  # a file that ends with a line break has no line after it
@@ -434,7 +485,27 @@ JUNK_LINES = {
     BOM + '{"text": "a"}': Dropped("malformed"),  # a BOM inside the file is no whitespace of JSON
 }
 BLANK_LINES = ["", "   ", "\t", "\x1c", "\u2028", "\u3000"]
-LABEL_VALUES = [0, 1, True, False, 1.0, 0.0, "1", " 0 ", "1.0", "1e0", 2, -1, 0.5, None, "yes", "", [1], {"y": 1}, float("nan")]
+LABEL_VALUES = [
+    0,
+    1,
+    True,
+    False,
+    1.0,
+    0.0,
+    "1",
+    " 0 ",
+    "1.0",
+    "1e0",
+    2,
+    -1,
+    0.5,
+    None,
+    "yes",
+    "",
+    [1],
+    {"y": 1},
+    float("nan"),
+]
 
 
 def json_value(value: object) -> object:
@@ -444,7 +515,9 @@ def json_value(value: object) -> object:
     return NOT_TEXT
 
 
-def jsonl_case(lines: list[tuple[str, object]], ends: list[str], bom: bool, ascii_only: bool, options: Options) -> PrepareCase:
+def jsonl_case(
+    lines: list[tuple[str, object]], ends: list[str], bom: bool, ascii_only: bool, options: Options
+) -> PrepareCase:
     """JSONL of ``lines``: ("object", {field: value}), ("value", any JSON), ("junk", a line of
     JUNK_LINES) or ("blank", whitespace). An input whose first object lacks a field read, or with
     an object that has none of them, is refused."""
@@ -527,7 +600,13 @@ def csv_line(cells: list[str], delimiter: str, quoted: list[bool]) -> str:
 
 
 def csv_case(
-    header: list[str], rows: list[list[str]], ends: list[str], bom: bool, tsv: bool, quoted: list[list[bool]], options: Options
+    header: list[str],
+    rows: list[list[str]],
+    ends: list[str],
+    bom: bool,
+    tsv: bool,
+    quoted: list[list[bool]],
+    options: Options,
 ) -> PrepareCase:
     """A CSV (TSV) file: ``header`` then ``rows``; a row without cells is a blank line, which is no
     record; a short row lacks its last fields; cells past the header are no field's. A header
@@ -558,7 +637,9 @@ def csv_cases(draw) -> PrepareCase:
     header = draw(st.permutations(header))
     text = texts(bad=True)
     pool = draw(st.lists(text, min_size=1, max_size=3))
-    labels = mostly(st.sampled_from(["0", "1"]), st.sampled_from(["1.0", " 1", "0 ", "2", "-1", "yes", "", "nan", "1\udcff"]))
+    labels = mostly(
+        st.sampled_from(["0", "1"]), st.sampled_from(["1.0", " 1", "0 ", "2", "-1", "yes", "", "nan", "1\udcff"])
+    )
     rows: list[list[str]] = []
     for _ in range(draw(st.integers(1, 8))):
         kind = draw(mostly(st.just("full"), st.sampled_from(["short", "long", "blank", "again"]), one_in=3))
@@ -569,7 +650,8 @@ def csv_cases(draw) -> PrepareCase:
             rows.append(list(draw(st.sampled_from(rows))))
             continue
         cells = [
-            draw(labels if name == options.label else text | padded(pool) if name in read else st.sampled_from(WORDS)) for name in header
+            draw(labels if name == options.label else text | padded(pool) if name in read else st.sampled_from(WORDS))
+            for name in header
         ]
         if kind == "short":
             cells = cells[: draw(st.integers(1, max(1, len(cells) - 1)))]
@@ -581,7 +663,11 @@ def csv_cases(draw) -> PrepareCase:
 
 
 # A Parquet label column's type: (labels, values that are none).
-PARQUET_LABELS = {"int64": ([0, 1], [-1, 2]), "float64": ([0.0, 1.0], [0.5, math.nan]), "string": (["0", "1", "1.0"], ["x", ""])}
+PARQUET_LABELS = {
+    "int64": ([0, 1], [-1, 2]),
+    "float64": ([0.0, 1.0], [0.5, math.nan]),
+    "string": (["0", "1", "1.0"], ["x", ""]),
+}
 
 
 @st.composite
@@ -610,7 +696,9 @@ def parquet_cases(draw) -> PrepareCase:
     if options.label is not None:
         kind = draw(st.sampled_from(sorted(PARQUET_LABELS)))
         good, bad = PARQUET_LABELS[kind]
-        values = draw(st.lists(mostly(st.sampled_from(good), st.sampled_from([None, *bad])), min_size=count, max_size=count))
+        values = draw(
+            st.lists(mostly(st.sampled_from(good), st.sampled_from([None, *bad])), min_size=count, max_size=count)
+        )
         columns[options.label] = (kind, values)
         oracle[options.label] = [BAD if value is None else value for value in values]
     if draw(st.booleans()):
@@ -639,8 +727,14 @@ def test_prepare_txt(case):
 # arrays nested 100000 deep stopped the whole run (Python's int-digits limit: "error: Exceeds the
 # limit (4300 digits)"; a RecursionError traceback) instead of costing one line.
 @example(jsonl_case([("object", {"text": "first"})], ["\n"], bom=True, ascii_only=True, options=Options()))
-@example(jsonl_case([("object", {"text": "a"}), ("junk", '{"text": 1' + "0" * 5000 + "}")], ["\n", "\n"], False, True, Options()))
-@example(jsonl_case([("object", {"text": "a"}), ("junk", "[" * 100_000 + "]" * 100_000)], ["\n", ""], False, True, Options()))
+@example(
+    jsonl_case(
+        [("object", {"text": "a"}), ("junk", '{"text": 1' + "0" * 5000 + "}")], ["\n", "\n"], False, True, Options()
+    )
+)
+@example(
+    jsonl_case([("object", {"text": "a"}), ("junk", "[" * 100_000 + "]" * 100_000)], ["\n", ""], False, True, Options())
+)
 def test_prepare_jsonl(case):
     run_prepare(case)
 
@@ -649,7 +743,9 @@ def test_prepare_jsonl(case):
 @given(csv_cases())
 # A BOM became part of the first column's name, so a CSV from a spreadsheet had "no column 'text'";
 # a header name holding a line break split the refusal naming the columns over two lines.
-@example(csv_case(["text", "id"], [["a", "1"]], ["\n"], bom=True, tsv=False, quoted=[[False, False]], options=Options()))
+@example(
+    csv_case(["text", "id"], [["a", "1"]], ["\n"], bom=True, tsv=False, quoted=[[False, False]], options=Options())
+)
 @example(csv_case(["a\nb"], [["x"]], ["\n"], bom=False, tsv=True, quoted=[[False]], options=Options()))
 def test_prepare_csv_and_tsv(case):
     run_prepare(case)
@@ -671,11 +767,18 @@ def _leaves(data: object, prefix: str = "") -> list[str]:
     return [prefix.rstrip(".")]
 
 
-CONFIGS = {path.name: yaml.safe_load(path.read_text(encoding="utf-8")) for path in sorted((REPO / "configs").glob("*.yaml"))}
+CONFIGS = {
+    path.name: yaml.safe_load(path.read_text(encoding="utf-8")) for path in sorted((REPO / "configs").glob("*.yaml"))
+}
 SECTIONS = {name: f.annotation for name, f in RunConfig.model_fields.items()}
 REAL_KEYS = sorted(
     {leaf for config in CONFIGS.values() for leaf in _leaves(config)}
-    | {f"{section}.{name}" for section, model in SECTIONS.items() if hasattr(model, "model_fields") for name in model.model_fields}
+    | {
+        f"{section}.{name}"
+        for section, model in SECTIONS.items()
+        if hasattr(model, "model_fields")
+        for name in model.model_fields
+    }
     | {name for name, model in SECTIONS.items() if not hasattr(model, "model_fields")}
 )
 ODD_KEYS = ["loss", "model", "loss.k.x", "loss.kk", "", ".", "a..b", "train.", "lo\u2028ss.k", "data.train[0]"]
@@ -687,7 +790,9 @@ config_scalars = (
     | st.integers(-(2**70), 2**70)
     | st.sampled_from([2**63, -(2**63) - 1, 10**30, 10**400, 0, -1])
     | st.floats()
-    | st.sampled_from(["auto", "no", "mean", "cls", "vascl", "pairsupcon", "per_sample", "global", "fail", "5e-6", "1e999", ".inf"])
+    | st.sampled_from(
+        ["auto", "no", "mean", "cls", "vascl", "pairsupcon", "per_sample", "global", "fail", "5e-6", "1e999", ".inf"]
+    )
     | st.sampled_from(["${UNSET_VARIABLE_OF_THE_TESTS}/x", "package:nowhere/x", "", " "])
     | texts(long=False)
 )
@@ -710,8 +815,24 @@ def assign(data: dict, dotted: str, value: object) -> None:
     data[parts[-1]] = value
 
 
-TAGS = ["!!python/object:os.system", "!!python/object/apply:os.system [true]", "!!binary", "!!set", "!!timestamp", "!custom", "!!float"]
-KEYS_THAT_ARE_NO_NAMES = ["1: x\n", "null: 1\n", "true: 2\n", "1.5: 3\n", "2001-01-01: 4\n", "? [a, b]\n: 5\n", "loss:\n  3: 4\n"]
+TAGS = [
+    "!!python/object:os.system",
+    "!!python/object/apply:os.system [true]",
+    "!!binary",
+    "!!set",
+    "!!timestamp",
+    "!custom",
+    "!!float",
+]
+KEYS_THAT_ARE_NO_NAMES = [
+    "1: x\n",
+    "null: 1\n",
+    "true: 2\n",
+    "1.5: 3\n",
+    "2001-01-01: 4\n",
+    "? [a, b]\n: 5\n",
+    "loss:\n  3: 4\n",
+]
 
 
 def mutate_text(text: str, kind: str, where: float) -> str:
@@ -774,7 +895,19 @@ def config_documents(draw) -> bytes:
     return document
 
 
-ODD_VALUES = ["[1, *a]", "&a [*a]", "!!python/object/apply:os.system [true]", "{a: 1", "1e999", ".nan", "\udcff", "", "x\ny", "- 1", "? x"]
+ODD_VALUES = [
+    "[1, *a]",
+    "&a [*a]",
+    "!!python/object/apply:os.system [true]",
+    "{a: 1",
+    "1e999",
+    ".nan",
+    "\udcff",
+    "",
+    "x\ny",
+    "- 1",
+    "? x",
+]
 overrides = st.lists(
     st.one_of(
         st.tuples(KEYS, config_values.map(json.dumps)).map("=".join),
@@ -809,12 +942,12 @@ def check_config(document: bytes, sets: list[str]) -> None:
 @examples(300)
 @given(config_documents(), overrides)
 # Found by this test, each a TypeError traceback or a message over two lines before its fix:
-@example("model: {path: x}\ndata: {train: y}\n1: x\n".encode(), [])  # a key that YAML reads as a number
-@example("model: {path: x, null: 4}\ndata: {train: y}\n".encode(), [])  # ... as null, inside a section
-@example("model: {path: x}\ndata: {train: y}\nloss: 5\n".encode(), ["loss.k=3"])  # --set into a section that is no mapping
-@example("model: {path: x}\ndata: {train: y}\nloss:\n".encode(), ["loss.k=3"])  # ... that is empty (null)
-@example("model:\n  path: a\x00b\n".encode(), [])  # a character YAML refuses: "unacceptable character ... \n  in ..."
-@example('model: {path: x}\ndata: {train: y}\n"lo\\nss": 1\n'.encode(), [])  # an unknown key holding a line break
+@example(b"model: {path: x}\ndata: {train: y}\n1: x\n", [])  # a key that YAML reads as a number
+@example(b"model: {path: x, null: 4}\ndata: {train: y}\n", [])  # ... as null, inside a section
+@example(b"model: {path: x}\ndata: {train: y}\nloss: 5\n", ["loss.k=3"])  # --set into a section that is no mapping
+@example(b"model: {path: x}\ndata: {train: y}\nloss:\n", ["loss.k=3"])  # ... that is empty (null)
+@example(b"model:\n  path: a\x00b\n", [])  # a character YAML refuses: "unacceptable character ... \n  in ..."
+@example(b'model: {path: x}\ndata: {train: y}\n"lo\\nss": 1\n', [])  # an unknown key holding a line break
 @example(b"model: {path: x}\ndata: {train: y}\n", ["loss.k=\udcff"])  # a --set value YAML refuses, as above
 def test_config_loader(document, sets):
     check_config(document, sets)
@@ -832,12 +965,18 @@ def test_config_that_is_not_utf8_names_the_file(tmp_path):
 
 
 def tsv_text(header: list[str], rows: list[list[str]], quoted: list[list[bool]], ends: list[str], bom: bool) -> str:
-    lines = [csv_line(header, "\t", [False] * len(header))] + [csv_line(row, "\t", flags) for row, flags in zip(rows, quoted)]
+    lines = [csv_line(header, "\t", [False] * len(header))] + [
+        csv_line(row, "\t", flags) for row, flags in zip(rows, quoted)
+    ]
     return (BOM if bom else "") + "".join(line + end for line, end in zip(lines, ["\n", *ends]))
 
 
 def expected_tsv(
-    header: list[str], rows: list[list[str]], columns: tuple[str, ...], texts_of: tuple[str, ...], optional: tuple[str, ...] = ()
+    header: list[str],
+    rows: list[list[str]],
+    columns: tuple[str, ...],
+    texts_of: tuple[str, ...],
+    optional: tuple[str, ...] = (),
 ) -> object:
     """The rows of :func:`vascl_scale.eval.tables.read_tsv` as its docstring defines them (each a
     mapping of the columns read to its cells, as written), or ERROR for a file it refuses: text
@@ -891,7 +1030,8 @@ STRAY_QUOTES = ['"', '"a', 'a"', '"a\tb', '""', "\t", '"x""y"']
 junk_tsv = st.lists(texts(bad=True, long=False) | st.sampled_from(STRAY_QUOTES), max_size=12).map("\t".join)
 scores = mostly(
     st.floats(0, 5).map(repr),
-    st.floats().map(repr) | st.sampled_from(["nan", "inf", "-inf", "1e999", " 2.5 ", "1_0", "", "high", "0x10", "\u0664.\u0662"]),
+    st.floats().map(repr)
+    | st.sampled_from(["nan", "inf", "-inf", "1e999", " 2.5 ", "1_0", "", "high", "0x10", "\u0664.\u0662"]),
 )
 
 
@@ -923,7 +1063,14 @@ def assert_refused(err: ValueError, *paths: Path) -> None:
 @examples(200)
 @given(tsv_files(STS_COLUMNS, {"score": scores, "subset": st.sampled_from(["", "MSRvid", "a b"])}), junk_tsv)
 # The malformed-row refusal quoted the header's names raw: one holding U+2028 split it in two lines.
-@example(("sentence1\tsentence2\tscore\t\u2028col\na\tb\t1\n", ["sentence1", "sentence2", "score", "\u2028col"], [["a", "b", "1"]]), "")
+@example(
+    (
+        "sentence1\tsentence2\tscore\t\u2028col\na\tb\t1\n",
+        ["sentence1", "sentence2", "score", "\u2028col"],
+        [["a", "b", "1"]],
+    ),
+    "",
+)
 def test_sts_reader(generated, junk):
     text, header, rows = generated
     with tempfile.TemporaryDirectory() as directory:
@@ -935,7 +1082,8 @@ def test_sts_reader(generated, junk):
                 expected = ERROR
             else:
                 expected = [
-                    StsPair(row["sentence1"], row["sentence2"], gold, row.get("subset", "")) for row, gold in zip(expected, golds)
+                    StsPair(row["sentence1"], row["sentence2"], gold, row.get("subset", ""))
+                    for row, gold in zip(expected, golds)
                 ]
         try:
             pairs = load_sts_tsv(path)
@@ -980,7 +1128,8 @@ def test_intent_reader(files, with_valid):
         splits = ("train", "valid", "test") if with_valid else ("train", "test")
         paths = {split: write_tsv(folder / f"{split}.tsv", text) for split, (text, _, _) in zip(splits, files)}
         parsed = {
-            split: expected_tsv(header, rows, ("text", "label"), ("text", "label")) for split, (_, header, rows) in zip(splits, files)
+            split: expected_tsv(header, rows, ("text", "label"), ("text", "label"))
+            for split, (_, header, rows) in zip(splits, files)
         }
         expected: object = ERROR
         if all(rows is not ERROR for rows in parsed.values()):

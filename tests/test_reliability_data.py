@@ -179,7 +179,16 @@ def test_staging_left_by_a_killed_prepare_is_removed_and_a_live_one_kept(tmp_pat
     (live / "shard-000000.tar").write_bytes(bytes(512))
     with open(output / ".prepare-running1.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # another open file: the prepare below sees it held
-        arguments = ["data", "prepare", str(tmp_path / "good.txt"), "-o", str(output), "--shard-size", "2", "--overwrite"]
+        arguments = [
+            "data",
+            "prepare",
+            str(tmp_path / "good.txt"),
+            "-o",
+            str(output),
+            "--shard-size",
+            "2",
+            "--overwrite",
+        ]
         result = CliRunner().invoke(app, arguments)
     assert result.exit_code == 0, result.output
     assert not killed.exists() and not (output / ".prepare-killed01.lock").exists() and not unlocked.exists()

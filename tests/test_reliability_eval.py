@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -47,13 +47,32 @@ TSV_LOADERS: dict[str, tuple[str, list[str], Callable[[int], list[str]], int, Ca
         1,
         load_sick_txt,
     ),
-    "clustering": ("clustering/agnews.tsv", ["text", "label"], lambda i: [f"text {i}", str(i % 3)], 0, load_labelled_texts),
-    "intent": ("intent/toy/train.tsv", ["text", "label"], lambda i: [f"book {i}", f"intent_{i % 3}"], 0, _load_intent_train),
+    "clustering": (
+        "clustering/agnews.tsv",
+        ["text", "label"],
+        lambda i: [f"text {i}", str(i % 3)],
+        0,
+        load_labelled_texts,
+    ),
+    "intent": (
+        "intent/toy/train.tsv",
+        ["text", "label"],
+        lambda i: [f"book {i}", f"intent_{i % 3}"],
+        0,
+        _load_intent_train,
+    ),
 }
 
 
-def _write_with_quotes(path: Path, header: list[str], row: Callable[[int], list[str]], column: int, rows: int,
-                       opened: int, closed: int | None) -> Path:
+def _write_with_quotes(
+    path: Path,
+    header: list[str],
+    row: Callable[[int], list[str]],
+    column: int,
+    rows: int,
+    opened: int,
+    closed: int | None,
+) -> Path:
     """A TSV whose physical line ``opened`` starts field ``column`` with a stray quote; line
     ``closed`` (if any) holds an ordinary in-text quote, which is where the parser closes it."""
     lines = ["\t".join(header)]
@@ -117,8 +136,11 @@ def test_non_finite_gold_scores_are_rejected_in_every_format(tmp_path, value):
 @pytest.mark.parametrize(
     "content, where",
     [
-        ("".join(f"one {i}\ttwo {i}\t{i % 5}\n" if i != 2 else f'"one {i}\ttwo {i}\t1\n' for i in range(30))
-         + 'she said "hi\tthere\t2\n', "test.tsv:4: "),
+        (
+            "".join(f"one {i}\ttwo {i}\t{i % 5}\n" if i != 2 else f'"one {i}\ttwo {i}\t1\n' for i in range(30))
+            + 'she said "hi\tthere\t2\n',
+            "test.tsv:4: ",
+        ),
         ("one\ttwo\t1\nthree\tfour\tnan\n", "test.tsv:3: score 'nan' is not a finite number"),
     ],
     ids=["stray-quote", "nan-score"],
@@ -127,13 +149,23 @@ def test_cli_shows_bad_data_as_a_clean_error(tiny_model, tmp_path, content, wher
     path = tmp_path / "data" / "sts" / "stsb" / "test.tsv"
     path.parent.mkdir(parents=True)
     path.write_text("sentence1\tsentence2\tscore\n" + content, encoding="utf-8")
-    result = invoke("sts", "--model", str(tiny_model), "--data-dir", str(tmp_path / "data"), "--task", "stsb",
-                    "--max-length", "32", "--no-cache", "--output", str(tmp_path / "r.json"))
+    result = invoke(
+        "sts",
+        "--model",
+        str(tiny_model),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--task",
+        "stsb",
+        "--max-length",
+        "32",
+        "--no-cache",
+        "--output",
+        str(tmp_path / "r.json"),
+    )
     assert result.exit_code == 2, result.output
     assert where in result.output and "Traceback" not in result.output
     assert not (tmp_path / "r.json").exists()
-
-
 
 
 def _flip_a_stored_byte(part: Path) -> None:
@@ -180,10 +212,21 @@ def test_wide_tables_keep_every_number_when_output_is_not_a_terminal(tiny_model,
     """Eight clustering columns do not fit the 80 columns rich assumes for a file or a pipe."""
     monkeypatch.setenv("COLUMNS", "80")
     for task in CLUSTERING_TASKS:
-        write_tsv(tmp_path / "clustering" / f"{task}.tsv", "text\tlabel",
-                  [f"{WORDS[i % 12]} {WORDS[(i * 5) % 12]} {i}\t{i % 3}" for i in range(12)])
-    result = invoke("clustering", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--no-cache",
-                    "--output", str(tmp_path / "c.json"))
+        write_tsv(
+            tmp_path / "clustering" / f"{task}.tsv",
+            "text\tlabel",
+            [f"{WORDS[i % 12]} {WORDS[(i * 5) % 12]} {i}\t{i % 3}" for i in range(12)],
+        )
+    result = invoke(
+        "clustering",
+        "--model",
+        str(tiny_model),
+        "--data-dir",
+        str(tmp_path),
+        "--no-cache",
+        "--output",
+        str(tmp_path / "c.json"),
+    )
     assert result.exit_code == 0, result.output
     table = "\n".join(line for line in result.output.splitlines() if "│" in line or "┃" in line)
     scores = [r["primary"] for r in json.loads((tmp_path / "c.json").read_text())["models"][0]["results"]]
@@ -246,18 +289,38 @@ def _intent_rows(root: Path, labels: list[str]) -> None:
 # (command, what it writes under the data dir, what the one-line error must say)
 BAD_FILES = {
     "sts-constant-gold": ("sts", lambda root: _sts_rows(root, [3] * 8), "stsb/test.tsv: every gold score is 3"),
-    "sts-constant-subset": ("sts", lambda root: _sts_rows(root, [0, 3, 2, 3, 4, 3, 6, 3], subsets="AB"),
-                            "stsb/test.tsv (subset 'B'): every gold score is 3"),
+    "sts-constant-subset": (
+        "sts",
+        lambda root: _sts_rows(root, [0, 3, 2, 3, 4, 3, 6, 3], subsets="AB"),
+        "stsb/test.tsv (subset 'B'): every gold score is 3",
+    ),
     "sts-header-only": ("sts", lambda root: _sts_rows(root, []), "stsb/test.tsv has a header but no rows"),
     "sts-one-row": ("sts", lambda root: _sts_rows(root, [1]), "stsb/test.tsv has 1 pair"),
-    "clustering-header-only": ("clustering", lambda root: _clustering_rows(root, []), "agnews.tsv has a header but no rows"),
-    "clustering-one-label": ("clustering", lambda root: _clustering_rows(root, ["sport"] * 6),
-                             "agnews.tsv has the single label 'sport'"),
-    "clustering-one-row": ("clustering", lambda root: _clustering_rows(root, ["1"]), "agnews.tsv has the single label '1'"),
-    "clustering-one-text-per-label": ("clustering", lambda root: _clustering_rows(root, [str(i) for i in range(6)]),
-                                      "agnews.tsv: each of its 6 labels has one text"),
-    "intent-one-row": ("intent", lambda root: _intent_rows(root, ["x"]),
-                       "snips/train.tsv: class 'x' has 1 examples, too few for 5-shot sampling"),
+    "clustering-header-only": (
+        "clustering",
+        lambda root: _clustering_rows(root, []),
+        "agnews.tsv has a header but no rows",
+    ),
+    "clustering-one-label": (
+        "clustering",
+        lambda root: _clustering_rows(root, ["sport"] * 6),
+        "agnews.tsv has the single label 'sport'",
+    ),
+    "clustering-one-row": (
+        "clustering",
+        lambda root: _clustering_rows(root, ["1"]),
+        "agnews.tsv has the single label '1'",
+    ),
+    "clustering-one-text-per-label": (
+        "clustering",
+        lambda root: _clustering_rows(root, [str(i) for i in range(6)]),
+        "agnews.tsv: each of its 6 labels has one text",
+    ),
+    "intent-one-row": (
+        "intent",
+        lambda root: _intent_rows(root, ["x"]),
+        "snips/train.tsv: class 'x' has 1 examples, too few for 5-shot sampling",
+    ),
 }
 
 
@@ -267,17 +330,38 @@ def test_unscorable_evaluation_file_is_refused_naming_it(tiny_model, tmp_path, c
     label clustered to 100.00; empty and one-row files failed in scipy, sklearn or the sampler."""
     command, make, message = BAD_FILES[case]
     make(tmp_path / "data")
-    result = invoke(command, "--model", str(tiny_model), "--data-dir", str(tmp_path / "data"), "--no-cache",
-                    "--task", {"sts": "stsb", "clustering": "agnews", "intent": "snips"}[command],
-                    "--output", str(tmp_path / "r.json"))
+    result = invoke(
+        command,
+        "--model",
+        str(tiny_model),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--no-cache",
+        "--task",
+        {"sts": "stsb", "clustering": "agnews", "intent": "snips"}[command],
+        "--output",
+        str(tmp_path / "r.json"),
+    )
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split()) and "Traceback" not in result.output
     assert not (tmp_path / "r.json").exists()
 
 
 def test_clustering_subsample_down_to_one_text_per_label_is_refused(tiny_model, eval_data, tmp_path):
-    result = invoke("clustering", "--model", str(tiny_model), "--data-dir", str(eval_data), "--task", "agnews",
-                    "--clustering-max-texts", "2", "--no-cache", "--output", str(tmp_path / "r.json"))
+    result = invoke(
+        "clustering",
+        "--model",
+        str(tiny_model),
+        "--data-dir",
+        str(eval_data),
+        "--task",
+        "agnews",
+        "--clustering-max-texts",
+        "2",
+        "--no-cache",
+        "--output",
+        str(tmp_path / "r.json"),
+    )
     assert result.exit_code == 2, result.output
     expected = "agnews.tsv subsampled by --clustering-max-texts 2 (raise it): each of its 3 labels has one text"
     assert expected in " ".join(result.output.split()) and not (tmp_path / "r.json").exists()
@@ -286,8 +370,19 @@ def test_clustering_subsample_down_to_one_text_per_label_is_refused(tiny_model, 
 @pytest.mark.parametrize("command, task", [("sts", "stsb"), ("clustering", "agnews"), ("intent", "snips")])
 def test_non_finite_embeddings_are_refused_naming_the_model(tiny_model, eval_data, tmp_path, command, task):
     broken = _model_filled_with(tiny_model, tmp_path / "diverged", float("nan"))
-    result = invoke(command, "--model", str(broken), "--data-dir", str(eval_data), "--task", task,
-                    "--cache-dir", str(tmp_path / "cache"), "--output", str(tmp_path / "r.json"))
+    result = invoke(
+        command,
+        "--model",
+        str(broken),
+        "--data-dir",
+        str(eval_data),
+        "--task",
+        task,
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--output",
+        str(tmp_path / "r.json"),
+    )
     assert result.exit_code == 2, result.output
     assert f"{broken}: the encoder gave non-finite embeddings" in " ".join(result.output.split())
     assert not (tmp_path / "r.json").exists() and not list((tmp_path / "cache").glob("*/part-*"))
@@ -295,8 +390,18 @@ def test_non_finite_embeddings_are_refused_naming_the_model(tiny_model, eval_dat
 
 def test_constant_similarities_are_refused_naming_the_model(tiny_model, eval_data, tmp_path):
     collapsed = _model_filled_with(tiny_model, tmp_path / "collapsed", 0.0)  # every embedding is zero
-    result = invoke("sts", "--model", str(collapsed), "--data-dir", str(eval_data), "--task", "stsb", "--no-cache",
-                    "--output", str(tmp_path / "r.json"))
+    result = invoke(
+        "sts",
+        "--model",
+        str(collapsed),
+        "--data-dir",
+        str(eval_data),
+        "--task",
+        "stsb",
+        "--no-cache",
+        "--output",
+        str(tmp_path / "r.json"),
+    )
     assert result.exit_code == 2, result.output
     assert f"{collapsed}: stsb: every pair has the same cosine similarity" in " ".join(result.output.split())
     assert not (tmp_path / "r.json").exists()
@@ -344,31 +449,48 @@ def _command_args(command: str, tiny_model: Path, data: Path, tmp_path: Path) ->
 @pytest.mark.parametrize("command, option, blocked", OUTPUTS)
 def test_output_path_under_a_file_is_refused_before_any_work(tiny_model, eval_data, tmp_path, command, option, blocked):
     (tmp_path / "afile").write_text("not a folder")
-    defaults = {"--output": str(tmp_path / "o.json"), "--plot": str(tmp_path / "o.png"), "--cache-dir": str(tmp_path / "c")}
+    defaults = {
+        "--output": str(tmp_path / "o.json"),
+        "--plot": str(tmp_path / "o.png"),
+        "--cache-dir": str(tmp_path / "c"),
+    }
     chosen = {**defaults, option: str(tmp_path / blocked)}
     if command == "sts":
         chosen.pop("--plot")
     args = [part for pair in chosen.items() for part in pair]
     result = invoke(*_command_args(command, tiny_model, eval_data, tmp_path), *args)
     assert result.exit_code == 2, result.output
-    assert result.output.startswith(f"error: {option} {tmp_path / blocked}: ") and "is a file" in result.output, result.output
+    assert result.output.startswith(f"error: {option} {tmp_path / blocked}: ") and "is a file" in result.output, (
+        result.output
+    )
     assert "distinct texts" not in result.output and "Traceback" not in result.output  # nothing was encoded
     assert not list(tmp_path.glob("o.*"))
 
 
 @pytest.mark.parametrize("command", ["sts", "neighbours", "augmentation"])
-@pytest.mark.parametrize("device, message", [
-    ("bogus", "--device 'bogus' is not a device; use cpu, cuda or cuda:N"),
-    ("cuda", "--device 'cuda': CUDA is not available here"),
-    ("cuda:1", "--device 'cuda:1': CUDA is not available here"),
-    ("meta", "--device 'meta': evaluation runs on cpu or cuda"),
-])
-def test_unusable_device_is_refused_before_any_work(tiny_model, eval_data, tmp_path, monkeypatch, command, device, message):
+@pytest.mark.parametrize(
+    "device, message",
+    [
+        ("bogus", "--device 'bogus' is not a device; use cpu, cuda or cuda:N"),
+        ("cuda", "--device 'cuda': CUDA is not available here"),
+        ("cuda:1", "--device 'cuda:1': CUDA is not available here"),
+        ("meta", "--device 'meta': evaluation runs on cpu or cuda"),
+    ],
+)
+def test_unusable_device_is_refused_before_any_work(
+    tiny_model, eval_data, tmp_path, monkeypatch, command, device, message
+):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # also on a machine with a GPU
-    result = invoke(*_command_args(command, tiny_model, eval_data, tmp_path), "--device", device, "--no-cache",
-                    "--output", str(tmp_path / "o.json"))
+    result = invoke(
+        *_command_args(command, tiny_model, eval_data, tmp_path),
+        "--device",
+        device,
+        "--no-cache",
+        "--output",
+        str(tmp_path / "o.json"),
+    )
     assert result.exit_code == 2, result.output
     assert result.output.startswith(f"error: {message}") and len(result.output.strip().splitlines()) == 1, result.output
 
@@ -397,8 +519,18 @@ def test_pickle_that_is_not_weights_is_refused_and_never_run(tiny_model, eval_da
     shutil.copytree(tiny_model, evil)
     (evil / "model.safetensors").unlink()
     (evil / "pytorch_model.bin").write_bytes(pickle.dumps(Payload()))
-    result = invoke("sts", "--model", str(evil), "--data-dir", str(eval_data), "--task", "stsb", "--no-cache",
-                    "--output", str(tmp_path / "r.json"))
+    result = invoke(
+        "sts",
+        "--model",
+        str(evil),
+        "--data-dir",
+        str(eval_data),
+        "--task",
+        "stsb",
+        "--no-cache",
+        "--output",
+        str(tmp_path / "r.json"),
+    )
     assert result.exit_code == 2, result.output
     expected = f"{evil / 'pytorch_model.bin'} is not a weights file; only safetensors or weights-only pickles load"
     assert expected in " ".join(result.output.split()) and "Traceback" not in result.output
@@ -408,10 +540,25 @@ def test_pickle_that_is_not_weights_is_refused_and_never_run(tiny_model, eval_da
 def test_max_length_beyond_the_position_embeddings_is_clamped_with_a_line(tiny_model, tmp_path):
     """The tiny BERT has 64 position embeddings; texts of 120 tokens crashed at --max-length 1000."""
     long_text = " ".join(["river bank money"] * 40)
-    write_tsv(tmp_path / "data" / "sts" / "stsb" / "test.tsv", "sentence1\tsentence2\tscore",
-              [f"{long_text} {i}\tmusic {i}\t{i % 5}" for i in range(6)])
-    result = invoke("sts", "--model", str(tiny_model), "--data-dir", str(tmp_path / "data"), "--task", "stsb",
-                    "--no-cache", "--max-length", "1000", "--output", str(tmp_path / "r.json"))
+    write_tsv(
+        tmp_path / "data" / "sts" / "stsb" / "test.tsv",
+        "sentence1\tsentence2\tscore",
+        [f"{long_text} {i}\tmusic {i}\t{i % 5}" for i in range(6)],
+    )
+    result = invoke(
+        "sts",
+        "--model",
+        str(tiny_model),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--task",
+        "stsb",
+        "--no-cache",
+        "--max-length",
+        "1000",
+        "--output",
+        str(tmp_path / "r.json"),
+    )
     assert result.exit_code == 0, result.output
     assert "--max-length 1000 exceeds the model's 64 position embeddings; using 64" in " ".join(result.output.split())
     assert json.loads((tmp_path / "r.json").read_text())["models"][0]["model"]["max_length"] == 64

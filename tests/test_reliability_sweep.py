@@ -211,7 +211,8 @@ def test_a_file_system_without_flock_runs_the_cell_unlocked(
     result = CliRunner().invoke(app, ["sweep", *sweep_args], catch_exceptions=False)
     assert result.exit_code == 0 and "cannot lock" in _flat(result.output), result.output
     assert [json.loads(p.read_text())["state"] for p in sorted((tmp_path / "sweep").glob("cells/*/status.json"))] == [
-        "done", "done"
+        "done",
+        "done",
     ]
 
 
@@ -223,9 +224,14 @@ def test_an_output_that_is_a_file_is_refused_before_anything_is_planned(
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     arguments = [*sweep_args, "--launcher", launcher]
-    for target, what in ((blocker, f"{blocker}: is a file"), (blocker / "sweep", f"{blocker / 'sweep'}: {blocker} is a file")):
+    for target, what in (
+        (blocker, f"{blocker}: is a file"),
+        (blocker / "sweep", f"{blocker / 'sweep'}: {blocker} is a file"),
+    ):
         arguments[arguments.index("--output") + 1] = str(target)
         result = CliRunner().invoke(app, ["sweep", *arguments])
         lines = [line for line in result.output.splitlines() if line.strip()]
-        assert result.exit_code == 2 and lines == [f"error: --output {what}, not a folder; choose another path"], result.output
+        assert result.exit_code == 2 and lines == [f"error: --output {what}, not a folder; choose another path"], (
+            result.output
+        )
     assert blocker.read_text() == ""

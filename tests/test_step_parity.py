@@ -57,11 +57,10 @@ def train_steps(
     """``steps`` optimiser steps per objective on this rank's rows; rank 0 returns the weights,
     its losses ("<objective> losses") and the dtypes of the optimiser state ("optimizer_dtypes")."""
     from vascl_scale.losses import build_objective
-    from vascl_scale.train.step import TrainingStep
-    from vascl_scale.precision import train_precision
-    from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
-
     from vascl_scale.losses.spec import objective_spec
+    from vascl_scale.precision import train_precision
+    from vascl_scale.train.step import TrainingStep
+    from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
 
     rows = GLOBAL_BATCH // world_size
     own = slice(rank * rows, (rank + 1) * rows)
@@ -69,7 +68,9 @@ def train_steps(
     for objective in objectives:
         config = _config(objective, precision)
         # Dropout 0: no masks to match.
-        model = tiny_encoder(seed=0, dtype=getattr(torch, dtype), head_dim=8, pair_classifier=objective_spec(objective).classifier)
+        model = tiny_encoder(
+            seed=0, dtype=getattr(torch, dtype), head_dim=8, pair_classifier=objective_spec(objective).classifier
+        )
         accelerator = build_accelerator(config, deepspeed)
         prepared, prepared_optimizer = prepare_for_training(accelerator, model, build_optimizer(model, config), config)
         step = TrainingStep(

@@ -27,7 +27,11 @@ def workspace(tmp_path_factory) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(str(packaged_minilm_dir()))
     torch.manual_seed(0)
     config = BertConfig(
-        vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
     )
     BertModel(config).save_pretrained(root / "tiny")
     tokenizer.save_pretrained(root / "tiny")
@@ -39,8 +43,8 @@ def workspace(tmp_path_factory) -> Path:
     (root / "train.txt").write_text("\n".join(lines) + "\n")
     (root / "base.yaml").write_text(
         f"""
-model: {{path: {root / 'tiny'}, head_dim: 16}}
-data: {{train: {root / 'train.txt'}, max_length: 16, num_workers: 0}}
+model: {{path: {root / "tiny"}, head_dim: 16}}
+data: {{train: {root / "train.txt"}, max_length: 16, num_workers: 0}}
 loss: {{k: 2}}
 train: {{global_batch_size: 8, max_steps: 2, log_every: 1}}
 eval: {{every_steps: 0}}
@@ -73,7 +77,12 @@ def test_two_by_two_sweep_at_equal_updates_runs_resumes_and_reports(workspace: P
         ("16", "3", "done"),
     ]
     # Equal updates: every cell takes 3 optimiser steps, so the larger batch sees more sentences.
-    assert [(r["optimiser_steps"], r["sentences_seen"]) for r in rows] == [("3", "24"), ("3", "24"), ("3", "48"), ("3", "48")]
+    assert [(r["optimiser_steps"], r["sentences_seen"]) for r in rows] == [
+        ("3", "24"),
+        ("3", "24"),
+        ("3", "48"),
+        ("3", "48"),
+    ]
     for row in rows:
         assert float(row["step_seconds"]) > 0 and float(row["sentences_per_second"]) > 0
         assert float(row["peak_rss_mb"]) > 50 and float(row["wall_seconds"]) > 0
@@ -123,18 +132,31 @@ def test_invalid_grid_is_refused_before_anything_runs(workspace: Path) -> None:
 
 def test_skip_invalid_drops_and_lists_cells_and_sentences_per_cell_sets_each_length(workspace: Path) -> None:
     out = workspace / "sbudget"
-    common = ["--config", str(workspace / "base.yaml"), "--grid", "train.global_batch_size=8,32", "--grid", "loss.k=2,16"]
-    refused = _sweep(*common, "--skip-invalid", "--sentences-per-cell", "40", "--launcher", "slurm", "--output", str(out))
+    common = [
+        "--config",
+        str(workspace / "base.yaml"),
+        "--grid",
+        "train.global_batch_size=8,32",
+        "--grid",
+        "loss.k=2,16",
+    ]
+    refused = _sweep(
+        *common, "--skip-invalid", "--sentences-per-cell", "40", "--launcher", "slurm", "--output", str(out)
+    )
     assert refused.exit_code == 2 and "is not a multiple of cell" in _flat(refused.output) and not out.exists()
     both = _sweep(*common, "--sentences-per-cell", "64", "--max-steps", "3", "--output", str(out))
     assert both.exit_code == 2 and "replaces --max-steps" in _flat(both.output)
 
-    result = _sweep(*common, "--skip-invalid", "--sentences-per-cell", "64", "--launcher", "slurm", "--output", str(out))
+    result = _sweep(
+        *common, "--skip-invalid", "--sentences-per-cell", "64", "--launcher", "slurm", "--output", str(out)
+    )
     assert result.exit_code == 0, result.output
     assert "1 of 4 cells are invalid; skipped (--skip-invalid)" in _flat(result.output)
     plan = SweepPlan.load(out)
     assert [cell.index for cell in plan.cells] == [0, 1, 2]
-    steps = {(c.values["train.global_batch_size"], c.values["loss.k"]): c.derived["train.max_steps"] for c in plan.cells}
+    steps = {
+        (c.values["train.global_batch_size"], c.values["loss.k"]): c.derived["train.max_steps"] for c in plan.cells
+    }
     assert steps == {(8, 2): 8, (32, 2): 2, (32, 16): 2}  # 64 sentences each (equal sentences, unequal updates)
     assert "train.max_steps=8" in plan.cells[0].assignments()
     assert list(plan.skipped) == ["train.global_batch_size-8__loss.k-16__seed-0"]
@@ -154,7 +176,7 @@ def test_slurm_mode_writes_a_valid_array_script(workspace: Path) -> None:
     assert result.exit_code == 0, result.output
     script = (out / "sweep.sbatch").read_text()
     assert "#SBATCH --array=0-3" in script and "#SBATCH --partition=gpu" in script
-    assert 'sweep run-cell' in script and '--index "$SLURM_ARRAY_TASK_ID"' in script
+    assert "sweep run-cell" in script and '--index "$SLURM_ARRAY_TASK_ID"' in script
     assert subprocess.run(["bash", "-n", str(out / "sweep.sbatch")]).returncode == 0
     assert not (out / "cells").exists()  # nothing ran here
     collected = CliRunner().invoke(app, ["sweep", "collect", str(out)])
@@ -171,7 +193,12 @@ def test_grid_parsing_and_expansion() -> None:
     with pytest.raises(ValueError, match="key=v1,v2"):
         parse_grid_axis("loss.k")
     cells = expand({"a.b": [1, 2], "c": ["x"]}, seeds=[0, 1])
-    assert [c.name for c in cells] == ["a.b-1__c-x__seed-0", "a.b-1__c-x__seed-1", "a.b-2__c-x__seed-0", "a.b-2__c-x__seed-1"]
+    assert [c.name for c in cells] == [
+        "a.b-1__c-x__seed-0",
+        "a.b-1__c-x__seed-1",
+        "a.b-2__c-x__seed-0",
+        "a.b-2__c-x__seed-1",
+    ]
     assert cells[3].assignments() == ["a.b=2", 'c="x"', "train.seed=1"]
 
 
@@ -190,11 +217,16 @@ def test_variant_sweep_applies_each_bundle_and_reports_it(workspace: Path) -> No
     ]
     resolved = (out / "cells" / "variant-rel-0.5__loss.k-3__seed-7" / "run" / "config.yaml").read_text()
     assert "eps_mode: relative" in resolved and "eps: 0.5" in resolved and "k: 3" in resolved and "seed: 7" in resolved
-    assert "objective: simcse" in (out / "cells" / "variant-simcse__loss.k-2__seed-7" / "run" / "config.yaml").read_text()
+    assert (
+        "objective: simcse" in (out / "cells" / "variant-simcse__loss.k-2__seed-7" / "run" / "config.yaml").read_text()
+    )
     assert "| variant | loss.k | seeds |" in (out / "results.md").read_text()
     record = json.loads((out / "results.json").read_text())
     assert [(e["variant"], e["loss.k"], e["seeds"]) for e in record["mean_over_seeds"]] == [
-        ("simcse", 2, 1), ("simcse", 3, 1), ("rel-0.5", 2, 1), ("rel-0.5", 3, 1)
+        ("simcse", 2, 1),
+        ("simcse", 3, 1),
+        ("rel-0.5", 2, 1),
+        ("rel-0.5", 3, 1),
     ]
     chosen = CliRunner().invoke(app, ["sweep", "collect", str(out), "--metric", "sentences_per_second"])
     assert chosen.exit_code == 0, chosen.output
@@ -206,7 +238,10 @@ def test_variant_sweep_applies_each_bundle_and_reports_it(workspace: Path) -> No
 
 
 def test_variant_parsing_and_eval_arguments(tmp_path: Path) -> None:
-    assert parse_variant("rel:loss.eps_mode=relative,loss.eps=0.5") == ("rel", {"loss.eps_mode": "relative", "loss.eps": 0.5})
+    assert parse_variant("rel:loss.eps_mode=relative,loss.eps=0.5") == (
+        "rel",
+        {"loss.eps_mode": "relative", "loss.eps": 0.5},
+    )
     for text, message in (
         ("objective=simcse", "NAME:key=value"),
         ("a b:objective=simcse", "letters, digits"),
@@ -221,8 +256,12 @@ def test_variant_parsing_and_eval_arguments(tmp_path: Path) -> None:
         ("variant-a__seed-0", ["loss.k=4", "train.seed=0"]),
         ("variant-b__seed-0", ['objective="simcse"', "train.seed=0"]),
     ]
-    plan = SweepPlan("base.yaml", {}, [0], eval_tasks="all", eval_args=["--task", "stsb", "--clustering-max-texts", "10"])
+    plan = SweepPlan(
+        "base.yaml", {}, [0], eval_tasks="all", eval_args=["--task", "stsb", "--clustering-max-texts", "10"]
+    )
     command = eval_command(plan, tmp_path / "run", tmp_path / "eval.json")
     assert command[-4:] == ["--task", "stsb", "--clustering-max-texts", "10"] and "all" in command
-    refused = _sweep("--config", "base.yaml", "--variant", "a:loss.k=2", "--variant", "a:loss.k=3", "--output", str(tmp_path / "s"))
+    refused = _sweep(
+        "--config", "base.yaml", "--variant", "a:loss.k=2", "--variant", "a:loss.k=3", "--output", str(tmp_path / "s")
+    )
     assert refused.exit_code == 2 and "share a name" in _flat(refused.output)

@@ -58,7 +58,10 @@ def test_report_to_takes_hugging_face_names_and_refuses_others() -> None:
     assert TrainConfig().report_to is None
     assert TrainConfig(report_to="tensorboard").report_to == ["tensorboard"]  # one name, as HF Trainer takes it
     assert TrainConfig(report_to=["jsonl", "wandb"]).report_to == ["jsonl", "wandb"]
-    with pytest.raises(ValueError, match="train.report_to names 'tb', which is no tracker; choose from 'jsonl', 'tensorboard', 'wandb', 'all', 'none'"):
+    with pytest.raises(
+        ValueError,
+        match="train.report_to names 'tb', which is no tracker; choose from 'jsonl', 'tensorboard', 'wandb', 'all', 'none'",
+    ):
         TrainConfig(report_to=["jsonl", "tb"])
     with pytest.raises(ValueError, match="train.report_to holds 'all' or 'none' beside other names"):
         TrainConfig(report_to=["none", "wandb"])
@@ -78,7 +81,10 @@ def test_trackers_resolve_to_what_is_installed_and_name_the_extra_of_a_missing_o
         assert resolve_trackers(None) == ("jsonl",)
         assert resolve_trackers(["all"]) == ("jsonl",)
     assert not caplog.records  # unasked, a missing TensorBoard is no news at INFO
-    with pytest.raises(ValueError, match=r"asks for wandb, whose Python package wandb is not installed: pip install 'vascl-scale\[wandb\]'"):
+    with pytest.raises(
+        ValueError,
+        match=r"asks for wandb, whose Python package wandb is not installed: pip install 'vascl-scale\[wandb\]'",
+    ):
         resolve_trackers(["jsonl", "wandb"])
     with pytest.raises(ValueError, match=r"pip install 'vascl-scale\[tensorboard\]'"):
         resolve_trackers(["tensorboard"])
@@ -98,7 +104,11 @@ def test_tensorboard_gets_every_scalar_and_a_resumed_run_replaces_the_steps_past
         resumed.log(step, {"loss/loss": 10.0 + step, "lr/encoder": 0.5})
     resumed.close()
     assert tensorboard_scalars(tmp_path / "tensorboard")["loss/loss"] == {2: pytest.approx(0.5), 4: 14.0, 6: 16.0}
-    assert [json.loads(line)["loss/loss"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [0.5, 14.0, 16.0]
+    assert [json.loads(line)["loss/loss"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
+        0.5,
+        14.0,
+        16.0,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +120,17 @@ def tracked_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, s
     write_texts(root / "train.txt")
     write_dev_tsv(root / "dev.tsv")
     config = write_config(
-        root, root / "config.yaml", train={"report_to": ["jsonl", "tensorboard", "wandb"]}, checkpoint={"every_steps": 0}
+        root,
+        root / "config.yaml",
+        train={"report_to": ["jsonl", "tensorboard", "wandb"]},
+        checkpoint={"every_steps": 0},
     )
-    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(root / "wandb-dir"), "WANDB_SILENT": "true", "WANDB_PROJECT": "card-test"}
+    env = {
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(root / "wandb-dir"),
+        "WANDB_SILENT": "true",
+        "WANDB_PROJECT": "card-test",
+    }
     (root / "wandb-dir").mkdir()
     result = run_train(config, root / "run", "--num-processes", "2", env=env)
     return root / "run", root / "wandb-dir", result.stderr
@@ -133,7 +151,9 @@ def test_two_ranks_make_one_offline_wandb_run_with_the_config_logged_once_and_te
     assert started.run_id == (run / "wandb-run-id").read_text().strip() and started.project == "card-test"
     logged = {item.key: json.loads(item.value_json) for item in started.config.update if item.key != "_wandb"}
     assert logged == yaml.safe_load((run / "config.yaml").read_text())
-    assert f"metrics: metrics.jsonl, TensorBoard (tensorboard/), W&B (run {started.run_id}, offline mode)" in " ".join(log.split())
+    assert f"metrics: metrics.jsonl, TensorBoard (tensorboard/), W&B (run {started.run_id}, offline mode)" in " ".join(
+        log.split()
+    )
 
     history: dict[int, dict[str, float]] = {}
     for record in records:
@@ -164,7 +184,11 @@ def test_final_and_best_carry_a_model_card_of_their_own_weights_and_still_load_i
     from sentence_transformers import SentenceTransformer
 
     run, _, _ = tracked_run
-    dev = {line["step"]: line["stsb_dev_spearman"] for line in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "stsb_dev_spearman" in line}
+    dev = {
+        line["step"]: line["stsb_dev_spearman"]
+        for line in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+        if "stsb_dev_spearman" in line
+    }
     best_step = max(dev, key=dev.get)
     for export, step in (("final", 4), ("best", best_step)):
         meta, body = card_of(run / export)
@@ -211,6 +235,8 @@ def test_eval_into_the_run_adds_its_results_to_the_card_of_the_export_it_scored(
     assert f"| sts / stsb | {scored['primary']:.2f} | mteb | `eval sts`," in body
     assert (run / "final" / "README.md").read_text() == final_card  # not the export scored
     # Results written elsewhere are an ad hoc evaluation: the card stays as it is.
-    elsewhere = CliRunner().invoke(app, ["eval", "sts", *common, "--task", "sts12", "--output", str(tmp_path / "adhoc.json")])
+    elsewhere = CliRunner().invoke(
+        app, ["eval", "sts", *common, "--task", "sts12", "--output", str(tmp_path / "adhoc.json")]
+    )
     assert elsewhere.exit_code == 0, elsewhere.output
     assert "sts12" not in {entry["dataset"]["name"] for entry in card_of(run / "best")[0]["model-index"][0]["results"]}

@@ -90,7 +90,12 @@ def write_triplets(directory: Path, rows: int = 96) -> Path:
         lines.append("\t".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 10))) for _ in range(4)))
     source = directory / "triplets.tsv"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    prepare_shards([source], directory / "triplets", PrepareOptions(text_field="a,p,n1,n2", shard_size=rows // 6), show_progress=False)
+    prepare_shards(
+        [source],
+        directory / "triplets",
+        PrepareOptions(text_field="a,p,n1,n2", shard_size=rows // 6),
+        show_progress=False,
+    )
     return directory / "triplets"
 
 
@@ -154,7 +159,11 @@ def write_config(workspace: Path, path: Path, objective: str = "vascl", **sectio
 
 
 def cli_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     env["OMP_NUM_THREADS"] = "1"
     env["COLUMNS"] = "400"  # rich wraps log lines at the terminal width
     env["PYTHONPATH"] = str(REPO)
@@ -178,7 +187,9 @@ def run_train(
         timeout=timeout,
     )
     if result.returncode != expect:
-        raise AssertionError(f"exit code {result.returncode} (expected {expect})\n{result.stdout}\n{result.stderr[-6000:]}")
+        raise AssertionError(
+            f"exit code {result.returncode} (expected {expect})\n{result.stdout}\n{result.stderr[-6000:]}"
+        )
     return result
 
 
@@ -198,7 +209,9 @@ def final_weights(run: Path) -> dict[str, torch.Tensor]:
     weights = load_file(str(run / "final" / "model.safetensors"))
     for module in ("head", "classifier"):  # a PairSupCon run's classifier too
         if (run / "final" / f"{module}.safetensors").is_file():
-            weights.update({f"{module}.{k}": v for k, v in load_file(str(run / "final" / f"{module}.safetensors")).items()})
+            weights.update(
+                {f"{module}.{k}": v for k, v in load_file(str(run / "final" / f"{module}.safetensors")).items()}
+            )
     return weights
 
 
@@ -243,7 +256,9 @@ def ddp_reference(ddp_references) -> Path:
 def test_single_process_run_writes_a_complete_run_directory(workspace: Path, tmp_path: Path) -> None:
     config = write_config(workspace, tmp_path / "config.yaml")
     run = tmp_path / "run"
-    result = run_train(config, run, "--set", "checkpoint.keep_last=1", "--set", "train.peak_tflops=2", "--set", "train.precision=auto")
+    result = run_train(
+        config, run, "--set", "checkpoint.keep_last=1", "--set", "train.peak_tflops=2", "--set", "train.precision=auto"
+    )
     assert "global contrastive batch 16 sentences = 1 ranks x 16 per device" in result.stderr
     # The precision and its reason, whichever this CPU resolves `auto` to.
     assert f"training in {precision_reason('auto', train_precision('auto'), 'cpu', 'train.precision')}" in result.stderr
@@ -291,7 +306,9 @@ def test_export_loads_in_automodel_and_sentence_transformers_with_equal_embeddin
     assert not np.allclose(ours[0], ours[1], atol=1e-3)
 
 
-def test_ddp_stopped_and_resumed_equals_an_uninterrupted_run(workspace: Path, tmp_path: Path, ddp_reference: Path) -> None:
+def test_ddp_stopped_and_resumed_equals_an_uninterrupted_run(
+    workspace: Path, tmp_path: Path, ddp_reference: Path
+) -> None:
     # Data-loader worker processes on (the reference has none; the stream is the same): the
     # stream position must survive the restart too.
     config = write_config(workspace, tmp_path / "config.yaml", data={"num_workers": 1})
@@ -312,7 +329,10 @@ def test_two_ranks_train_from_prepared_shards(workspace: Path, tmp_path: Path) -
     )  # fmt: skip
     assert prepared.returncode == 0, prepared.stderr
     config = write_config(
-        workspace, tmp_path / "config.yaml", data={"train": str(shards), "num_workers": 1, "mode": "exact"}, eval={"every_steps": 0}
+        workspace,
+        tmp_path / "config.yaml",
+        data={"train": str(shards), "num_workers": 1, "mode": "exact"},
+        eval={"every_steps": 0},
     )
     run = tmp_path / "run"
     result = run_train(config, run, "--num-processes", "2")
@@ -320,7 +340,10 @@ def test_two_ranks_train_from_prepared_shards(workspace: Path, tmp_path: Path) -
     records = [yaml.safe_load(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     windows = [r for r in records if "data/samples" in r]
     # Every loss call takes 16 sentences from the shards: 2 and 4 steps read 32 and 64 in total.
-    assert [(r["step"], r["data/samples"], r["data/corrupt_shards_skipped"]) for r in windows] == [(2, 32, 0), (4, 64, 0)]
+    assert [(r["step"], r["data/samples"], r["data/corrupt_shards_skipped"]) for r in windows] == [
+        (2, 32, 0),
+        (4, 64, 0),
+    ]
     assert (run / "final" / "model.safetensors").is_file()
 
 
@@ -332,8 +355,18 @@ def test_two_simulated_nodes_equal_two_local_processes(workspace: Path, tmp_path
     nodes = [
         subprocess.Popen(
             train_command(
-                config, tmp_path / "run", "--num-processes", "1", "--num-machines", "2", "--machine-rank", str(rank),
-                "--main-process-ip", "127.0.0.1", "--main-process-port", port,
+                config,
+                tmp_path / "run",
+                "--num-processes",
+                "1",
+                "--num-machines",
+                "2",
+                "--machine-rank",
+                str(rank),
+                "--main-process-ip",
+                "127.0.0.1",
+                "--main-process-port",
+                port,
             ),  # fmt: skip
             cwd=REPO,
             env=cli_env(),
@@ -453,7 +486,10 @@ def test_paired_shards_train_on_their_positives_and_augmenting_them_stops_before
     from tests.data_helpers import make_paired_shards
 
     rng = random.Random(2)
-    rows = [{column: " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) for column in ("anchor", "positive")} for _ in range(64)]
+    rows = [
+        {column: " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) for column in ("anchor", "positive")}
+        for _ in range(64)
+    ]
     pairs = make_paired_shards(tmp_path / "pairs", rows, shard_size=16)
     config = write_config(workspace, tmp_path / "config.yaml", data={"train": str(pairs)}, eval={"every_steps": 0})
     result = run_train(config, tmp_path / "run", "--set", "objective=simcse", "--max-steps", "2")
@@ -461,7 +497,9 @@ def test_paired_shards_train_on_their_positives_and_augmenting_them_stops_before
     assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
     failure = run_train(config, tmp_path / "refused", "--num-processes", "2", "--set", "data.augment=wdel", expect=2)
-    assert f"data.augment makes each sample's positive from its anchor, and data.train {pairs} has" in " ".join(failure.stderr.split())
+    assert f"data.augment makes each sample's positive from its anchor, and data.train {pairs} has" in " ".join(
+        failure.stderr.split()
+    )
     assert "launching" not in failure.stderr and not (tmp_path / "refused").exists()
 
 
@@ -493,7 +531,9 @@ def test_bad_input_fails_before_training_with_a_clear_message(workspace: Path, t
     assert f"eval.stsb_dev {constant}: every gold score is 3" in failure.stderr
 
 
-def test_an_undefined_dev_score_never_selects_a_model(workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_undefined_dev_score_never_selects_a_model(
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A collapsed encoder (every similarity equal) gives Spearman NaN; taken as a score, NaN would
     # become the best and no later step could beat it.
     from accelerate.state import AcceleratorState
@@ -510,7 +550,9 @@ def test_an_undefined_dev_score_never_selects_a_model(workspace: Path, tmp_path:
     finally:
         AcceleratorState._reset_state(True)
     assert (run / "last").is_dir() and not (run / "best").exists()
-    records = [json.loads(line, parse_constant=pytest.fail) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line, parse_constant=pytest.fail) for line in (run / "metrics.jsonl").read_text().splitlines()
+    ]
     assert records and not any("stsb_dev_spearman" in record for record in records)
 
 
@@ -552,7 +594,9 @@ def test_each_evaluation_says_whether_it_is_a_new_best(
 def test_an_unset_variable_in_a_path_fails_once_in_the_launcher(workspace: Path, tmp_path: Path) -> None:
     config = write_config(workspace, tmp_path / "config.yaml", model={"path": "${VASCL_TEST_UNSET}/model"})
     failure = run_train(config, tmp_path / "a", "--num-processes", "2", expect=2)
-    message = "model.path = '${VASCL_TEST_UNSET}/model' uses the environment variable VASCL_TEST_UNSET, which is not set"
+    message = (
+        "model.path = '${VASCL_TEST_UNSET}/model' uses the environment variable VASCL_TEST_UNSET, which is not set"
+    )
     assert " ".join(failure.stderr.split()).count(message) == 1
     assert "launching" not in failure.stderr and not (tmp_path / "a" / "config.yaml").exists()  # no worker started
     failure = run_train(config, tmp_path / "b", "--set", "model.path=$VASCL_TEST_UNSET", expect=2)
@@ -589,11 +633,15 @@ def test_resume_refuses_a_changed_model_or_batch_and_a_reused_directory(workspac
     assert "the config changes model.head_dim: 16 -> 8" in failure.stderr
     failure = run_train(config, run, "--max-steps", "4", "--resume", "--set", "train.global_batch_size=32", expect=2)
     assert "train.global_batch_size: 16 -> 32" in failure.stderr
-    run_train(config, tmp_path / "other", "--max-steps", "4", "--resume-from", str(run / "checkpoints" / "step-00000002"))
+    run_train(
+        config, tmp_path / "other", "--max-steps", "4", "--resume-from", str(run / "checkpoints" / "step-00000002")
+    )
     assert (tmp_path / "other" / "final" / "model.safetensors").is_file()
 
 
-def test_resume_with_another_objective_or_data_columns_names_the_change_before_loading(workspace: Path, tmp_path: Path) -> None:
+def test_resume_with_another_objective_or_data_columns_names_the_change_before_loading(
+    workspace: Path, tmp_path: Path
+) -> None:
     config = write_config(workspace, tmp_path / "config.yaml", "pairsupcon", eval={"every_steps": 0})
     run = tmp_path / "run"
     run_train(config, run, "--max-steps", "2")
@@ -601,23 +649,33 @@ def test_resume_with_another_objective_or_data_columns_names_the_change_before_l
     assert json.loads((checkpoint / "trainer_state.json").read_text())["columns"] == ["anchor", "paired", "label"]
     # Another objective (its model has no pairwise classifier): named, on one process and from a launcher.
     for processes in ("1", "2"):
-        failure = run_train(config, run, "--max-steps", "4", "--resume", "--objective", "vascl", "--num-processes", processes, expect=2)
+        failure = run_train(
+            config, run, "--max-steps", "4", "--resume", "--objective", "vascl", "--num-processes", processes, expect=2
+        )
         message = " ".join(failure.stderr.split())
         assert f"--resume {checkpoint}: the config changes objective: 'pairsupcon' -> 'vascl'" in message, message
-        assert "could not load checkpoint" not in message and "Unexpected key" not in message and "Traceback" not in message
+        assert (
+            "could not load checkpoint" not in message
+            and "Unexpected key" not in message
+            and "Traceback" not in message
+        )
     # The same objective on data with other columns (triplets give no label): named too.
     failure = run_train(config, run, "--max-steps", "4", "--resume", "--set", f"data.train={workspace / 'triplets'}",
                         "--objective", "simcse_sup", expect=2)  # fmt: skip
     message = " ".join(failure.stderr.split())
     assert "objective: 'pairsupcon' -> 'simcse_sup'" in message
-    assert "data.train's columns change: anchor, paired, label -> anchor, positive, negative_0, negative_1" in message, message
+    assert (
+        "data.train's columns change: anchor, paired, label -> anchor, positive, negative_0, negative_1" in message
+    ), message
     run_train(config, run, "--max-steps", "4", "--resume")  # as written, it continues
     assert (run / "final" / "model.safetensors").is_file()
 
 
 def test_simcse_objective_and_gradient_accumulation_in_the_same_loop(workspace: Path, tmp_path: Path) -> None:
     config = write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0})
-    result = run_train(config, tmp_path / "run", "--objective", "simcse", "--max-steps", "2", "--set", "train.grad_accum_steps=2")
+    result = run_train(
+        config, tmp_path / "run", "--objective", "simcse", "--max-steps", "2", "--set", "train.grad_accum_steps=2"
+    )
     assert "32 sentences per update, but each loss still sees only 16 (accumulation adds no negatives)" in result.stderr
     records = [yaml.safe_load(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["loss/loss"] == pytest.approx(records[-1]["loss/simcse"])
@@ -645,7 +703,9 @@ def test_zero2_stopped_and_resumed_equals_ddp(workspace: Path, tmp_path: Path, d
     payload["ds_config"] = Path("an object weights_only refuses")
     torch.save(payload, states)
     _relist(states.parent.parent)
-    failure = run_train(config, run, "--num-processes", "2", "--deepspeed", ZERO2, "--resume", "--max-steps", "6", expect=1)
+    failure = run_train(
+        config, run, "--num-processes", "2", "--deepspeed", ZERO2, "--resume", "--max-steps", "6", expect=1
+    )
     assert "mp_rank_00_model_states.pt cannot be loaded safely (UnpicklingError" in " ".join(failure.stderr.split())
 
 
@@ -659,7 +719,9 @@ def _relist(checkpoint: Path) -> None:
 
 @pytest.mark.deepspeed
 @pytest.mark.parametrize("objective", ZERO_OBJECTIVES)
-def test_zero3_consolidates_its_shards_for_export_and_equals_ddp(workspace: Path, tmp_path: Path, ddp_references, objective: str) -> None:
+def test_zero3_consolidates_its_shards_for_export_and_equals_ddp(
+    workspace: Path, tmp_path: Path, ddp_references, objective: str
+) -> None:
     config = write_config(workspace, tmp_path / "config.yaml", objective)
     run = tmp_path / "run"
     run_train(config, run, "--num-processes", "2", "--deepspeed", ZERO3, "--max-steps", "2", timeout=420)
@@ -697,7 +759,9 @@ def test_non_finite_loss_stops_before_the_update_and_keeps_the_last_good_checkpo
 
     monkeypatch.setattr(trainer_module, "build_objective", objective_with_a_nan_at_the_third_call)
     run = tmp_path / "run"
-    config = load_config(write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0}), [f"train.output_dir={run}"])
+    config = load_config(
+        write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0}), [f"train.output_dir={run}"]
+    )
     try:
         with pytest.raises(NonFiniteLossError, match="non-finite loss at step 3") as stopped:
             trainer_module.build_trainer(config).fit()
@@ -747,7 +811,11 @@ def test_the_log_names_unread_columns_and_the_first_dropped_partial_batch_once(
     try:
         with caplog.at_level(logging.INFO, logger="vascl_scale"):
             for objective, steps in (("simcse", 5), ("simcse_sup", 2)):
-                overrides = [f"objective={objective}", f"train.max_steps={steps}", f"train.output_dir={tmp_path / objective}"]
+                overrides = [
+                    f"objective={objective}",
+                    f"train.max_steps={steps}",
+                    f"train.output_dir={tmp_path / objective}",
+                ]
                 trainer_module.build_trainer(load_config(config_path, overrides)).fit()
                 AcceleratorState._reset_state(True)
     finally:
@@ -888,7 +956,9 @@ def test_symlinks_out_of_a_checkpoint_and_code_carrying_pickles_are_refused_befo
     elsewhere.mkdir()
     torch.save({"module": _RunsCode(f"touch {marker}")}, elsewhere / "mp_rank_00_model_states.pt")
     (checkpoint / "pytorch_model").symlink_to(elsewhere, target_is_directory=True)
-    with pytest.raises(ValueError, match=r"pytorch_model is a symlink to .*elsewhere, outside the checkpoint.*step-00000001"):
+    with pytest.raises(
+        ValueError, match=r"pytorch_model is a symlink to .*elsewhere, outside the checkpoint.*step-00000001"
+    ):
         verify_checkpoint_files(checkpoint)
     (checkpoint / "pytorch_model").unlink()
     # The same file inside the checkpoint, and a symlink that stays inside, are opened weights-only.
@@ -908,7 +978,9 @@ def test_truncated_checkpoint_files_are_refused_with_the_file_and_the_previous_c
     checkpoint = _save(run, 2)
     weights = checkpoint / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-40])
-    with pytest.raises(ValueError, match=r"model.safetensors cannot be loaded safely \(SafetensorError.*--resume-from .*step-00000001"):
+    with pytest.raises(
+        ValueError, match=r"model.safetensors cannot be loaded safely \(SafetensorError.*--resume-from .*step-00000001"
+    ):
         verify_checkpoint_files(checkpoint)
     state = checkpoint / STATE_FILE
     state.write_text(state.read_text()[:30])
@@ -939,7 +1011,9 @@ def test_deepspeed_with_one_process_trains_resumes_and_refuses_a_symlinked_model
     _relist(model_states.parent)  # the attacker rewrites the file list too
     failure = run_train(config, attacked, "--deepspeed", ZERO2, "--resume", "--max-steps", "3", timeout=300, expect=2)
     assert "outside the checkpoint directory" in failure.stderr and not marker.exists()
-    run_train(config, run, "--deepspeed", ZERO2, "--resume", "--max-steps", "3", timeout=300)  # DeepSpeed's own files pass
+    run_train(
+        config, run, "--deepspeed", ZERO2, "--resume", "--max-steps", "3", timeout=300
+    )  # DeepSpeed's own files pass
     assert (run / "checkpoints" / "step-00000003" / "trainer_state.json").is_file()
 
 
@@ -993,7 +1067,9 @@ def test_a_pipe_source_that_never_gives_data_stops_the_run_naming_the_command(wo
 
 
 @pytest.mark.parametrize("workers", [0, 1])
-def test_sigterm_stops_a_run_reading_a_pipe_and_kills_the_command(workspace: Path, tmp_path: Path, workers: int) -> None:
+def test_sigterm_stops_a_run_reading_a_pipe_and_kills_the_command(
+    workspace: Path, tmp_path: Path, workers: int
+) -> None:
     """SIGTERM (a scheduler's stop) ends the run as Ctrl-C does: one line naming what was kept,
     exit 143, and the pipe: command, which runs in a session of its own, killed with its group,
     whether the trainer or a loader worker runs it."""
@@ -1034,11 +1110,20 @@ def test_sigterm_stops_a_run_reading_a_pipe_and_kills_the_command(workspace: Pat
     assert "Traceback" not in stderr
 
 
-def test_a_pipe_that_writes_text_instead_of_tar_stops_the_run_naming_the_command(workspace: Path, tmp_path: Path) -> None:
+def test_a_pipe_that_writes_text_instead_of_tar_stops_the_run_naming_the_command(
+    workspace: Path, tmp_path: Path
+) -> None:
     config = write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0})
     command = f"cat {workspace / 'train.txt'}"
     failure = run_train(
-        config, tmp_path / "run", "--set", f"data.train=pipe:{command}", "--set", "data.allow_pipe=true", timeout=120, expect=2
+        config,
+        tmp_path / "run",
+        "--set",
+        f"data.train=pipe:{command}",
+        "--set",
+        "data.allow_pipe=true",
+        timeout=120,
+        expect=2,
     )
     errors = [line.split(" ERROR ", 1)[1] for line in failure.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and f"pipe:{command}" in errors[0] and "tar" in errors[0], failure.stderr
@@ -1049,7 +1134,11 @@ def test_a_resumed_run_logs_each_step_once_in_its_metrics(workspace: Path, tmp_p
     """A run killed after logging steps past its last checkpoint (per-step saves) left their records in
     metrics.jsonl, the last one cut mid-line: the resumed run drops them and logs those steps anew."""
     config = write_config(
-        workspace, tmp_path / "config.yaml", eval={"every_steps": 0}, train={"log_every": 1}, checkpoint={"every_steps": 1}
+        workspace,
+        tmp_path / "config.yaml",
+        eval={"every_steps": 0},
+        train={"log_every": 1},
+        checkpoint={"every_steps": 1},
     )
     run = tmp_path / "run"
     run_train(config, run, "--max-steps", "2")
@@ -1081,7 +1170,9 @@ def test_a_cached_run_stopped_and_resumed_equals_an_uninterrupted_one(
 @pytest.mark.deepspeed
 @pytest.mark.parametrize("objective", ENGINE_OBJECTIVES)
 @pytest.mark.parametrize("zero", ["zero2", "zero3"])
-def test_cached_zero_runs_equal_the_cached_ddp_run(workspace: Path, tmp_path: Path, ddp_references, zero: str, objective: str) -> None:
+def test_cached_zero_runs_equal_the_cached_ddp_run(
+    workspace: Path, tmp_path: Path, ddp_references, zero: str, objective: str
+) -> None:
     config = write_config(workspace, tmp_path / "config.yaml", objective, train={"chunk_size": CACHED_CHUNK})
     run = tmp_path / "run"
     deepspeed = ZERO2 if zero == "zero2" else ZERO3

@@ -28,7 +28,9 @@ def tiny_encoder(
 ) -> SentenceEncoder:
     """A random 1-layer BERT + head (+ PairSupCon's pairwise classifier), identical in every process for the same seed."""
     torch.manual_seed(seed)
-    model = SentenceEncoder(BertModel(tiny_bert_config(**overrides)), head_dim=head_dim, pair_classifier=pair_classifier)
+    model = SentenceEncoder(
+        BertModel(tiny_bert_config(**overrides)), head_dim=head_dim, pair_classifier=pair_classifier
+    )
     return model.to(dtype)
 
 

@@ -92,7 +92,12 @@ class _StrictFields(BaseModel):
     configuration reference (:mod:`vascl_scale.docs_reference`) prints."""
 
     model_config = ConfigDict(
-        extra="forbid", strict=True, frozen=True, validate_default=True, allow_inf_nan=False, use_attribute_docstrings=True
+        extra="forbid",
+        strict=True,
+        frozen=True,
+        validate_default=True,
+        allow_inf_nan=False,
+        use_attribute_docstrings=True,
     )
 
 
@@ -206,16 +211,20 @@ class DataConfig(_Strict):
     """ctxt: substitutes drawn from the model's top n"""
 
     @model_validator(mode="after")
-    def _augmentation(self) -> "DataConfig":
+    def _augmentation(self) -> DataConfig:
         if self.augment == "ctxt" and not self.augment_model:
-            raise ValueError("data.augment = ctxt needs data.augment_model: a masked language model directory or hub id")
+            raise ValueError(
+                "data.augment = ctxt needs data.augment_model: a masked language model directory or hub id"
+            )
         return self
 
     @model_validator(mode="after")
-    def _mix(self) -> "DataConfig":
+    def _mix(self) -> DataConfig:
         # per_batch is what one source does anyway (and what a saved config.yaml holds).
         if not self.mixed and self.mix == "per_sample":
-            raise ValueError(f"data.mix = per_sample mixes a list of sources, and data.train is one ({shown(self.train)}); remove data.mix")
+            raise ValueError(
+                f"data.mix = per_sample mixes a list of sources, and data.train is one ({shown(self.train)}); remove data.mix"
+            )
         if self.mixed:
             self.source_names()  # distinct
         return self
@@ -234,7 +243,7 @@ class DataConfig(_Strict):
         return sample_quotas([source.weight for source in self.train], self.source_names(), rows)
 
     @model_validator(mode="after")
-    def _global_mode_fails_on_corrupt_shards(self) -> "DataConfig":
+    def _global_mode_fails_on_corrupt_shards(self) -> DataConfig:
         # Skipping a shard that one rank failed to read (a transient error) would shift that
         # rank's stream alone: its rows would no longer be its part of the others' global batch.
         if self.mode == "global" and self.on_corrupt != "fail":
@@ -247,7 +256,12 @@ class DataConfig(_Strict):
     def augment_spec(self) -> AugmentSpec:
         """What the loader's workers build their augmenter from."""
         return AugmentSpec(
-            self.augment, self.augment_fraction, self.augment_views, self.augment_wordnet, self.augment_model, self.augment_top_n
+            self.augment,
+            self.augment_fraction,
+            self.augment_views,
+            self.augment_wordnet,
+            self.augment_model,
+            self.augment_top_n,
         )
 
 
@@ -379,7 +393,9 @@ class TrainConfig(_Strict):
         if unknown:
             raise ValueError(f"names {shown(unknown[0])}, which is no tracker; choose from {choices}")
         if len(names) > 1 and ({ALL_TRACKERS, NO_TRACKER} & set(names)):
-            raise ValueError(f"holds {ALL_TRACKERS!r} or {NO_TRACKER!r} beside other names; write it alone ({shown(names)})")
+            raise ValueError(
+                f"holds {ALL_TRACKERS!r} or {NO_TRACKER!r} beside other names; write it alone ({shown(names)})"
+            )
         if len(set(names)) < len(names):
             raise ValueError(f"names a tracker twice ({shown(names)})")
         return names
@@ -525,7 +541,9 @@ def _first_error(err: ValidationError, model: type[BaseModel]) -> str:
     bound = next((b for b in _BOUNDS if b in error.get("ctx", {})), None)
     if bound is not None:
         limit = error["ctx"][bound]
-        return f"{key} must be {_BOUNDS[bound]} {f'{limit:g}' if isinstance(limit, float) else limit}; got {shown(value)}"
+        return (
+            f"{key} must be {_BOUNDS[bound]} {f'{limit:g}' if isinstance(limit, float) else limit}; got {shown(value)}"
+        )
     return f"{key or 'the config'}: {error['msg']}; got {shown(value)}"
 
 
@@ -560,12 +578,16 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         names = model.model_fields
         where = ".".join(parts[:i]) or "the config"
         if part not in names:
-            raise ValueError(f"unknown key {'.'.join(map(shown_name, parts[: i + 1]))}; allowed keys in {where}: {', '.join(sorted(names))}")
+            raise ValueError(
+                f"unknown key {'.'.join(map(shown_name, parts[: i + 1]))}; allowed keys in {where}: {', '.join(sorted(names))}"
+            )
         annotation = names[part].annotation
         last = i == len(parts) - 1
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             if last:
-                raise ValueError(f"--set {dotted} names a section; set one of its keys, e.g. {dotted}.{next(iter(annotation.model_fields))}")
+                raise ValueError(
+                    f"--set {dotted} names a section; set one of its keys, e.g. {dotted}.{next(iter(annotation.model_fields))}"
+                )
             node = node.setdefault(part, {})
             if not isinstance(node, dict):  # the file's value, which validation would refuse as this
                 raise ValueError(f"{'.'.join(parts[: i + 1])} must be a mapping of keys to values; got {shown(node)}")
@@ -672,7 +694,9 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> Ru
             text = raw.decode("utf-8")
         except UnicodeDecodeError as err:  # a ValueError whose message names neither the file nor the line
             line = raw.count(b"\n", 0, err.start) + 1
-            raise ValueError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); save the config as UTF-8") from None
+            raise ValueError(
+                f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); save the config as UTF-8"
+            ) from None
         loaded = _parse_yaml(text, str(path))
         if loaded is not None and not isinstance(loaded, dict):
             raise ValueError(f"{path}: the top level must be a mapping of sections")
@@ -724,7 +748,9 @@ def resolve_paths(config: RunConfig, expanded: dict[str, str] | None = None) -> 
     changes: dict[str, dict[str, Any]] = {}
     for key, value in expanded.items():
         section, name = key.split(".")
-        changes.setdefault(section, {})[name] = [MixSource(**source) for source in value] if isinstance(value, list) else value
+        changes.setdefault(section, {})[name] = (
+            [MixSource(**source) for source in value] if isinstance(value, list) else value
+        )
     resolved = written.model_copy(update={s: getattr(written, s).model_copy(update=v) for s, v in changes.items()})
     resolved._written = written
     if launcher:  # what the loader's workers will need: refused here, once, before any starts
@@ -744,7 +770,10 @@ def check_data_columns(config: RunConfig) -> tuple[str, ...]:
 
     data, spec = config.data, objective_spec(config.objective)
     if data.mixed:
-        sources = {f"data.train[{i}] ({name}: {s.source})": s.source for i, (s, name) in enumerate(zip(data.train, data.source_names()))}
+        sources = {
+            f"data.train[{i}] ({name}: {s.source})": s.source
+            for i, (s, name) in enumerate(zip(data.train, data.source_names()))
+        }
     else:
         sources = {f"data.train {data.train}": data.train}
     augmented = data.augment != "none"
@@ -766,7 +795,10 @@ def path_values(config: RunConfig) -> dict[str, Any]:
         values["data.train"] = [source.model_dump() for source in config.data.train]
     if config.model.revision is not None:
         values["model.revision"] = config.model.revision
-    for key, value in (("data.augment_model", config.data.augment_model), ("data.augment_wordnet", config.data.augment_wordnet)):
+    for key, value in (
+        ("data.augment_model", config.data.augment_model),
+        ("data.augment_wordnet", config.data.augment_wordnet),
+    ):
         if config.data.augment in ("ctxt", "wnet") and value:
             values[key] = value
     return values
@@ -784,7 +816,11 @@ def _expanded(config: RunConfig, key: str) -> str | list[dict[str, Any]]:
         return expand_path(_value(config, key), key)
     names = config.data.source_names()
     return [
-        {**source.model_dump(), "source": expand_path(source.source, f"data.train[{index}].source"), "name": names[index]}
+        {
+            **source.model_dump(),
+            "source": expand_path(source.source, f"data.train[{index}].source"),
+            "name": names[index],
+        }
         for index, source in enumerate(config.data.train)
     ]
 

@@ -16,13 +16,12 @@ number of rows). No extra factor of W is needed anywhere.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
-
 
 # (collective, bytes of the tensor this rank passes in, world size) of every collective issued
 # here while :func:`record_traffic` is active; ``vascl-scale bench comm`` reads it.

@@ -26,8 +26,9 @@ import json
 import re
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import annotated_types
 import typer
@@ -44,8 +45,19 @@ PAGES_DIR = Path("docs/reference")  # from the repository root
 # Keys whose allowed values a rule checks rather than the type (objective_spec, in RunConfig._rules).
 _ALLOWED_BY_RULE = {"objective": tuple(OBJECTIVES)}
 _TYPE_NAMES = {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null"}
-_PLURALS = {"boolean": "booleans", "integer": "integers", "number": "numbers", "string": "strings", "mapping": "mappings"}
-_BOUNDS = ((annotated_types.Gt, "gt", ">"), (annotated_types.Ge, "ge", ">="), (annotated_types.Lt, "lt", "<"), (annotated_types.Le, "le", "<="))
+_PLURALS = {
+    "boolean": "booleans",
+    "integer": "integers",
+    "number": "numbers",
+    "string": "strings",
+    "mapping": "mappings",
+}
+_BOUNDS = (
+    (annotated_types.Gt, "gt", ">"),
+    (annotated_types.Ge, "ge", ">="),
+    (annotated_types.Lt, "lt", "<"),
+    (annotated_types.Le, "le", "<="),
+)
 _RST_LITERAL = re.compile(r"``(.+?)``")
 _RST_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
 _CODE_SPAN = re.compile(r"(`[^`]*`)")
@@ -109,7 +121,9 @@ def _type_name(annotation: Any) -> str:
 def _allowed(dotted: str, field: Any) -> str:
     """A field's fixed values (a Literal's, or a rule's) or its bounds, as one cell."""
     values = _ALLOWED_BY_RULE.get(dotted) or (
-        typing.get_args(_unwrapped(field.annotation)) if typing.get_origin(_unwrapped(field.annotation)) is Literal else ()
+        typing.get_args(_unwrapped(field.annotation))
+        if typing.get_origin(_unwrapped(field.annotation)) is Literal
+        else ()
     )
     if values:
         return ", ".join(_code(str(value)) for value in values)
@@ -148,7 +162,13 @@ def _key_rows(model: type[BaseModel], prefix: str) -> list[tuple[str, ...]]:
         dotted = f"{prefix}{name}"
         default = "required" if field.is_required() else _code(_yaml(field.default))
         rows.append(
-            (_code(dotted), _type_name(field.annotation), default, _allowed(dotted, field), _markdown(field.description or ""))
+            (
+                _code(dotted),
+                _type_name(field.annotation),
+                default,
+                _allowed(dotted, field),
+                _markdown(field.description or ""),
+            )
         )
     return rows
 
@@ -163,7 +183,7 @@ def configuration_page() -> str:
         _generated("the pydantic models of `vascl_scale/config.py`"),
         "\nA training run reads one YAML file of sections (`vascl-scale train --config FILE`); "
         "`--set section.key=value` overrides any key of this page, its value read as YAML. Types are strict "
-        "(`loss.k: 3.5` or `\"3\"` is refused; a number also takes an integer or a numeric string), numbers "
+        '(`loss.k: 3.5` or `"3"` is refused; a number also takes an integer or a numeric string), numbers '
         "must be finite, and an unknown key, a missing required key or a value outside the allowed ones is "
         "an error naming the key and what it allows. Rules between keys (`loss.k` below the global batch, "
         "`data.augment: ctxt` with a `data.augment_model`) are checked when the file is loaded.\n\n",
@@ -177,7 +197,11 @@ def configuration_page() -> str:
         out += [f"\n## `{name}`\n\n", _markdown(section.__doc__, in_table=False), "\n\n"]
         out.append(_table(_KEY_HEADER, _key_rows(section, f"{name}.")))
         if name == "data":
-            out += ["\n### Each source of a list `data.train`\n\n", _markdown(MixSource.__doc__, in_table=False), "\n\n"]
+            out += [
+                "\n### Each source of a list `data.train`\n\n",
+                _markdown(MixSource.__doc__, in_table=False),
+                "\n\n",
+            ]
             out.append(_table(_KEY_HEADER, _key_rows(MixSource, "data.train[i].")))
     return "".join(out)
 
@@ -246,7 +270,10 @@ def _command_section(command: Any, ctx: Any, help_option: Any) -> str:
         out += ["\n", _table(("option", "takes", "default", "description"), rows)]
     subcommands = _visible_subcommands(command, ctx)
     if subcommands:
-        rows = [(f"[`{name}`](#{_anchor(f'{path} {name}')})", _markdown(_help_text(sub).partition("\n\n")[0])) for name, sub in subcommands]
+        rows = [
+            (f"[`{name}`](#{_anchor(f'{path} {name}')})", _markdown(_help_text(sub).partition("\n\n")[0]))
+            for name, sub in subcommands
+        ]
         out += ["\n", _table(("command", "does"), rows)]
     return "".join(out)
 
@@ -259,7 +286,11 @@ def _help_text(command: Any) -> str:
 def _visible_subcommands(command: Any, ctx: Any) -> list[tuple[str, Any]]:
     if not hasattr(command, "list_commands"):
         return []
-    return [(name, command.get_command(ctx, name)) for name in command.list_commands(ctx) if not command.get_command(ctx, name).hidden]
+    return [
+        (name, command.get_command(ctx, name))
+        for name in command.list_commands(ctx)
+        if not command.get_command(ctx, name).hidden
+    ]
 
 
 def commands_page() -> str:
@@ -297,14 +328,26 @@ def _dataset_section(dataset: Dataset) -> str:
         ("family", _code(dataset.family)),
         ("licence", _markdown(dataset.licence, in_table=False)),
         ("original format", _markdown(dataset.format, in_table=False)),
-        ("converter", _code(dataset.converter) + "".join(f", {_code(f'{k}={json.dumps(v)}')}" for k, v in sorted(options.items()))),
+        (
+            "converter",
+            _code(dataset.converter)
+            + "".join(f", {_code(f'{k}={json.dumps(v)}')}" for k, v in sorted(options.items())),
+        ),
         ("checked", _markdown(dataset.checked, in_table=False)),
         ("withheld", _markdown(dataset.withheld, in_table=False)),
         ("notes", _markdown(dataset.notes, in_table=False)),
     ]
     out += [f"- **{label}**: {text}\n" for label, text in facts if text]
-    out += ["\n", _table(("original", "sha256"), [(f"<{source.url}>", _digest(source.sha256)) for source in dataset.sources])]
-    out += ["\n", _table(("converted file", "sha256"), [(_code(path), _digest(digest)) for path, digest in dataset.outputs.items()])]
+    out += [
+        "\n",
+        _table(("original", "sha256"), [(f"<{source.url}>", _digest(source.sha256)) for source in dataset.sources]),
+    ]
+    out += [
+        "\n",
+        _table(
+            ("converted file", "sha256"), [(_code(path), _digest(digest)) for path, digest in dataset.outputs.items()]
+        ),
+    ]
     return "".join(out)
 
 
@@ -319,7 +362,10 @@ def data_registry_page() -> str:
         "below; `vascl-scale data download --list` shows the same registry in the terminal.\n\n",
     ]
     summary = [
-        (f"[{d.name}](#{d.name})", _code(d.family), str(len(d.outputs)), _markdown(d.licence)) for family in FAMILIES for d in datasets if d.family == family
+        (f"[{d.name}](#{d.name})", _code(d.family), str(len(d.outputs)), _markdown(d.licence))
+        for family in FAMILIES
+        for d in datasets
+        if d.family == family
     ]
     out.append(_table(("dataset", "family", "files", "licence"), summary))
     for family in FAMILIES:
@@ -338,7 +384,9 @@ PAGES: dict[str, Callable[[], str]] = {
 def stale_pages(directory: Path = PAGES_DIR) -> list[str]:
     """The pages of :data:`PAGES` that ``directory`` lacks or holds with other text than the code gives now."""
     return [
-        name for name, page in PAGES.items() if not (directory / name).is_file() or (directory / name).read_text(encoding="utf-8") != page()
+        name
+        for name, page in PAGES.items()
+        if not (directory / name).is_file() or (directory / name).read_text(encoding="utf-8") != page()
     ]
 
 
@@ -354,9 +402,18 @@ def write_pages(directory: Path = PAGES_DIR) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {__name__}", description="Write the generated reference pages of the docs.")
-    parser.add_argument("--to", type=Path, default=PAGES_DIR, help=f"the pages' directory (default {PAGES_DIR}, from the repository root)")
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 naming the pages that differ from the code")
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__name__}", description="Write the generated reference pages of the docs."
+    )
+    parser.add_argument(
+        "--to",
+        type=Path,
+        default=PAGES_DIR,
+        help=f"the pages' directory (default {PAGES_DIR}, from the repository root)",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 naming the pages that differ from the code"
+    )
     args = parser.parse_args(argv)
     if args.check:
         stale = stale_pages(args.to)

@@ -34,7 +34,7 @@ class EncoderShape:
     intermediate: int
 
     @classmethod
-    def of(cls, config) -> "EncoderShape | None":
+    def of(cls, config) -> EncoderShape | None:
         """From a Hugging Face config with BERT-style names; None for other architectures."""
         names = ("num_hidden_layers", "hidden_size", "intermediate_size")
         if not all(isinstance(getattr(config, name, None), int) for name in names):

@@ -19,7 +19,9 @@ from pathlib import Path
 from vascl_scale.log import shown
 
 PACKAGE_PREFIX = "package:"
-PACKAGE_FORM = "a package: name is package:MODULE/SUBDIR, MODULE an installed package's dotted name, SUBDIR a folder inside it"
+PACKAGE_FORM = (
+    "a package: name is package:MODULE/SUBDIR, MODULE an installed package's dotted name, SUBDIR a folder inside it"
+)
 # A hub repository id: "name" or "owner/name" (letters, digits, "-", "_", ".").
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 _CONFIG_AND_TOKENIZER = ["*.json", "*.txt", "*.model", "*.tiktoken"]
@@ -66,7 +68,9 @@ def looks_like_hub_id(value: str) -> bool:
     return bool(_HUB_ID.match(value)) and not value.startswith(".")
 
 
-def locate_model(value: str, key: str = "model.path", revision: str | None = None, trust_remote_code: bool = False) -> ModelLocation:
+def locate_model(
+    value: str, key: str = "model.path", revision: str | None = None, trust_remote_code: bool = False
+) -> ModelLocation:
     """The directory a model reference names; a hub id is fetched into (or found in) the cache.
 
     ``revision`` (a branch, tag or commit) pins a hub id; the returned revision is always the
@@ -85,14 +89,25 @@ def locate_model(value: str, key: str = "model.path", revision: str | None = Non
 
 def _snapshot(hub_id: str, key: str, revision: str | None, trust_remote_code: bool) -> tuple[Path, str, str]:
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     code = ["*.py"] if trust_remote_code else []
     try:
         # One weights format: safetensors where the repository has it, else PyTorch .bin.
-        directory = Path(snapshot_download(hub_id, revision=revision, allow_patterns=_CONFIG_AND_TOKENIZER + code + ["*.safetensors"]))
+        directory = Path(
+            snapshot_download(
+                hub_id, revision=revision, allow_patterns=_CONFIG_AND_TOKENIZER + code + ["*.safetensors"]
+            )
+        )
         if not any(directory.glob("*.safetensors")):
-            directory = Path(snapshot_download(hub_id, revision=revision, allow_patterns=_CONFIG_AND_TOKENIZER + code + ["*.bin"]))
+            directory = Path(
+                snapshot_download(hub_id, revision=revision, allow_patterns=_CONFIG_AND_TOKENIZER + code + ["*.bin"])
+            )
     except (LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError, HfHubHTTPError, OSError) as err:
         pinned = f" --revision {revision}" if revision else ""
         raise ValueError(

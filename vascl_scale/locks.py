@@ -12,8 +12,9 @@ import fcntl
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 
 class FolderLock:
@@ -27,7 +28,7 @@ class FolderLock:
         self.in_use = in_use
         self._handle: IO[str] | None = None
 
-    def acquire(self) -> "FolderLock":
+    def acquire(self) -> FolderLock:
         """Take the lock or raise ``ValueError(in_use(owner))``."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         handle = self.path.open("a+", encoding="utf-8")  # "a+": never truncates the holder's owner line
@@ -50,7 +51,7 @@ class FolderLock:
             self._handle.close()  # closing the only descriptor drops the flock
             self._handle = None
 
-    def __enter__(self) -> "FolderLock":
+    def __enter__(self) -> FolderLock:
         return self.acquire()
 
     def __exit__(self, *exc_info) -> None:

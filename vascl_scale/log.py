@@ -96,7 +96,14 @@ class LoopProgress:
     """
 
     def __init__(self, label: str, total: int, unit: str, completed: int = 0, keep: bool = False) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self.label, self.total, self.unit = label, total, unit
         self.first = completed  # a resumed loop's rate counts this invocation only
@@ -116,7 +123,7 @@ class LoopProgress:
         self.bar = Progress(*columns, console=console, transient=not keep, disable=self.plain)
         self.task = self.bar.add_task("", total=total, completed=completed)
 
-    def start(self) -> "LoopProgress":
+    def start(self) -> LoopProgress:
         self.bar.start()
         self.started = self.last_line = time.perf_counter()
         return self
@@ -124,7 +131,7 @@ class LoopProgress:
     def stop(self) -> None:
         self.bar.stop()
 
-    def __enter__(self) -> "LoopProgress":
+    def __enter__(self) -> LoopProgress:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:

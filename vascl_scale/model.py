@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import pickle
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -117,7 +117,7 @@ class SentenceEncoder(nn.Module):
         trust_remote_code: bool = False,
         attn_implementation: str | None = None,
         pair_classifier: bool = False,
-    ) -> "SentenceEncoder":
+    ) -> SentenceEncoder:
         """Load a local Hugging Face encoder directory and its tokenizer.
 
         A ``head.safetensors`` beside the weights (what training exports) is loaded as the

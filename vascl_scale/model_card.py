@@ -42,7 +42,12 @@ OBJECTIVE_TITLES = {
 _MODEL_INDEX = {
     "sts": ("semantic-similarity", "Semantic Similarity", "cosine_spearman", "Spearman of cosine similarity x 100"),
     "clustering": ("clustering", "Short Text Clustering", "accuracy", "KMeans accuracy x 100 (mean of seeds)"),
-    "intent": ("text-classification", "Few-shot Intent Classification", "accuracy", "linear probe accuracy x 100 (mean of splits)"),
+    "intent": (
+        "text-classification",
+        "Few-shot Intent Classification",
+        "accuracy",
+        "linear probe accuracy x 100 (mean of splits)",
+    ),
 }
 
 
@@ -66,7 +71,7 @@ class CardFacts:
         return json.dumps(asdict(self), indent=1, allow_nan=False) + "\n"
 
     @classmethod
-    def from_file(cls, path: Path) -> "CardFacts":
+    def from_file(cls, path: Path) -> CardFacts:
         return cls(**json.loads(Path(path).read_text(encoding="utf-8")))
 
 
@@ -130,7 +135,13 @@ def _front_matter(facts: CardFacts, name: str) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "library_name": "sentence-transformers",
         "pipeline_tag": "sentence-similarity",
-        "tags": ["sentence-transformers", "sentence-similarity", "feature-extraction", "vascl-scale", config["objective"]],
+        "tags": [
+            "sentence-transformers",
+            "sentence-similarity",
+            "feature-extraction",
+            "vascl-scale",
+            config["objective"],
+        ],
     }
     if config["model"].get("revision") is not None:  # set by the launcher for a hub model only
         meta["base_model"] = config["model"]["path"]
@@ -150,7 +161,12 @@ def _front_matter(facts: CardFacts, name: str) -> dict[str, Any]:
 def _model_index_results(facts: CardFacts) -> list[dict[str, Any]]:
     """The hub's model-index entries: each evaluated task, and the model-selection score."""
     scores = [
-        (result["family"], result["task"] + (f" ({result['variant']})" if result["variant"] else ""), result["task"], result["value"])
+        (
+            result["family"],
+            result["task"] + (f" ({result['variant']})" if result["variant"] else ""),
+            result["task"],
+            result["value"],
+        )
         for _, result in _latest_results(facts)
     ]
     if facts.stsb_dev_spearman is not None:
@@ -192,18 +208,27 @@ def render_card(facts: CardFacts) -> str:
     spec = objective_spec(config["objective"])
     batch, accumulation, chunk = train["global_batch_size"], train["grad_accum_steps"], train["chunk_size"]
     sentences = facts.step * batch * accumulation
-    base = config["model"]["path"] + (f" (revision {config['model']['revision']})" if config["model"].get("revision") else "")
+    base = config["model"]["path"] + (
+        f" (revision {config['model']['revision']})" if config["model"].get("revision") else ""
+    )
     precision = precision_name(facts.precision)
     pooling = config["model"]["pooling"]
     rows = [
         ("objective", f"`{config['objective']}`: {OBJECTIVE_TITLES[config['objective']]}"),
         ("settings (`loss`)", ", ".join(f"{key} = {json.dumps(loss[key])}" for key in spec.loss_keys)),
         ("data", _data(config)),
-        ("sentences seen", f"{sentences:,} ({facts.step} steps x {batch} sentences x {accumulation} loss calls a step)"),
+        (
+            "sentences seen",
+            f"{sentences:,} ({facts.step} steps x {batch} sentences x {accumulation} loss calls a step)",
+        ),
         (
             "global batch",
             f"{batch} sentences per loss call ({facts.world_size} x {batch // facts.world_size} per device); "
-            + ("no gradient accumulation" if accumulation == 1 else f"gradient accumulation x{accumulation} (adds no negatives)")
+            + (
+                "no gradient accumulation"
+                if accumulation == 1
+                else f"gradient accumulation x{accumulation} (adds no negatives)"
+            )
             + (f"; cached step in chunks of {chunk}" if chunk else ""),
         ),
         ("steps", f"{facts.step} of {train['max_steps']}"),
@@ -215,7 +240,10 @@ def render_card(facts: CardFacts) -> str:
         ("precision", precision),
         ("engine", _engine(facts)),
         ("seed", str(train["seed"])),
-        ("max length", f"{config['data']['max_length']} tokens in training; {config['eval']['max_length']} in this export"),
+        (
+            "max length",
+            f"{config['data']['max_length']} tokens in training; {config['eval']['max_length']} in this export",
+        ),
     ]
     if facts.stsb_dev_spearman is not None:
         rows.append(("model selection", f"STS-B dev Spearman x 100 {facts.stsb_dev_spearman:.2f} at this step"))
@@ -273,7 +301,7 @@ def render_card(facts: CardFacts) -> str:
         ),
         "```",
         "",
-        "With vascl-scale (the projection head included): `SentenceEncoder.from_pretrained(\"path/to/this/directory\")`.",
+        'With vascl-scale (the projection head included): `SentenceEncoder.from_pretrained("path/to/this/directory")`.',
         "",
         "## Config",
         "",
@@ -306,5 +334,7 @@ def _results_section(facts: CardFacts) -> list[str]:
         evaluation = facts.evaluations[command]
         by = f"`eval {command}`, {evaluation['created']}, max length {evaluation['max_length']}"
         lines.append(f"| {result['family']} / {task} | {score} | {result['measured_on']} | {by} |")
-    metrics = "; ".join(f"{family}: {_MODEL_INDEX[family][3]}" for family in dict.fromkeys(r["family"] for _, r in results))
+    metrics = "; ".join(
+        f"{family}: {_MODEL_INDEX[family][3]}" for family in dict.fromkeys(r["family"] for _, r in results)
+    )
     return lines + ["", f"Scores: {metrics}.", ""]

@@ -43,7 +43,13 @@ def check_output_file(path: str | Path, option: str) -> Path:
     _check_writable_folder(path.parent, option, path)
     if path.is_file():
         written = dt.datetime.fromtimestamp(path.stat().st_mtime).isoformat(sep=" ", timespec="seconds")
-        logger.warning("%s %s: this run will replace the file written %s (pass another %s to keep it)", option, path, written, option)
+        logger.warning(
+            "%s %s: this run will replace the file written %s (pass another %s to keep it)",
+            option,
+            path,
+            written,
+            option,
+        )
     return path
 
 

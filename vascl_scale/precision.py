@@ -85,7 +85,9 @@ def precision_reason(requested: str, resolved: str, device_type: str, what: str)
         if device_type == "cpu" and os.environ.get(EMULATE_ENV, "").lower() == "emulate":
             return f"{name} ({what} auto: {EMULATE_ENV}=emulate asks for bf16 on any CPU, slowly)"
         return f"{name} ({what} auto: {device} computes bf16 natively)"
-    lacks = "no bf16 support" if device_type == "cuda" else "no AVX512-BF16 or AMX: emulated bf16 runs slower than float32"
+    lacks = (
+        "no bf16 support" if device_type == "cuda" else "no AVX512-BF16 or AMX: emulated bf16 runs slower than float32"
+    )
     return f"{name} ({what} auto: {device} lacks native bf16, {lacks})"
 
 

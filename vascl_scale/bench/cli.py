@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-app = typer.Typer(help="Benchmarks: data loading, training steps, communication, the matrix-product peak.", no_args_is_help=True)
+app = typer.Typer(
+    help="Benchmarks: data loading, training steps, communication, the matrix-product peak.", no_args_is_help=True
+)
 
 
 @app.command("data")
 def data(
     shards: str = typer.Argument(..., help="Shard directory (with manifest.json), brace list of shards, or .txt[.gz]."),
     workers: str = typer.Option("1,2", "--workers", help="Comma-separated DataLoader worker counts to measure."),
-    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer directory (default: the packaged MiniLM)."),
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", help="Tokenizer directory (default: the packaged MiniLM)."
+    ),
     max_length: int = typer.Option(32, "--max-length", help="Truncation length."),
     batch_size: int = typer.Option(64, "--batch-size", help="Per-device batch size."),
     seconds: float = typer.Option(5.0, "--seconds", help="Length of each timed window."),
     repeats: int = typer.Option(3, "--repeats", help="Timed windows per measurement; medians are reported."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Also write the result as JSON here."),
+    output: Path | None = typer.Option(None, "--output", help="Also write the result as JSON here."),
 ) -> None:
     """Tokenised sentences/s of the training stream per worker count vs the bare fast tokenizer."""
     from vascl_scale.bench import save_result
@@ -33,17 +36,27 @@ def data(
         result = run_data_bench(shards, counts, tokenizer, max_length, batch_size, seconds, repeats)
     except ValueError as err:
         fail(err)
-    print_table(results_table(result, f"bench data {shards} (batch {batch_size}, max length {max_length}, medians of {repeats})"))
+    print_table(
+        results_table(
+            result, f"bench data {shards} (batch {batch_size}, max length {max_length}, medians of {repeats})"
+        )
+    )
     if output is not None:
         save_result(result.as_dict(), output)
 
 
 @app.command("matmul")
 def matmul(
-    size: str = typer.Option("1024,2048,4096", "--size", help="n of the (n, n) @ (n, n) products (2 n^3 FLOPs each); several, comma separated."),
-    precision: str = typer.Option("no,bf16", "--precision", help="Precisions, comma separated: no, bf16, fp16 or auto (as train.precision)."),
+    size: str = typer.Option(
+        "1024,2048,4096",
+        "--size",
+        help="n of the (n, n) @ (n, n) products (2 n^3 FLOPs each); several, comma separated.",
+    ),
+    precision: str = typer.Option(
+        "no,bf16", "--precision", help="Precisions, comma separated: no, bf16, fp16 or auto (as train.precision)."
+    ),
     repeats: int = typer.Option(5, "--repeats", help="Timed products per size and precision, after 2 untimed."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Also write the result as JSON here."),
+    output: Path | None = typer.Option(None, "--output", help="Also write the result as JSON here."),
 ) -> None:
     """TFLOP/s of large matrix products per precision: the practical peak for --peak-tflops."""
     from vascl_scale.bench import save_result
@@ -52,12 +65,16 @@ def matmul(
 
     try:
         _check_outputs(output=output)
-        result = run_matmul_bench(_integers(size, "--size"), [p.strip() for p in precision.split(",") if p.strip()], repeats)
+        result = run_matmul_bench(
+            _integers(size, "--size"), [p.strip() for p in precision.split(",") if p.strip()], repeats
+        )
     except ValueError as err:
         fail(err)
     print_table(matmul_table(result))
     for name, peak in result["peak_tflops"].items():
-        console.print(f"{name}: --peak-tflops {peak:.3f} (the best product of any size) gives MFU against this machine's practical peak")
+        console.print(
+            f"{name}: --peak-tflops {peak:.3f} (the best product of any size) gives MFU against this machine's practical peak"
+        )
     if output is not None:
         save_result(result, output)
 
@@ -72,7 +89,7 @@ def _integers(text: str, option: str) -> list[int]:
     return values
 
 
-def _check_outputs(**paths: Optional[Path]) -> None:
+def _check_outputs(**paths: Path | None) -> None:
     """Refuse, before any measurement, an output file that could not be written (``--output``,
     ``--plot``: keyword = option name)."""
     from vascl_scale.paths import check_output_file
@@ -84,14 +101,30 @@ def _check_outputs(**paths: Optional[Path]) -> None:
 
 @app.command("step")
 def step(
-    model: str = typer.Option(..., "--model", help="Model: a directory, package:MODULE/SUBDIR, a hub id, or a Hugging Face config.json (random init)."),
-    global_batch: str = typer.Option("64", "--global-batch", help="Sentences per loss call over all ranks; several, comma separated, make a grid."),
-    chunk_size: str = typer.Option("0", "--chunk-size", help="train.chunk_size: 0 uncached, else sentences per encoder forward; several make a grid."),
-    objective: str = typer.Option("vascl,simcse", "--objective", help="Objectives, comma separated: vascl, simcse, simcse_sup, or pairsupcon alone (the VaSCL / SimCSE ratio needs both)."),
+    model: str = typer.Option(
+        ...,
+        "--model",
+        help="Model: a directory, package:MODULE/SUBDIR, a hub id, or a Hugging Face config.json (random init).",
+    ),
+    global_batch: str = typer.Option(
+        "64", "--global-batch", help="Sentences per loss call over all ranks; several, comma separated, make a grid."
+    ),
+    chunk_size: str = typer.Option(
+        "0",
+        "--chunk-size",
+        help="train.chunk_size: 0 uncached, else sentences per encoder forward; several make a grid.",
+    ),
+    objective: str = typer.Option(
+        "vascl,simcse",
+        "--objective",
+        help="Objectives, comma separated: vascl, simcse, simcse_sup, or pairsupcon alone (the VaSCL / SimCSE ratio needs both).",
+    ),
     steps: int = typer.Option(10, "--steps", help="Timed steps per objective."),
     warmup: int = typer.Option(2, "--warmup", help="Untimed steps per objective first."),
     max_length: int = typer.Option(32, "--max-length", help="Tokens per sentence (every sentence is this long)."),
-    negatives: int = typer.Option(1, "--negatives", help="Hard-negative columns of the synthetic batch, for simcse_sup (N >= 1)."),
+    negatives: int = typer.Option(
+        1, "--negatives", help="Hard-negative columns of the synthetic batch, for simcse_sup (N >= 1)."
+    ),
     k: int = typer.Option(16, "--k", help="VaSCL neighbours."),
     eps: float = typer.Option(15.0, "--eps", help="VaSCL perturbation norm (and xi)."),
     precision: str = typer.Option("auto", "--precision", help="auto, no, bf16 or fp16 (as train.precision)."),
@@ -102,18 +135,24 @@ def step(
         "(its compile time: the compiled rows' warm-up steps, printed apart); the loop rows run compiled.",
     ),
     num_processes: int = typer.Option(1, "--num-processes", help="Ranks on this machine (through accelerate)."),
-    deepspeed: Optional[Path] = typer.Option(None, "--deepspeed", help="DeepSpeed JSON, e.g. configs/deepspeed/zero2.json."),
-    max_rows_per_forward: int = typer.Option(
-        1 << 30, "--max-rows-per-forward", help="Grid: skip cells whose encoder forward holds more sentences (n b uncached, n views; c cached)."
+    deepspeed: Path | None = typer.Option(
+        None, "--deepspeed", help="DeepSpeed JSON, e.g. configs/deepspeed/zero2.json."
     ),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Grid: also plot memory and time against the batch (PNG)."),
-    peak_tflops: float = typer.Option(0.0, "--peak-tflops", min=0, help="The device's peak TFLOP/s in this precision: adds MFU."),
-    compare: Optional[str] = typer.Option(
+    max_rows_per_forward: int = typer.Option(
+        1 << 30,
+        "--max-rows-per-forward",
+        help="Grid: skip cells whose encoder forward holds more sentences (n b uncached, n views; c cached).",
+    ),
+    plot: Path | None = typer.Option(None, "--plot", help="Grid: also plot memory and time against the batch (PNG)."),
+    peak_tflops: float = typer.Option(
+        0.0, "--peak-tflops", min=0, help="The device's peak TFLOP/s in this precision: adds MFU."
+    ),
+    compare: str | None = typer.Option(
         None,
         "--compare",
         help="sentence-transformers: also time its MNRL SimCSE step, alternating, and `vascl-scale train` itself per objective (one process).",
     ),
-    output: Optional[Path] = typer.Option(None, "--output", help="Also write the result as JSON here."),
+    output: Path | None = typer.Option(None, "--output", help="Also write the result as JSON here."),
 ) -> None:
     """Median / p10 / p90 time, model TFLOP/s per device (MFU with --peak-tflops) and peak memory of full training steps, uncached or cached; a
     grid over global batches and chunk sizes runs each cell as its own process."""
@@ -132,7 +171,13 @@ def step(
         step_table,
     )
     from vascl_scale.log import console, fail, print_table
-    from vascl_scale.train.launch import LaunchPlan, become_single_rank, exit_with_parent, in_distributed_worker, launch_workers
+    from vascl_scale.train.launch import (
+        LaunchPlan,
+        become_single_rank,
+        exit_with_parent,
+        in_distributed_worker,
+        launch_workers,
+    )
 
     objectives = [o.strip() for o in objective.split(",") if o.strip()]
     try:
@@ -146,7 +191,18 @@ def step(
     except ValueError as err:
         fail(err)
     if len(batches) * len(chunks) > 1:
-        cell_argv = ["bench", "step", "--model", model, "--objective", objective, "--steps", str(steps), "--warmup", str(warmup)]
+        cell_argv = [
+            "bench",
+            "step",
+            "--model",
+            model,
+            "--objective",
+            objective,
+            "--steps",
+            str(steps),
+            "--warmup",
+            str(warmup),
+        ]
         cell_argv += ["--max-length", str(max_length), "--negatives", str(negatives), "--k", str(k), "--eps", str(eps)]
         cell_argv += ["--precision", precision] + (["--compile"] if compile else [])
         cell_argv += ["--peak-tflops", str(peak_tflops)] + (["--compare", compare] if compare else [])
@@ -195,10 +251,16 @@ def step(
         console.print(f"VaSCL / SimCSE median step time: {result['vascl_over_simcse']:.3f}")
     if compile:
         # The objectives share one compiled model, so the first one's warm-up compiles for all of them.
-        warm = "; ".join(f"{o} {', '.join(f'{t:.2f}' for t in stats['warmup_s']) or '-'}" for o, stats in result["compiled"].items())
-        console.print(f"torch.compile: warm-up steps of the compiled rows (s, the compiling; one encoder for every objective): {warm}")
+        warm = "; ".join(
+            f"{o} {', '.join(f'{t:.2f}' for t in stats['warmup_s']) or '-'}" for o, stats in result["compiled"].items()
+        )
+        console.print(
+            f"torch.compile: warm-up steps of the compiled rows (s, the compiling; one encoder for every objective): {warm}"
+        )
         for objective, speedup in result["compiled_over_eager"].items():
-            console.print(f"vascl-scale {objective}: compiled {speedup:.2f}x the sentences/s of eager, in the same rounds")
+            console.print(
+                f"vascl-scale {objective}: compiled {speedup:.2f}x the sentences/s of eager, in the same rounds"
+            )
     for objective, speedup in result.get("speedup_over_peer", {}).items():
         console.print(f"vascl-scale {objective}: {speedup:.2f}x the sentences/s of {compare}")
     for objective, speedup in result.get("compiled_speedup_over_peer", {}).items():
@@ -206,7 +268,9 @@ def step(
     loop, step_row = ("train loop, compiled", "compiled step") if compile else ("train loop", "step")
     for objective, ratio in result.get("loop_over_step", {}).items():
         speedup = result["loop_speedup_over_peer"][objective]
-        console.print(f"vascl-scale {objective} {loop}: {ratio:.2f}x the sentences/s of its {step_row}, {speedup:.2f}x those of {compare}")
+        console.print(
+            f"vascl-scale {objective} {loop}: {ratio:.2f}x the sentences/s of its {step_row}, {speedup:.2f}x those of {compare}"
+        )
     ranks = " + ".join(f"{mb:.0f}" for mb in result["peak_rss_mb_per_rank"])
     console.print(f"peak resident memory: {result['peak_rss_mb']:.0f} MiB (ranks: {ranks})")
     if output is not None:
@@ -215,16 +279,22 @@ def step(
 
 @app.command("comm")
 def comm(
-    model: str = typer.Option(..., "--model", help="Model: a directory, package:MODULE/SUBDIR, a hub id, or a Hugging Face config.json (random init)."),
+    model: str = typer.Option(
+        ...,
+        "--model",
+        help="Model: a directory, package:MODULE/SUBDIR, a hub id, or a Hugging Face config.json (random init).",
+    ),
     global_batch: int = typer.Option(1024, "--global-batch", help="Sentences per loss call over all ranks."),
     world_size: int = typer.Option(8, "--world-size", help="Ranks of the deployment to compute traffic for."),
-    measure_processes: int = typer.Option(2, "--measure-processes", help="gloo ranks of the measured step (0: skip it)."),
+    measure_processes: int = typer.Option(
+        2, "--measure-processes", help="gloo ranks of the measured step (0: skip it)."
+    ),
     k: int = typer.Option(16, "--k", help="VaSCL neighbours in the measured step."),
     head_dim: int = typer.Option(128, "--head-dim", help="Output size of the projection head."),
     chunk_size: int = typer.Option(0, "--chunk-size", help="train.chunk_size of the cached step (0: uncached)."),
     backend: str = typer.Option("nccl", "--backend", help="Backend of the deployment: nccl (reduce-scatter) or gloo."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Also write the report as JSON here."),
-    worker_output: Optional[Path] = typer.Option(None, "--worker-output", hidden=True),
+    output: Path | None = typer.Option(None, "--output", help="Also write the report as JSON here."),
+    worker_output: Path | None = typer.Option(None, "--worker-output", hidden=True),
 ) -> None:
     """Bytes per step of the embedding gathers against DDP / ZeRO-2 / ZeRO-3 gradient traffic."""
     import tempfile
@@ -249,8 +319,26 @@ def comm(
     if measure_processes > 0:
         with tempfile.TemporaryDirectory() as tmp:
             result_file = Path(tmp) / "measured.json"
-            argv = ["bench", "comm", "--model", model, "--global-batch", str(global_batch), "--world-size", str(world_size)]
-            argv += ["--k", str(k), "--head-dim", str(head_dim), "--chunk-size", str(chunk_size), "--worker-output", str(result_file)]
+            argv = [
+                "bench",
+                "comm",
+                "--model",
+                model,
+                "--global-batch",
+                str(global_batch),
+                "--world-size",
+                str(world_size),
+            ]
+            argv += [
+                "--k",
+                str(k),
+                "--head-dim",
+                str(head_dim),
+                "--chunk-size",
+                str(chunk_size),
+                "--worker-output",
+                str(result_file),
+            ]
             code = launch_workers(LaunchPlan(processes_per_machine=measure_processes), argv)
             if code != 0 or not result_file.is_file():
                 raise typer.Exit(code or 1)
@@ -270,19 +358,30 @@ def comm(
         save_result(report, output)
 
 
-def _check_comm_options(global_batch: int, world_size: int, measure_processes: int, k: int, head_dim: int, chunk_size: int) -> None:
+def _check_comm_options(
+    global_batch: int, world_size: int, measure_processes: int, k: int, head_dim: int, chunk_size: int
+) -> None:
     """``bench comm``'s sizes, before anything is measured: a zero would report zero traffic."""
     from vascl_scale.losses.rules import check_neighbour_count
 
-    for option, value in (("--global-batch", global_batch), ("--world-size", world_size), ("--k", k), ("--head-dim", head_dim)):
+    for option, value in (
+        ("--global-batch", global_batch),
+        ("--world-size", world_size),
+        ("--k", k),
+        ("--head-dim", head_dim),
+    ):
         if value < 1:
             raise ValueError(f"{option} must be >= 1; got {value}")
     if global_batch % world_size:
         raise ValueError(f"--global-batch {global_batch} must be a multiple of --world-size {world_size}")
     if not 0 <= chunk_size <= global_batch // world_size:
-        raise ValueError(f"--chunk-size {chunk_size} must be between 0 and the per-device batch {global_batch // world_size}")
+        raise ValueError(
+            f"--chunk-size {chunk_size} must be between 0 and the per-device batch {global_batch // world_size}"
+        )
     if measure_processes == 0:
         return
     if measure_processes < 2 or global_batch % measure_processes:
-        raise ValueError(f"--measure-processes must be >= 2 and divide --global-batch (or 0 to skip); got {measure_processes}")
+        raise ValueError(
+            f"--measure-processes must be >= 2 and divide --global-batch (or 0 to skip); got {measure_processes}"
+        )
     check_neighbour_count(k, global_batch, "--", "--global-batch")  # the measured VaSCL step's rule

@@ -110,7 +110,8 @@ def computed_traffic(
     strategies = {
         "ddp": ring_bytes_sent("all_reduce", gradients, w),
         "zero2": reduce_scatters + ring_bytes_sent("all_gather_partitioned", parameters, w),
-        "zero3": reduce_scatters + (1 + forwards + backwards) * ring_bytes_sent("all_gather_partitioned", parameters, w),
+        "zero3": reduce_scatters
+        + (1 + forwards + backwards) * ring_bytes_sent("all_gather_partitioned", parameters, w),
     }
     gathers = {
         objective: sum(
@@ -145,7 +146,9 @@ def measure_step(model: str, global_batch: int, k: int, head_dim: int, chunk_siz
         raise ValueError("the measured run needs at least 2 ranks")
     rows = configs["vascl"].per_device_batch_size(world_size)
     chunk_size = min(chunk_size, rows)
-    ddp, optimizer = prepare_for_training(accelerator, encoder, build_optimizer(encoder, configs["vascl"]), configs["vascl"])
+    ddp, optimizer = prepare_for_training(
+        accelerator, encoder, build_optimizer(encoder, configs["vascl"]), configs["vascl"]
+    )
     gradient_payloads: list[int] = []
 
     def counting_allreduce(state, bucket):
@@ -206,7 +209,9 @@ def comm_report(
         encoder = build_bench_model(model, head_dim)
         trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
         hidden = int(encoder.hidden_size)
-    computed = computed_traffic(trainable, hidden, head_dim, global_batch, world_size, chunk_size=chunk_size, backend=backend)
+    computed = computed_traffic(
+        trainable, hidden, head_dim, global_batch, world_size, chunk_size=chunk_size, backend=backend
+    )
     ratios = {
         objective: {strategy: computed["gathers"][objective] / sent for strategy, sent in computed["gradients"].items()}
         for objective in REPORTED
@@ -233,7 +238,14 @@ def comm_report(
                 / sum(
                     ring_bytes_sent(c, n, w)
                     for c, n in gather_collectives(
-                        objective, global_batch, w, hidden, head_dim, 4, cached=measured["chunk_size"] > 0, backend="gloo"
+                        objective,
+                        global_batch,
+                        w,
+                        hidden,
+                        head_dim,
+                        4,
+                        cached=measured["chunk_size"] > 0,
+                        backend="gloo",
                     )
                 ),
                 "ddp_gradients": measured["measured"][objective]["gradient_bytes_sent_ddp"]
@@ -261,7 +273,9 @@ def comm_table(report: dict[str, Any]):
     for strategy, sent in report["computed"]["gradients"].items():
         shares = report["gather_share_of_gradient_traffic"]
         table.add_row(
-            f"{strategy} gradients", f"{sent / mib:.1f}", f"{100 * shares['vascl'][strategy]:.2f}%", f"{100 * shares['simcse'][strategy]:.2f}%"
+            f"{strategy} gradients",
+            f"{sent / mib:.1f}",
+            f"{100 * shares['vascl'][strategy]:.2f}%",
+            f"{100 * shares['simcse'][strategy]:.2f}%",
         )
     return table
-

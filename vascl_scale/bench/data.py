@@ -25,10 +25,10 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from itertools import islice
-from typing import Callable, Iterator
 
 import psutil
 from rich.table import Table
@@ -126,7 +126,7 @@ def _source_sentences(source: str, count: int) -> list[str]:
 
         opener = gzip.open if shards.text_file.endswith(".gz") else open
         with opener(shards.text_file, "rt", encoding="utf-8", errors="replace") as handle:
-            return [line.strip() for line in islice((l for l in handle if l.strip()), count)]
+            return [line.strip() for line in islice((line for line in handle if line.strip()), count)]
     sentences: list[str] = []
     for url in shards.urls:
         if url in shards.missing:  # listed in the manifest, but the file is gone
@@ -153,7 +153,11 @@ def run_data_bench(
         raise ValueError(f"--workers must list positive worker counts, e.g. 1,2; got {workers}")
     if not (math.isfinite(seconds) and seconds > 0):  # nan <= 0 is false too: test finiteness
         raise ValueError(f"--seconds must be a finite number > 0; got {seconds}")
-    for option, value, least in (("--repeats", repeats, 1), ("--batch-size", batch_size, 1), ("--max-length", max_length, 2)):
+    for option, value, least in (
+        ("--repeats", repeats, 1),
+        ("--batch-size", batch_size, 1),
+        ("--max-length", max_length, 2),
+    ):
         if value < least:
             raise ValueError(f"{option} must be >= {least}; got {value}")
     from vascl_scale.tokenizer import load_tokenizer

@@ -50,7 +50,9 @@ def vocabulary_words(tokenizer) -> list[str]:
     ids = [[i] for i in range(len(tokenizer)) if i not in special]
     backend = tokenizer.backend_tokenizer  # the Rust tokenizer, batched: the whole vocabulary in well under a second
     words = [word for word in (text.strip() for text in backend.decode_batch(ids)) if word and len(word.split()) == 1]
-    return [word for word, encoding in zip(words, backend.encode_batch(words, add_special_tokens=False)) if encoding.ids]
+    return [
+        word for word, encoding in zip(words, backend.encode_batch(words, add_special_tokens=False)) if encoding.ids
+    ]
 
 
 def synthetic_sentences(tokenizer, words: list[str], count: int, max_length: int, rng: random.Random) -> list[str]:
@@ -149,15 +151,21 @@ def run_training_loops(
     objective reads, one objective after the other."""
     first = next(iter(configs.values()))
     rows, max_length, seed = first.train.global_batch_size, first.data.max_length, first.train.seed
-    labels = tuple(dict.fromkeys(label for config in configs.values() if (label := objective_spec(config.objective).label)))
+    labels = tuple(
+        dict.fromkeys(label for config in configs.values() if (label := objective_spec(config.objective).label))
+    )
     loops = {}
     with tempfile.TemporaryDirectory(prefix="vascl-bench-loop-") as tmp:
         workdir = Path(tmp)
         # One global batch per shard: every piece a worker cuts is one whole batch, none is dropped.
-        shards = write_synthetic_shards(workdir, columns + labels, (warmup + steps) * rows, rows, model_dir, max_length, seed)
+        shards = write_synthetic_shards(
+            workdir, columns + labels, (warmup + steps) * rows, rows, model_dir, max_length, seed
+        )
         with LoopProgress("bench step: training loops", len(configs), "runs") as progress:
             for done, (objective, config) in enumerate(configs.items(), start=1):
                 progress.update(done - 1, note=objective)
-                loops[objective] = run_training_loop(loop_config(config, shards, workdir / objective, warmup + steps), workdir, warmup)
+                loops[objective] = run_training_loop(
+                    loop_config(config, shards, workdir / objective, warmup + steps), workdir, warmup
+                )
                 progress.update(done)
     return loops

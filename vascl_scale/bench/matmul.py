@@ -50,7 +50,9 @@ def run_matmul_bench(sizes: list[int], precisions: list[str], repeats: int) -> d
     if not precisions:
         raise ValueError("--precision needs at least one of no, bf16, fp16 or auto")
     device = local_device_type()
-    resolved = dict.fromkeys(resolve_precision(requested, device, "--precision") for requested in precisions)  # each once
+    resolved = dict.fromkeys(
+        resolve_precision(requested, device, "--precision") for requested in precisions
+    )  # each once
     rows = []
     for precision in resolved:
         for size in dict.fromkeys(sizes):
@@ -68,7 +70,13 @@ def run_matmul_bench(sizes: list[int], precisions: list[str], repeats: int) -> d
                 }
             )
     peaks = {p: max(row["best_tflops"] for row in rows if row["precision"] == p) for p in resolved}
-    return {"repeats": repeats, "device": device, "threads": torch.get_num_threads(), "rows": rows, "peak_tflops": peaks}
+    return {
+        "repeats": repeats,
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "rows": rows,
+        "peak_tflops": peaks,
+    }
 
 
 def matmul_table(result: dict[str, object]):
@@ -80,6 +88,11 @@ def matmul_table(result: dict[str, object]):
         table.add_column(column, justify="right")
     for row in result["rows"]:
         table.add_row(
-            precision_name(row["precision"]), str(row["size"]), f"{row['best_s']:.4f}", f"{row['median_s']:.4f}", f"{row['best_tflops']:.3f}", f"{row['median_tflops']:.3f}"
+            precision_name(row["precision"]),
+            str(row["size"]),
+            f"{row['best_s']:.4f}",
+            f"{row['median_s']:.4f}",
+            f"{row['best_tflops']:.3f}",
+            f"{row['median_tflops']:.3f}",
         )
     return table

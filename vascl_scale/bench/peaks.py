@@ -66,5 +66,8 @@ def resolve_peak(device_name: str | None, override: str | None = None) -> dict[s
         return {"peak_tflops": value, "source": "PEAK_TFLOPS"}
     found = known_peak(device_name) if device_name else None
     if found is None:
-        return {"peak_tflops": 0.0, "source": f"no entry for {device_name!r}: MFU left out" if device_name else "no GPU: MFU left out"}
+        return {
+            "peak_tflops": 0.0,
+            "source": f"no entry for {device_name!r}: MFU left out" if device_name else "no GPU: MFU left out",
+        }
     return {"peak_tflops": found[0], "source": f"data sheet, {found[1]}, dense bf16"}

@@ -9,8 +9,8 @@ forward and backward of 2b sequences, and the (b, b) logits of its one direction
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -35,7 +35,9 @@ def comparable_model_directory(model: str) -> Path:
     return directory
 
 
-def sentence_transformers_step(model: str, rows: int, tokens: int, precision: str) -> tuple[Callable[[dict], None], int]:
+def sentence_transformers_step(
+    model: str, rows: int, tokens: int, precision: str
+) -> tuple[Callable[[dict], None], int]:
     """One optimiser step of the peer on a batch's anchor column, (rows, tokens), and its model FLOPs.
 
     ``model``: a model directory (:func:`comparable_model_directory`; the peer loads weights and

@@ -41,19 +41,22 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from vascl_scale.config import RunConfig, config_from_dict
-from vascl_scale.flops import tflops_and_mfu
 from vascl_scale.data.columns import ANCHOR, LABELS, negative
 from vascl_scale.figures import save_figure
+from vascl_scale.flops import tflops_and_mfu
 from vascl_scale.hub import locate_model
 from vascl_scale.losses.spec import OBJECTIVES, ObjectiveSpec, objective_spec
 from vascl_scale.model import SentenceEncoder
 from vascl_scale.train.step import rows_per_forward
+
+if TYPE_CHECKING:
+    from vascl_scale.bench.loop import LoopTimes
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +85,9 @@ def build_bench_model(model: str, head_dim: int, pair_classifier: bool = False) 
         return SentenceEncoder(encoder, tokenizer=None, head_dim=head_dim, pair_classifier=pair_classifier)
     location = locate_model(model, "--model")
     if not location.directory.is_dir():
-        raise ValueError(f"--model {model}: expected a model directory, package:MODULE/SUBDIR, a hub id or a Hugging Face config.json")
+        raise ValueError(
+            f"--model {model}: expected a model directory, package:MODULE/SUBDIR, a hub id or a Hugging Face config.json"
+        )
     return SentenceEncoder.from_pretrained(location.directory, head_dim=head_dim, pair_classifier=pair_classifier)
 
 
@@ -106,9 +111,16 @@ def synthetic_columns(specs: list[ObjectiveSpec], negatives: int) -> tuple[str, 
     hard-negative columns where one takes them (``--negatives``; ValueError below 1 there)."""
     if negatives < 1 and any(spec.hard_negatives for spec in specs):
         taking = ", ".join(spec.name for spec in specs if spec.hard_negatives)
-        raise ValueError(f"--negatives must be >= 1: {taking} encodes at least one hard-negative column; got {negatives}")
+        raise ValueError(
+            f"--negatives must be >= 1: {taking} encodes at least one hard-negative column; got {negatives}"
+        )
     hard = tuple(negative(index) for index in range(negatives))
-    wanted = (column for spec in specs for column in (*spec.inputs, *(hard if spec.hard_negatives else ())) if column not in spec.stand_ins)
+    wanted = (
+        column
+        for spec in specs
+        for column in (*spec.inputs, *(hard if spec.hard_negatives else ()))
+        if column not in spec.stand_ins
+    )
     return tuple(dict.fromkeys(wanted))
 
 
@@ -152,7 +164,13 @@ def bench_config(
             "model": {"path": model},
             "data": {"train": "synthetic", "max_length": max_length},
             "loss": {"k": k, "eps": eps, "xi": eps},
-            "train": {"global_batch_size": global_batch, "precision": precision, "chunk_size": chunk_size, "seed": seed, "compile": compile},
+            "train": {
+                "global_batch_size": global_batch,
+                "precision": precision,
+                "chunk_size": chunk_size,
+                "seed": seed,
+                "compile": compile,
+            },
         }
     )
 
@@ -184,7 +202,7 @@ def run_step_bench(
     so the ratio of the two cancels the machine's drift; the compiling is in the compiled rows'
     warm-up steps, whose times are reported apart (``warmup_s``), and the training loop rows
     run compiled."""
-    from vascl_scale.bench.loop import LoopTimes, run_training_loops
+    from vascl_scale.bench.loop import run_training_loops
     from vascl_scale.bench.peer import PEERS, comparable_model_directory, sentence_transformers_step
     from vascl_scale.losses import build_objective
     from vascl_scale.precision import train_precision
@@ -197,7 +215,10 @@ def run_step_bench(
         raise ValueError(f"--steps must be >= 1 and --warmup >= 0; got {steps} and {warmup}")
     if compile and deepspeed is not None:
         raise ValueError(COMPILE_WITHOUT_DEEPSPEED)
-    configs = {o: bench_config(o, model, global_batch, max_length, k, eps, precision, chunk_size, seed, compile) for o in objectives}
+    configs = {
+        o: bench_config(o, model, global_batch, max_length, k, eps, precision, chunk_size, seed, compile)
+        for o in objectives
+    }
     first = configs[objectives[0]]
     run_precision = train_precision(first.train.precision)
     loops: dict[str, LoopTimes] = {}
@@ -219,12 +240,20 @@ def run_step_bench(
         torch.manual_seed(seed)
         encoder = build_bench_model(model, first.model.head_dim, pair_classifier=specs[0].classifier)
         encoder.train()
-        config = bench_config(objectives[0], model, global_batch, max_length, k, eps, precision, chunk_size, seed, compiled)
+        config = bench_config(
+            objectives[0], model, global_batch, max_length, k, eps, precision, chunk_size, seed, compiled
+        )
         wrapped, optimizer = prepare_for_training(accelerator, encoder, build_optimizer(encoder, config), config)
         return encoder, {
             o: TrainingStep(
-                accelerator, wrapped, optimizer, build_objective(o, configs[o].loss.model_dump()), seed=seed,
-                per_device_batch=rows, chunk_size=chunk_size, precision=run_precision,
+                accelerator,
+                wrapped,
+                optimizer,
+                build_objective(o, configs[o].loss.model_dump()),
+                seed=seed,
+                per_device_batch=rows,
+                chunk_size=chunk_size,
+                precision=run_precision,
             )  # fmt: skip
             for o in objectives
         }
@@ -307,7 +336,7 @@ def _summary(
     peak_mb: dict[str, float],
     global_batch: int,
     setup: dict[str, Any],
-    loops: dict[str, "LoopTimes"],
+    loops: dict[str, LoopTimes],
     peer: str | None = None,
 ) -> dict[str, Any]:
     """Per objective (and ``peer``, the compared system): :func:`_row` under ``"objectives"``;
@@ -316,7 +345,10 @@ def _summary(
     of the objective's step (the same shapes); and the ratios of their sentences/s (a loop's to
     the compiled step's when the steps were compiled, as the loop then is)."""
     result: dict[str, Any] = {**setup, "objectives": {}}
-    measured = {name: _row(values, flops[name], peak_mb.get(name), global_batch, setup["peak_tflops"]) for name, values in times.items()}
+    measured = {
+        name: _row(values, flops[name], peak_mb.get(name), global_batch, setup["peak_tflops"])
+        for name, values in times.items()
+    }
     compiled = {name.removesuffix(COMPILED): row for name, row in measured.items() if name.endswith(COMPILED)}
     result["objectives"] = {name: row for name, row in measured.items() if not name.endswith(COMPILED)}
     stats = result["objectives"]
@@ -329,10 +361,13 @@ def _summary(
     if peer is not None:  # sentences/s of each vascl-scale row over the peer's, at the same batch
         result["speedup_over_peer"] = {o: stats[peer]["median_s"] / stats[o]["median_s"] for o in ours}
         if compiled:
-            result["compiled_speedup_over_peer"] = {o: stats[peer]["median_s"] / row["median_s"] for o, row in compiled.items()}
+            result["compiled_speedup_over_peer"] = {
+                o: stats[peer]["median_s"] / row["median_s"] for o, row in compiled.items()
+            }
     if loops:
         result["loops"] = {
-            o: _row(loop.times_s, flops[o], loop.peak_memory_mb, global_batch, setup["peak_tflops"]) for o, loop in loops.items()
+            o: _row(loop.times_s, flops[o], loop.peak_memory_mb, global_batch, setup["peak_tflops"])
+            for o, loop in loops.items()
         }
         loop_stats, steps_run = result["loops"], compiled or stats
         result["loop_over_step"] = {o: steps_run[o]["median_s"] / loop_stats[o]["median_s"] for o in loops}
@@ -340,7 +375,9 @@ def _summary(
     return result
 
 
-def _row(values: list[float], flops: int, peak_mb: float | None, global_batch: int, peak_tflops: float) -> dict[str, Any]:
+def _row(
+    values: list[float], flops: int, peak_mb: float | None, global_batch: int, peak_tflops: float
+) -> dict[str, Any]:
     """Median, p10, p90 step time, sentences/s at the median, model TFLOP/s per device at the
     median (and MFU against ``peak_tflops``), peak memory, and the times."""
     median = statistics.median(values)
@@ -371,7 +408,16 @@ def step_table(result: dict[str, Any]):
         f"{result['warmup']} warm-up"
     )
     table = Table(title=title)
-    for column in ("objective", "median s", "p10 s", "p90 s", "sentences/s", "TFLOP/s per device", "MFU", "peak GPU MiB"):
+    for column in (
+        "objective",
+        "median s",
+        "p10 s",
+        "p90 s",
+        "sentences/s",
+        "TFLOP/s per device",
+        "MFU",
+        "peak GPU MiB",
+    ):
         table.add_column(column, justify="right")
     steps = [(name, stats) for name, stats in result["objectives"].items() if name in OBJECTIVES]
     compiled = [(compiled_name(name), stats) for name, stats in result.get("compiled", {}).items()]
@@ -428,7 +474,15 @@ def run_grid(cell_argv: list[str], cells: list[tuple[int, int, str | None]]) -> 
                 logger.info("cell B=%d chunk=%d skipped: %s", global_batch, chunk_size, reason)
             else:
                 output = Path(scratch) / f"cell-{global_batch}-{chunk_size}.json"
-                argv = [*cell_argv, "--global-batch", str(global_batch), "--chunk-size", str(chunk_size), "--output", str(output)]
+                argv = [
+                    *cell_argv,
+                    "--global-batch",
+                    str(global_batch),
+                    "--chunk-size",
+                    str(chunk_size),
+                    "--output",
+                    str(output),
+                ]
                 done = subprocess.run([sys.executable, "-m", "vascl_scale", *argv], capture_output=True, text=True)
                 if done.returncode == 0:
                     row["result"] = json.loads(output.read_text(encoding="utf-8"))
@@ -453,12 +507,30 @@ def grid_table(cells: list[dict[str, Any]], objective: str):
 
     uncached = {c["global_batch"]: c["result"] for c in cells if "result" in c and c["chunk_size"] == 0}
     table = Table(title=f"bench step grid ({objective}): peak resident memory and step time per cell")
-    for column in ("global batch", "chunk", "sentences per forward", "peak RSS MiB", "median s", "sentences/s", "time / uncached", "note"):
+    for column in (
+        "global batch",
+        "chunk",
+        "sentences per forward",
+        "peak RSS MiB",
+        "median s",
+        "sentences/s",
+        "time / uncached",
+        "note",
+    ):
         table.add_column(column, justify="right")
     for cell in cells:
         batch, chunk = cell["global_batch"], cell["chunk_size"]
         if "result" not in cell:
-            table.add_row(str(batch), str(chunk) if chunk else "-", "", "", "", "", "", cell.get("skipped") or cell.get("failed", ""))
+            table.add_row(
+                str(batch),
+                str(chunk) if chunk else "-",
+                "",
+                "",
+                "",
+                "",
+                "",
+                cell.get("skipped") or cell.get("failed", ""),
+            )
             continue
         result = cell["result"]
         stats = result["objectives"][objective]
@@ -493,7 +565,9 @@ def plot_grid(cells: list[dict[str, Any]], objective: str, path: Path) -> None:
         batches = [c["global_batch"] for c in done]
         label = f"cached, chunk {chunk}" if chunk else "uncached"
         memory_axis.plot(batches, [c["result"]["peak_rss_mb"] / 1024 for c in done], marker="o", label=label)
-        time_axis.plot(batches, [c["result"]["objectives"][objective]["median_s"] for c in done], marker="o", label=label)
+        time_axis.plot(
+            batches, [c["result"]["objectives"][objective]["median_s"] for c in done], marker="o", label=label
+        )
     first = next(c["result"] for c in cells if "result" in c)
     for axis, ylabel in ((memory_axis, "peak resident memory (GiB)"), (time_axis, "median step time (s)")):
         axis.set_xscale("log", base=2)
@@ -502,6 +576,8 @@ def plot_grid(cells: list[dict[str, Any]], objective: str, path: Path) -> None:
         axis.grid(True, alpha=0.3)
         axis.legend()
     time_axis.set_yscale("log")
-    figure.suptitle(f"{objective} training step, {first['world_size']} process(es), {first['device']}, max length {first['max_length']}")
+    figure.suptitle(
+        f"{objective} training step, {first['world_size']} process(es), {first['device']}, max length {first['max_length']}"
+    )
     figure.tight_layout()
     save_figure(figure, path)

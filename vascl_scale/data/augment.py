@@ -27,9 +27,9 @@ import pickle
 import random
 import re
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 AUGMENTATIONS = ("none", "wdel", "wnet", "ctxt")
 DEFAULT_WORDNET = "/usr/share/wordnet"
@@ -170,7 +170,9 @@ class WordNetSubstitution:
         """Other lemma names of the word's synsets (multi-word ones with spaces), in WordNet order."""
         key = word.lower()
         if key not in self._synonyms:
-            names = [lemma.name().replace("_", " ") for synset in self.wordnet.synsets(key) for lemma in synset.lemmas()]
+            names = [
+                lemma.name().replace("_", " ") for synset in self.wordnet.synsets(key) for lemma in synset.lemmas()
+            ]
             self._synonyms[key] = [name for name in dict.fromkeys(names) if name.lower() != key]
         return self._synonyms[key]
 
@@ -180,7 +182,9 @@ class WordNetSubstitution:
             words = text.split()
             parts = [_split_affixes(word) for word in words]
             candidates = [
-                i for i, (_, core, _) in enumerate(parts) if len(core) >= MIN_WNET_LETTERS and core.isalpha() and self.synonyms(core)
+                i
+                for i, (_, core, _) in enumerate(parts)
+                if len(core) >= MIN_WNET_LETTERS and core.isalpha() and self.synonyms(core)
             ]
             chosen = rng.sample(candidates, min(words_to_change(len(words), self.fraction), len(candidates)))
             for index in chosen:
@@ -264,7 +268,9 @@ class ContextualSubstitution:
                 # The top n distinct words other than the masked one; the word itself if none is left.
                 ranked = logits[row, slot].topk(min(4 * self.top_n + 1, len(self.word_of))).indices.tolist()
                 choices = [
-                    word for word in dict.fromkeys(self.word_of[i] for i in ranked if i in self.word_of) if word.lower() != core.lower()
+                    word
+                    for word in dict.fromkeys(self.word_of[i] for i in ranked if i in self.word_of)
+                    if word.lower() != core.lower()
                 ][: self.top_n]
                 w[index] = before + (rng.choice(choices) if choices else core) + after
             out.append(" ".join(w))
@@ -288,9 +294,13 @@ def check_masked_lm(spec: AugmentSpec) -> None:
         with torch.device("meta"):  # the architecture's parameter names, no memory
             model = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(directory))
     except (OSError, ValueError) as err:
-        raise ValueError(f"data.augment_model {spec.model}: not a masked language model ({str(err).splitlines()[0]})") from None
+        raise ValueError(
+            f"data.augment_model {spec.model}: not a masked language model ({str(err).splitlines()[0]})"
+        ) from None
     # The head's modules: every top-level module outside the encoder (BERT's "cls", RoBERTa's "lm_head").
-    head = {name.split(".")[0] for name, _ in model.named_parameters() if not name.startswith(f"{model.base_model_prefix}.")}
+    head = {
+        name.split(".")[0] for name, _ in model.named_parameters() if not name.startswith(f"{model.base_model_prefix}.")
+    }
     stored: set[str] = set()
     for path in directory.glob("*.safetensors"):
         with safe_open(path, "pt") as weights:  # reads the header only
@@ -299,7 +309,9 @@ def check_masked_lm(spec: AugmentSpec) -> None:
         try:  # weights_only: a pickle that builds more than tensors is refused, never run
             stored.update(key.split(".")[0] for key in torch.load(path, map_location="meta", weights_only=True))
         except (pickle.UnpicklingError, RuntimeError) as err:
-            raise ValueError(f"data.augment_model {path}: not a weights file ({str(err).splitlines()[0][:200]})") from None
+            raise ValueError(
+                f"data.augment_model {path}: not a weights file ({str(err).splitlines()[0][:200]})"
+            ) from None
     if not stored & head:
         raise ValueError(
             f"data.augment_model {spec.model} has no masked-LM head (no {', '.join(sorted(head))} weights): it would "

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -16,36 +15,44 @@ app = typer.Typer(help="Data: download the datasets; prepare WebDataset shards f
 
 @app.command("prepare")
 def prepare(
-    inputs: List[Path] = typer.Argument(
+    inputs: list[Path] = typer.Argument(
         ..., metavar="INPUTS...", help="Text (.txt[.gz]), JSONL, CSV/TSV, Parquet files or datasets directories."
     ),
     output: Path = typer.Option(..., "--output", "-o", help="Directory for shard-NNNNNN.tar and manifest.json."),
     shard_size: int = typer.Option(50_000, "--shard-size", help="Samples per shard."),
     fmt: str = typer.Option(
-        "auto", "--format", help="auto, txt, jsonl, csv, parquet, hf, or nli (SimCSE's nli_for_simcse.csv, SNLI / "
-        "MultiNLI JSONL: (premise, entailment, contradiction) triplets)."
+        "auto",
+        "--format",
+        help="auto, txt, jsonl, csv, parquet, hf, or nli (SimCSE's nli_for_simcse.csv, SNLI / "
+        "MultiNLI JSONL: (premise, entailment, contradiction) triplets).",
     ),
     text_field: str = typer.Option(
-        "text", "--text-field", metavar="A[,P,N1,...]", help="Field / column holding the text (not for txt); "
-        "several, comma-separated, for anchor, positive and hard negatives in order."
+        "text",
+        "--text-field",
+        metavar="A[,P,N1,...]",
+        help="Field / column holding the text (not for txt); "
+        "several, comma-separated, for anchor, positive and hard negatives in order.",
     ),
-    label_field: Optional[str] = typer.Option(
-        None, "--label-field", metavar="NAME", help="Labelled pairs (PairSupCon): the field of each pair's label, 1 "
-        "similar, 0 not; with two --text-field names, the anchor and the text paired with it."
+    label_field: str | None = typer.Option(
+        None,
+        "--label-field",
+        metavar="NAME",
+        help="Labelled pairs (PairSupCon): the field of each pair's label, 1 "
+        "similar, 0 not; with two --text-field names, the anchor and the text paired with it.",
     ),
     labelled_pairs: bool = typer.Option(
-        False, "--labelled-pairs", help="Labelled pairs (PairSupCon) from triplets (--format nli or --text-field A,P,N): "
-        "each (anchor, positive, 1) and (anchor, negative, 0); needs --shuffle-seed."
+        False,
+        "--labelled-pairs",
+        help="Labelled pairs (PairSupCon) from triplets (--format nli or --text-field A,P,N): "
+        "each (anchor, positive, 1) and (anchor, negative, 0); needs --shuffle-seed.",
     ),
     dedup: bool = typer.Option(False, "--dedup", help="Drop rows whose anchor was seen (after stripping whitespace)."),
     min_words: int = typer.Option(0, "--min-words", help="Drop rows with a text of fewer whitespace-separated words."),
-    max_chars: Optional[int] = typer.Option(
+    max_chars: int | None = typer.Option(
         None, "--max-chars", help="Drop rows with a text longer than this many characters."
     ),
-    shuffle_seed: Optional[int] = typer.Option(
-        None, "--shuffle-seed", help="Shuffle all rows (two-pass bucket scatter)."
-    ),
-    tokenizer: Optional[str] = typer.Option(
+    shuffle_seed: int | None = typer.Option(None, "--shuffle-seed", help="Shuffle all rows (two-pass bucket scatter)."),
+    tokenizer: str | None = typer.Option(
         None, "--tokenizer", help="Also store token ids from this tokenizer directory."
     ),
     max_length: int = typer.Option(32, "--max-length", help="Truncation length for stored token ids."),
@@ -81,32 +88,45 @@ def prepare(
 
 @app.command("mine")
 def mine(
-    inputs: List[Path] = typer.Argument(
-        ..., metavar="INPUTS...", help="(anchor, positive) pairs: JSONL, CSV/TSV, Parquet files or datasets directories."
+    inputs: list[Path] = typer.Argument(
+        ...,
+        metavar="INPUTS...",
+        help="(anchor, positive) pairs: JSONL, CSV/TSV, Parquet files or datasets directories.",
     ),
     model: str = typer.Option(
-        ..., "--model", help="The encoder that scores candidates: run dir (best/, else final/), HF or sentence-transformers "
-        "dir, package:MODULE/SUBDIR or a hub id, as the eval commands take it."
+        ...,
+        "--model",
+        help="The encoder that scores candidates: run dir (best/, else final/), HF or sentence-transformers "
+        "dir, package:MODULE/SUBDIR or a hub id, as the eval commands take it.",
     ),
     text_field: str = typer.Option(..., "--text-field", metavar="A,P", help="The anchor's and the positive's fields."),
     output: Path = typer.Option(..., "--output", "-o", help="Directory for the paired shards and manifest.json."),
-    negatives: int = typer.Option(1, "--negatives", help="Hard negatives per row: columns negative_0 .. negative_{N-1}."),
+    negatives: int = typer.Option(
+        1, "--negatives", help="Hard negatives per row: columns negative_0 .. negative_{N-1}."
+    ),
     rank_range: str = typer.Option(
-        "0:50", "--range", metavar="LO:HI", help="Candidates ranked LO+1 .. HI by similarity (positives and copies of "
+        "0:50",
+        "--range",
+        metavar="LO:HI",
+        help="Candidates ranked LO+1 .. HI by similarity (positives and copies of "
         "the row's texts left out first): 10:50 skips the 10 most similar and keeps the next 40, as "
-        "sentence-transformers' range_min=10, range_max=50."
+        "sentence-transformers' range_min=10, range_max=50.",
     ),
     margin: str = typer.Option(
-        "0.95", "--margin", help="Skip a candidate scoring above MARGIN x the cosine of the row's anchor and positive "
-        "(sentence-transformers' relative_margin = 1 - MARGIN; applied after --range); none for no margin."
+        "0.95",
+        "--margin",
+        help="Skip a candidate scoring above MARGIN x the cosine of the row's anchor and positive "
+        "(sentence-transformers' relative_margin = 1 - MARGIN; applied after --range); none for no margin.",
     ),
     sampling: str = typer.Option(
         "top", "--sampling", help="top: the most similar survivors; random: a draw seeded by --seed and the row."
     ),
     seed: int = typer.Option(0, "--seed", help="Seeds --sampling random."),
-    pool: Optional[List[Path]] = typer.Option(
-        None, "--pool", help="More candidates besides the inputs' positives (the default pool): text, one a line, or "
-        "the input formats (repeatable)."
+    pool: list[Path] | None = typer.Option(
+        None,
+        "--pool",
+        help="More candidates besides the inputs' positives (the default pool): text, one a line, or "
+        "the input formats (repeatable).",
     ),
     pool_field: str = typer.Option(
         "text", "--pool-field", metavar="F[,G,...]", help="The --pool fields whose texts are candidates (not for txt)."
@@ -114,17 +134,19 @@ def mine(
     fmt: str = typer.Option("auto", "--format", help="auto, jsonl, csv, parquet or hf: the inputs' format."),
     search: str = typer.Option("auto", "--search", help="auto (faiss when installed, else exact), exact or faiss."),
     chunk_size: int = typer.Option(
-        1024, "--chunk-size", help="Anchors and pool rows per block of the exact search (memory ~ 40 x this squared bytes)."
+        1024,
+        "--chunk-size",
+        help="Anchors and pool rows per block of the exact search (memory ~ 40 x this squared bytes).",
     ),
     shard_size: int = typer.Option(50_000, "--shard-size", help="Samples per shard."),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace the shards in --output, once the new set is complete."
     ),
     batch_size: int = BATCH,
-    max_length: Optional[int] = MAX_LENGTH,
-    pooling: Optional[str] = POOLING,
-    device: Optional[str] = DEVICE,
-    cache_dir: Optional[Path] = CACHE,
+    max_length: int | None = MAX_LENGTH,
+    pooling: str | None = POOLING,
+    device: str | None = DEVICE,
+    cache_dir: Path | None = CACHE,
     no_cache: bool = NO_CACHE,
     precision: str = PRECISION,
 ) -> None:
@@ -159,7 +181,13 @@ def mine(
             "device": embedder.device,
         }
         result = mine_shards(
-            list(inputs), output, options, lambda texts: embedder.embed(texts)(texts), miner, list(pool or []), overwrite
+            list(inputs),
+            output,
+            options,
+            lambda texts: embedder.embed(texts)(texts),
+            miner,
+            list(pool or []),
+            overwrite,
         )
     except NothingWrittenError as err:
         print_table(summary_table(err.result))
@@ -171,25 +199,36 @@ def mine(
 
 @app.command("download")
 def download(
-    names: List[str] = typer.Argument(
-        None, help="Datasets (wiki1m, nli, sts12, stsb, agnews, banking77, ...), families (corpus, sts, sts_senteval, "
-        "clustering, intent) or all (the default). `data download --list` names them."
+    names: list[str] = typer.Argument(
+        None,
+        help="Datasets (wiki1m, nli, sts12, stsb, agnews, banking77, ...), families (corpus, sts, sts_senteval, "
+        "clustering, intent) or all (the default). `data download --list` names them.",
     ),
-    to: Optional[Path] = typer.Option(None, "--to", help="The data directory to fill (default $VASCL_DATA)."),
-    mirror: Optional[str] = typer.Option(
-        None, "--mirror", help="A directory or http(s) URL holding the original files at <mirror>/<host>/<path> of their URLs."
+    to: Path | None = typer.Option(None, "--to", help="The data directory to fill (default $VASCL_DATA)."),
+    mirror: str | None = typer.Option(
+        None,
+        "--mirror",
+        help="A directory or http(s) URL holding the original files at <mirror>/<host>/<path> of their URLs.",
     ),
     force: bool = typer.Option(False, "--force", help="Fetch and convert again even what is already present."),
-    timeout: Optional[float] = typer.Option(
-        None, "--timeout", metavar="SECONDS", help="The most one file's transfer may take (default one hour); its .part "
-        "is kept for the next run to resume."
+    timeout: float | None = typer.Option(
+        None,
+        "--timeout",
+        metavar="SECONDS",
+        help="The most one file's transfer may take (default one hour); its .part is kept for the next run to resume.",
     ),
-    registry: Optional[Path] = typer.Option(None, "--registry", help="A registry file instead of the one shipped."),
+    registry: Path | None = typer.Option(None, "--registry", help="A registry file instead of the one shipped."),
     list_only: bool = typer.Option(False, "--list", help="Show the registry (source, licence, files) and exit."),
     markdown: bool = typer.Option(False, "--markdown", help="With --list: a Markdown table with every file's sha256."),
 ) -> None:
     """Fetch datasets from their public sources, convert them to the data layout, verify checksums."""
-    from vascl_scale.data.download import FILE_TIMEOUT_S, download_datasets, registry_markdown, registry_table, summary_table
+    from vascl_scale.data.download import (
+        FILE_TIMEOUT_S,
+        download_datasets,
+        registry_markdown,
+        registry_table,
+        summary_table,
+    )
     from vascl_scale.data.registry import load_registry
 
     try:

@@ -25,7 +25,8 @@ No torch: the config and the objectives' declarations import it.
 from __future__ import annotations
 
 import re
-from typing import Any, Collection, Sequence
+from collections.abc import Collection, Sequence
+from typing import Any
 
 from vascl_scale.log import shown
 
@@ -74,7 +75,9 @@ def written_fields(columns: Sequence[str]) -> list[tuple[str, str | None]]:
     columns existed (a reader takes them as the anchor, :func:`sample_fields`)."""
     if tuple(columns) == SINGLE_TEXT:
         return [("txt", "ids")]
-    return [(f"{column}.cls", None) if column in LABEL_COLUMNS else (f"{column}.txt", f"{column}.ids") for column in columns]
+    return [
+        (f"{column}.cls", None) if column in LABEL_COLUMNS else (f"{column}.txt", f"{column}.ids") for column in columns
+    ]
 
 
 def sample_fields(column: str, kind: str) -> tuple[str, ...]:
@@ -95,7 +98,9 @@ def parse_label(payload: bytes) -> int:
     return int(text)
 
 
-def columns_to_read(available: Sequence[str], wanted: Collection[str] | None, augmented: bool, where: str) -> tuple[str, ...]:
+def columns_to_read(
+    available: Sequence[str], wanted: Collection[str] | None, augmented: bool, where: str
+) -> tuple[str, ...]:
     """The columns a training stream reads of those the data has (``available``, in its order):
     the ``wanted`` ones, or all when None. ``data.augment`` (``augmented``) makes each positive
     from its anchor, so data with a positive of its own to read is refused, ``where`` named."""

@@ -20,8 +20,9 @@ import logging
 import shutil
 import tarfile
 import zipfile
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import IO, Callable, Iterable, Sequence
+from typing import IO
 
 Converter = Callable[[list[Path], dict, Path], None]
 
@@ -65,7 +66,9 @@ class OriginalError(ValueError):
 
 
 def _too_large(what: str, limit: int) -> OriginalError:
-    return OriginalError(f"{what} holds more than {limit} bytes uncompressed; refused as an archive bomb or a wrong file")
+    return OriginalError(
+        f"{what} holds more than {limit} bytes uncompressed; refused as an archive bomb or a wrong file"
+    )
 
 
 def _read_capped(stream: IO[bytes], limit: int, what: str) -> bytes:
@@ -290,13 +293,19 @@ def nli_shards(originals: list[Path], options: dict, stage: Path) -> None:
     with ``options.shuffle_seed`` (the loader shuffles shard order and within a buffer only, so a
     shard should draw on the whole file). A row with an empty text is dropped and counted in the
     manifests' ``dropped``."""
-    from vascl_scale.data.prepare import PrepareOptions, dropped_summary, prepare_shards  # webdataset: kept out of the registry
+    from vascl_scale.data.prepare import (  # webdataset: kept out of the registry
+        PrepareOptions,
+        dropped_summary,
+        prepare_shards,
+    )
 
     (original,) = originals
     pairs_folder = Path(options["labelled_pairs"])
     folders = {Path(output).parent for output in options["outputs"]} - {pairs_folder}
     if len(folders) != 1:
-        raise ValueError(f"the triplet shards' outputs lie in one folder besides {pairs_folder}; the registry entry names {len(folders)}")
+        raise ValueError(
+            f"the triplet shards' outputs lie in one folder besides {pairs_folder}; the registry entry names {len(folders)}"
+        )
     triplets_folder = folders.pop()
     common = {"fmt": "nli", "shard_size": options["shard_size"], "shuffle_seed": options["shuffle_seed"]}
     for folder, settings, what in (
@@ -304,10 +313,12 @@ def nli_shards(originals: list[Path], options: dict, stage: Path) -> None:
         (pairs_folder, PrepareOptions(**common, labelled_pairs=True), "labelled pairs"),
     ):
         try:
-            result = prepare_shards([original], stage / folder, settings, show_progress=False)  # the download's bars are live
+            result = prepare_shards(
+                [original], stage / folder, settings, show_progress=False
+            )  # the download's bars are live
         except ValueError as err:
             if isinstance(err.__cause__, OSError):
-                raise err.__cause__  # the disk under --to (full, read-only): a filesystem failure, the original is kept
+                raise err.__cause__ from None  # the disk under --to (full, read-only): a filesystem failure, the original is kept
             raise
         logger.info(
             "%s: %s %s of %s rows in %d shards; rows dropped: %s (counted in %s/manifest.json)",

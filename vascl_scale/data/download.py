@@ -137,11 +137,15 @@ class Fetcher:
 
     def _copy(self, path: Path, part: Path) -> None:
         if not path.is_file():
-            raise DownloadError("source", f"{path} does not exist; the mirror must hold each original at <mirror>/<host>/<path> of its URL")
+            raise DownloadError(
+                "source",
+                f"{path} does not exist; the mirror must hold each original at <mirror>/<host>/<path> of its URL",
+            )
         assert self.mirror is not None  # only a directory mirror is copied from
         if not path.resolve().is_relative_to(Path(self.mirror).resolve()):
             raise DownloadError(
-                "source", f"{path} leads to {path.resolve()}, outside the mirror {self.mirror}; refused: put the file itself in the mirror"
+                "source",
+                f"{path} leads to {path.resolve()}, outside the mirror {self.mirror}; refused: put the file itself in the mirror",
             )
         shutil.copyfile(path, part)
 
@@ -169,7 +173,9 @@ class Fetcher:
             start = 0
         with response:
             if not start and response.status != 200:
-                raise DownloadError("network", f"{url}: HTTP {response.status} to a request for the whole file; report it to the source")
+                raise DownloadError(
+                    "network", f"{url}: HTTP {response.status} to a request for the whole file; report it to the source"
+                )
             validator = response.headers.get("ETag") or response.headers.get("Last-Modified")
             if validator:
                 validator_file.write_text(validator, encoding="utf-8")
@@ -202,7 +208,9 @@ class Fetcher:
             finally:
                 self.progress.remove_task(task)
         if total is not None and received != total:
-            raise DownloadError("network", f"{url}: connection closed after {received} of {total} bytes; rerun to resume")
+            raise DownloadError(
+                "network", f"{url}: connection closed after {received} of {total} bytes; rerun to resume"
+            )
         validator_file.unlink(missing_ok=True)
 
     def _request(self, url: str, part: Path, start: int) -> http.client.HTTPResponse | None:
@@ -222,7 +230,9 @@ class Fetcher:
                 if start and _complete_length(err.headers) == start:
                     return None
                 part.unlink(missing_ok=True)
-                raise DownloadError("network", f"{url}: the partial download does not fit the file; it is deleted, rerun") from None
+                raise DownloadError(
+                    "network", f"{url}: the partial download does not fit the file; it is deleted, rerun"
+                ) from None
             raise DownloadError("network", f"{url}: HTTP {err.code} {err.reason}") from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
             raise DownloadError("network", f"{url}: {getattr(err, 'reason', err)}") from None
@@ -273,7 +283,11 @@ def obtain(dataset: Dataset, to: Path, fetcher: Fetcher, force: bool) -> Outcome
             for path in originals:
                 path.unlink(missing_ok=True)  # never converted from again: the next run fetches it afresh
             detail = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
-            deleted = "the originals are deleted: rerun to fetch them" if len(originals) > 1 else "the original is deleted: rerun to fetch it"
+            deleted = (
+                "the originals are deleted: rerun to fetch them"
+                if len(originals) > 1
+                else "the original is deleted: rerun to fetch it"
+            )
             raise DownloadError(
                 "conversion",
                 f"converting {', '.join(p.name for p in originals)}: {detail}; {deleted} again, and if it persists, "
@@ -282,7 +296,8 @@ def obtain(dataset: Dataset, to: Path, fetcher: Fetcher, force: bool) -> Outcome
         written = sorted(str(p.relative_to(stage)) for p in stage.rglob("*") if p.is_file())
         if written != sorted(dataset.outputs):
             raise DownloadError(
-                "conversion", f"the converter wrote {', '.join(written) or 'nothing'}; the registry lists {', '.join(dataset.outputs)}"
+                "conversion",
+                f"the converter wrote {', '.join(written) or 'nothing'}; the registry lists {', '.join(dataset.outputs)}",
             )
         for relative, digest in dataset.outputs.items():
             if digest:
@@ -319,7 +334,9 @@ def download_datasets(
     ``timeout``: the seconds one file's HTTP transfer may take."""
     to = check_output_dir(to, "--to")
     if mirror is not None and not mirror.strip():  # Path("") would be the working directory
-        raise ValueError("--mirror '': empty; name a directory or an http(s) URL holding the originals, or leave it out")
+        raise ValueError(
+            "--mirror '': empty; name a directory or an http(s) URL holding the originals, or leave it out"
+        )
     if mirror is not None and urlsplit(mirror).scheme not in ("http", "https") and not Path(mirror).is_dir():
         raise ValueError(f"--mirror {mirror[:200]}: neither an http(s) URL nor an existing directory")
     if not timeout > 0:
@@ -330,8 +347,10 @@ def download_datasets(
         raise ValueError(f"--to {to}: cannot create the data directory ({err.strerror})") from None
     lock = FolderLock(
         to / LOCK_FILE,
-        lambda owner: f"--to {to}: another data download is writing there ({owner}); wait for it to end or stop it, "
-        "or pass another --to (the lock is released when that process exits)",
+        lambda owner: (
+            f"--to {to}: another data download is writing there ({owner}); wait for it to end or stop it, "
+            "or pass another --to (the lock is released when that process exits)"
+        ),
     )
     with lock:
         _remove_stale_staging(to)

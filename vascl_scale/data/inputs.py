@@ -21,9 +21,9 @@ import io
 import json
 import sys
 import zlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 from vascl_scale.data.columns import LABELS
 from vascl_scale.log import shown_name

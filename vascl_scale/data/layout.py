@@ -182,7 +182,9 @@ class StreamLayout:
                 self._text_lines = _count_nonempty_lines(self.source.text_file)
             slots, lines = self.readers * self.workers, self._text_lines
             first = self.slot(0)
-            return sum(lines // slots + (1 if slot < lines % slots else 0) for slot in range(first, first + self.workers))
+            return sum(
+                lines // slots + (1 if slot < lines % slots else 0) for slot in range(first, first + self.workers)
+            )
         if self.source.total_samples is None:
             return None
         counts = self.source.counts

@@ -82,8 +82,9 @@ import os
 import random
 import signal
 from collections import deque
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Collection, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -146,7 +147,7 @@ class Padding:
     side: str = "right"
 
     @classmethod
-    def of(cls, tokenizer) -> "Padding":
+    def of(cls, tokenizer) -> Padding:
         return cls(tokenizer.pad_token_id, getattr(tokenizer, "padding_side", "right"))
 
 
@@ -254,8 +255,12 @@ class _PieceDataset(IterableDataset):
     def _tokens(self, texts: list[str]) -> dict[str, np.ndarray]:
         # NumPy, not torch: small arrays pickle through the worker queue more cheaply than
         # torch's shared-memory hand-over of every tensor.
-        encoded = self.tokenizer(texts, padding="longest", truncation=True, max_length=self.max_length, return_tensors="np")
-        return {key: encoded[key].astype(np.int64, copy=False) for key in TOKEN_KEYS if key in encoded}  # (rows, L_column)
+        encoded = self.tokenizer(
+            texts, padding="longest", truncation=True, max_length=self.max_length, return_tensors="np"
+        )
+        return {
+            key: encoded[key].astype(np.int64, copy=False) for key in TOKEN_KEYS if key in encoded
+        }  # (rows, L_column)
 
     def _piece(self, samples: list[tuple], events: dict, placeholder: bool, where: tuple[int, int, int]) -> dict:
         piece = {"rows": len(samples), **{kind: list(events[kind]) for kind in _PROBLEMS}}
@@ -266,7 +271,11 @@ class _PieceDataset(IterableDataset):
         if not samples or placeholder:
             return piece
         payloads = {column: [sample[index] for sample in samples] for index, column in enumerate(self.columns)}
-        labels = {column: np.asarray(payloads.pop(column), dtype=np.int64) for column in self.columns if column in LABEL_COLUMNS}
+        labels = {
+            column: np.asarray(payloads.pop(column), dtype=np.int64)
+            for column in self.columns
+            if column in LABEL_COLUMNS
+        }
         if self.use_stored_ids:
             piece["columns"] = {**{column: self._pad_stored_ids(ids) for column, ids in payloads.items()}, **labels}
             return piece
@@ -324,7 +333,8 @@ class _PieceDataset(IterableDataset):
         fields = [sample_fields(column, kind) for column in self.columns]
         # A payload as the piece takes it: a label's int, stored ids as they are, a text decoded.
         decoders = [
-            parse_label if column in LABEL_COLUMNS else (bytes if self.use_stored_ids else _utf8) for column in self.columns
+            parse_label if column in LABEL_COLUMNS else (bytes if self.use_stored_ids else _utf8)
+            for column in self.columns
         ]
         try:
             with ShardStream(url, self.source.checks[index], self.pipe_timeout) as stream:
@@ -480,7 +490,10 @@ class TrainStream:
                     skip_rows -= rows
                     continue
                 assert "columns" in piece, "a placeholder piece reached the rows to yield"
-                tensors = {column: _column_rows(_tensors(arrays), slice(skip_rows, None)) for column, arrays in piece["columns"].items()}
+                tensors = {
+                    column: _column_rows(_tensors(arrays), slice(skip_rows, None))
+                    for column, arrays in piece["columns"].items()
+                }
                 segments.append([epoch, first + skip_rows, tensors, rows - skip_rows])
                 pending += rows - skip_rows
                 skip_rows = 0
@@ -564,7 +577,9 @@ class TrainStream:
             # The common case: one whole worker piece, already padded to its longest row.
             return parts[0]
         width = max(part["input_ids"].shape[1] for part in parts)
-        joined = {key: torch.cat([widen({key: part[key]}, width, self.padding)[key] for part in parts]) for key in parts[0]}  # (b, width)
+        joined = {
+            key: torch.cat([widen({key: part[key]}, width, self.padding)[key] for part in parts]) for key in parts[0]
+        }  # (b, width)
         longest = int(joined["attention_mask"].sum(dim=1).max())
         keep = slice(width - longest, width) if self.padding.side == "left" else slice(0, longest)
         return {key: value[:, keep].contiguous() for key, value in joined.items()}
@@ -608,7 +623,7 @@ def _can_use_stored_ids(source: ShardSource, tokenizer, max_length: int) -> bool
 
 
 def _resolved_mode(shards: ShardSource, mode: str, num_nodes: int, world_size: int, workers: int, source: str) -> str:
-    """"exact", "resampled" or "global" for ``data.mode`` (see :func:`build_train_stream`)."""
+    """ "exact", "resampled" or "global" for ``data.mode`` (see :func:`build_train_stream`)."""
     if shards.text_file is not None:
         if mode == "resampled":
             raise ValueError("resampled mode needs shards; run `vascl-scale data prepare` on the text file first")
@@ -710,7 +725,9 @@ def build_train_stream(
     dataset = _PieceDataset(layout, tokenizer, max_length, on_corrupt, use_stored_ids, pipe_timeout, augment, read)
     if augment.kind != "none":
         check_augmenter(augment)  # a missing WordNet or masked LM fails here, not in a worker
-        logger.info("data: %s augmentation of %s of the words, %s view(s)", augment.kind, augment.fraction, augment.views)
+        logger.info(
+            "data: %s augmentation of %s of the words, %s view(s)", augment.kind, augment.fraction, augment.views
+        )
     what = shards.text_file or f"{len(shards.urls)} shards ({shards.total_samples or 'unknown'} samples)"
     batch = f"batch {per_device_batch_size}"
     if resolved_mode == GLOBAL:

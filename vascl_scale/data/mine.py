@@ -54,9 +54,9 @@ import math
 import time
 import zlib
 from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 from rich.table import Table
@@ -71,8 +71,10 @@ from vascl_scale.data.prepare import (
     _RowFilter,
     _ShardSink,
     dropped_summary,
-    summary_table as prepare_summary_table,
     write_shard_set,
+)
+from vascl_scale.data.prepare import (
+    summary_table as prepare_summary_table,
 )
 from vascl_scale.data.shards import MANIFEST_FORMAT, MANIFEST_NAME, MANIFEST_VERSION
 from vascl_scale.log import LoopProgress
@@ -140,7 +142,9 @@ class MineOptions:
                 "pass the pairs' format (csv, jsonl, ...) and --text-field A,P"
             )
         if len(self.reading.text_fields) != 2:
-            raise ValueError(f"--text-field {self.text_field}: mine reads two fields, the anchor's and the positive's (A,P)")
+            raise ValueError(
+                f"--text-field {self.text_field}: mine reads two fields, the anchor's and the positive's (A,P)"
+            )
         if not 1 <= self.negatives <= MAX_COLUMNS - 2:
             raise ValueError(f"--negatives must be between 1 and {MAX_COLUMNS - 2}; got {self.negatives}")
         if not 0 <= self.range_min < self.range_max:
@@ -161,7 +165,9 @@ class MineOptions:
         if self.chunk_size < 1:
             raise ValueError(f"--chunk-size must be >= 1; got {self.chunk_size}")
         if "" in self.pool_fields:
-            raise ValueError(f"--pool-field {self.pool_field!r} has an empty name; pass names separated by single commas")
+            raise ValueError(
+                f"--pool-field {self.pool_field!r} has an empty name; pass names separated by single commas"
+            )
 
     @property
     def reading(self) -> PrepareOptions:
@@ -200,7 +206,9 @@ def _decode_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return -negated.view(np.float32), (keys & _ROW_MASK).astype(np.int64)
 
 
-def exact_top_candidates(anchors: np.ndarray, pool: np.ndarray, k: int, chunk_size: int) -> tuple[np.ndarray, np.ndarray]:
+def exact_top_candidates(
+    anchors: np.ndarray, pool: np.ndarray, k: int, chunk_size: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` most similar pool rows of each anchor by inner product, exactly.
 
     ``anchors`` (a, d), ``pool`` (N, d) float32, ``k <= N``. Returns scores (a, k) float32 and
@@ -267,7 +275,9 @@ def choose_negatives(
         if options.sampling == "top":
             survivors = survivors[: options.negatives]
         else:
-            draw = np.random.default_rng([options.seed, row_number]).choice(len(survivors), options.negatives, replace=False)
+            draw = np.random.default_rng([options.seed, row_number]).choice(
+                len(survivors), options.negatives, replace=False
+            )
             survivors = survivors[np.sort(draw)]  # back in rank order: most similar first
     return Choice(ranked_rows[survivors], ranked_scores[survivors], int((~under).sum()))
 
@@ -294,7 +304,9 @@ def _unit_rows(vectors: np.ndarray, texts: Sequence[str]) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)  # (n, 1)
     zero = np.flatnonzero(norms[:, 0] == 0)
     if len(zero):
-        raise ValueError(f"the encoder gave a zero embedding for {texts[zero[0]][:60]!r}: it has no direction to compare")
+        raise ValueError(
+            f"the encoder gave a zero embedding for {texts[zero[0]][:60]!r}: it has no direction to compare"
+        )
     return np.ascontiguousarray(vectors / norms, dtype=np.float32)
 
 
@@ -315,7 +327,11 @@ def mine_pairs(
     texts = pool + [anchor for anchor in anchors if anchor not in pool_row]
     text_row = {text: row for row, text in enumerate(texts)}
     logger.info(
-        "mining %d pairs: %d distinct anchors, a pool of %d texts; encoding %d texts", len(pairs), len(anchors), len(pool), len(texts)
+        "mining %d pairs: %d distinct anchors, a pool of %d texts; encoding %d texts",
+        len(pairs),
+        len(anchors),
+        len(pool),
+        len(texts),
     )
     vectors = np.asarray(encode(texts))
     assert vectors.ndim == 2 and len(vectors) == len(texts), (vectors.shape, len(texts))
@@ -384,7 +400,8 @@ def _records(reader) -> Iterator[object]:
     """The records of one input, a damaged file (truncated gzip, I/O error) as a ``ValueError``."""
     count = 0
     try:
-        for count, record in enumerate(reader.records(), start=1):
+        for record in reader.records():
+            count += 1
             yield record
     except (OSError, EOFError, zlib.error) as err:
         raise ValueError(f"cannot read input {reader.path} after {count} records: {err}") from err

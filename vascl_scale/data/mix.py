@@ -38,8 +38,9 @@ a valid continuation, not the one an uninterrupted run would have taken.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -83,7 +84,9 @@ class MixedStream:
     source.
     """
 
-    def __init__(self, streams: dict[str, TrainStream], weights: Sequence[float], mode: str, seed: int, padding: Padding) -> None:
+    def __init__(
+        self, streams: dict[str, TrainStream], weights: Sequence[float], mode: str, seed: int, padding: Padding
+    ) -> None:
         assert len(streams) == len(weights) >= 1, (list(streams), weights)
         check_same_columns({f"source {name}": stream.columns for name, stream in streams.items()})
         self.streams = streams
@@ -135,7 +138,11 @@ class MixedStream:
         """JSON-serialisable position after the last yielded batch (the format in the module docstring)."""
         return {
             "version": MIX_STATE_VERSION,
-            "mix": {"mode": self.mode, "batches_yielded": self.batches_yielded, "sources": dict(zip(self.names, self.weights))},
+            "mix": {
+                "mode": self.mode,
+                "batches_yielded": self.batches_yielded,
+                "sources": dict(zip(self.names, self.weights)),
+            },
             "sources": {name: stream.state_dict() for name, stream in self.streams.items()},
         }
 
@@ -186,7 +193,9 @@ class MixedStream:
             yield batch
 
 
-def build_mixed_stream(data: DataConfig, *, tokenizer, per_device_batch_size: int, seed: int, **placement: Any) -> MixedStream:
+def build_mixed_stream(
+    data: DataConfig, *, tokenizer, per_device_batch_size: int, seed: int, **placement: Any
+) -> MixedStream:
     """One rank's stream of a mixed ``data.train`` (a list of sources), built as
     :func:`~vascl_scale.data.loader.build_train_stream` builds a single source's, with the
     same arguments: ``placement`` holds the others (rank, world_size, num_nodes, columns),
@@ -213,5 +222,11 @@ def build_mixed_stream(data: DataConfig, *, tokenizer, per_device_batch_size: in
         f"{name} (weight {source.weight:g}" + (f", {count} rows)" if data.mix == "per_sample" else ")")
         for name, source, count in zip(names, data.train, rows)
     )
-    logger.info("data: mixing %d sources %s: %s; %d loader worker processes on this rank", len(names), data.mix, shares, processes)
+    logger.info(
+        "data: mixing %d sources %s: %s; %d loader worker processes on this rank",
+        len(names),
+        data.mix,
+        shares,
+        processes,
+    )
     return MixedStream(streams, [source.weight for source in data.train], data.mix, seed, Padding.of(tokenizer))

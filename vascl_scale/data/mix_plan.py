@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from typing import Mapping, Sequence
 
 MIX_MODES = ("per_batch", "per_sample")
 # A source's name: a key of the metrics (data/samples/<name>) and of the stream's saved state.
@@ -46,7 +46,9 @@ def default_source_name(source: str, index: int) -> str:
 def source_names(sources: Sequence[tuple[str, str | None]]) -> tuple[str, ...]:
     """Each (source, name or None) pair's name, given or :func:`default_source_name`; ValueError
     when two sources would share one (``data.train[i].name`` tells them apart)."""
-    names = tuple(name if name is not None else default_source_name(source, index) for index, (source, name) in enumerate(sources))
+    names = tuple(
+        name if name is not None else default_source_name(source, index) for index, (source, name) in enumerate(sources)
+    )
     for index, name in enumerate(names):
         first = names.index(name)
         if first != index:

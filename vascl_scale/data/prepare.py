@@ -60,10 +60,11 @@ import tempfile
 import time
 import zlib
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import TypeVar
 
 import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -233,7 +234,9 @@ def dropped_summary(dropped: dict[str, int]) -> str:
 def nothing_prepared(result: PrepareResult) -> str:
     """Why ``data prepare`` wrote no sample (every row dropped, or no row read) and what to change."""
     if result.lines_read == 0:
-        return f"no sample written to --output {result.output}: the inputs hold no records; give inputs with text in them"
+        return (
+            f"no sample written to --output {result.output}: the inputs hold no records; give inputs with text in them"
+        )
     read = f"{result.rows_read:,} rows" if result.rows_read is not None else f"{result.lines_read:,} lines"
     reasons = [reason for _, reason in sorted(((-c, r) for r, c in result.dropped.items() if c))]
     advice = list(dict.fromkeys(_DROP_ADVICE.get(reason, _NLI_ADVICE) for reason in reasons))
@@ -497,7 +500,9 @@ def _staging_directory(output: Path) -> Iterator[Path]:
         orphans = [
             path
             for path in left
-            if path.name.endswith(".lock") and path != lock and not path.with_name(path.name.removesuffix(".lock")).exists()
+            if path.name.endswith(".lock")
+            and path != lock
+            and not path.with_name(path.name.removesuffix(".lock")).exists()
             and not _held(path, remove_if_free=True)
         ]
         stale = [path for path in left if path.is_dir() and not _held(_lock_of(path))]
@@ -581,7 +586,9 @@ def _write_set(readers: list, stage: Path, options: PrepareOptions, tokenizer, s
     assert len(counts) == 1, counts  # one --format and --text-field for every input; txt refuses several
     columns = LABELLED_PAIR if options.labelled else columns_of(counts.pop())
     pairs_nli = any(reader.pairs_nli for reader in readers)
-    reasons = DROP_REASONS + (LABEL_DROP_REASONS if options.label_field else ()) + (NLI_DROP_REASONS if pairs_nli else ())
+    reasons = (
+        DROP_REASONS + (LABEL_DROP_REASONS if options.label_field else ()) + (NLI_DROP_REASONS if pairs_nli else ())
+    )
     row_filter = _RowFilter(options)
     sink = _ShardSink(stage, columns, options.shard_size, tokenizer, options.max_length)
     lines_read = rows_read = 0
@@ -636,7 +643,9 @@ def _write_set(readers: list, stage: Path, options: PrepareOptions, tokenizer, s
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
         "columns": list(columns),
-        "fields": [name for pair in sink.fields for name in (pair if tokenizer is not None else pair[:1]) if name is not None],
+        "fields": [
+            name for pair in sink.fields for name in (pair if tokenizer is not None else pair[:1]) if name is not None
+        ],
         "token_ids": None
         if tokenizer is None
         else {"fingerprint": tokenizer_fingerprint(tokenizer), "max_length": options.max_length, "dtype": "<i4"},

@@ -11,12 +11,12 @@ converter reproduces it byte for byte; ``checked`` says how each converter was c
 from __future__ import annotations
 
 import importlib.resources
-import tomllib
 import typing
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 FAMILIES = ("corpus", "sts", "sts_senteval", "clustering", "intent")
@@ -102,7 +102,7 @@ class Dataset(_Strict):
         return name
 
     @model_validator(mode="after")
-    def _outputs_in_family(self) -> "Dataset":
+    def _outputs_in_family(self) -> Dataset:
         for path in self.outputs:
             if Path(path).parts[0] != self.family:
                 raise ValueError(f"dataset {self.name}: output {path!r} must lie under {self.family}/")
@@ -114,9 +114,10 @@ class Dataset(_Strict):
         }
         for key, outputs in named.items():
             if key in self.options and sorted(outputs) != sorted(self.outputs):
-                raise ValueError(f"dataset {self.name}: options.{key} must map onto exactly the outputs {', '.join(self.outputs)}")
+                raise ValueError(
+                    f"dataset {self.name}: options.{key} must map onto exactly the outputs {', '.join(self.outputs)}"
+                )
         return self
-
 
     def convert(self, originals: list[Path], stage: Path) -> None:
         """Run this entry's converter on local copies of its sources, writing under ``stage``."""

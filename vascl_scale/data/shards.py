@@ -36,9 +36,10 @@ import re
 import selectors
 import signal
 import subprocess
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO
 
 import webdataset as wds
 

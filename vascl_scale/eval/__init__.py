@@ -4,4 +4,3 @@ Evaluators take an ``encode(texts) -> (N, d) array`` callable, so embedding stay
 scoring: ``eval all`` passes cached embeddings of every distinct text, the trainer passes
 ``model.encode``.
 """
-

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import gzip
 import random
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 

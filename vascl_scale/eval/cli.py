@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -14,10 +13,15 @@ from vascl_scale.log import fail, print_table
 
 logger = logging.getLogger(__name__)
 
-app = typer.Typer(help="Evaluate checkpoints: STS, short text clustering, few-shot intent; MTEB through the mteb library.", no_args_is_help=True)
+app = typer.Typer(
+    help="Evaluate checkpoints: STS, short text clustering, few-shot intent; MTEB through the mteb library.",
+    no_args_is_help=True,
+)
 
 MODEL = typer.Option(..., "--model", help="Run dir (best/, else final/), HF or sentence-transformers dir; repeatable.")
-DATA_DIR = typer.Option(None, "--data-dir", help="Evaluation data directory (docs/data.md; `data download` fills one); default $VASCL_DATA.")
+DATA_DIR = typer.Option(
+    None, "--data-dir", help="Evaluation data directory (docs/data.md; `data download` fills one); default $VASCL_DATA."
+)
 OUTPUT = typer.Option(
     None,
     "--output",
@@ -36,7 +40,9 @@ BATCH = typer.Option(64, "--batch-size", min=1, help="Texts per encoder forward.
 MAX_LENGTH = typer.Option(None, "--max-length", min=1, help="Tokens per text; default: the model's, else 256.")
 POOLING = typer.Option(None, "--pooling", help="mean or cls; default: the model's, else mean.")
 DEVICE = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ...; default: cuda when available.")
-CACHE = typer.Option(None, "--cache-dir", help="Embedding cache; default $VASCL_CACHE/embeddings or ~/.cache/vascl-scale.")
+CACHE = typer.Option(
+    None, "--cache-dir", help="Embedding cache; default $VASCL_CACHE/embeddings or ~/.cache/vascl-scale."
+)
 PRECISION = typer.Option(
     "auto", "--precision", help="auto (bf16 where native, else float32), no (float32) or bf16; see docs/speed.md."
 )
@@ -68,7 +74,7 @@ def _tasks_by_family(tasks: list[str] | None, families: list[str]) -> dict[str, 
     return {family: names for family, names in routed.items() if names}
 
 
-def embedding_cache(cache_dir: Optional[Path], no_cache: bool) -> Optional[Path]:
+def embedding_cache(cache_dir: Path | None, no_cache: bool) -> Path | None:
     """The embedding cache folder (checked writable), or None with ``--no-cache``."""
     from vascl_scale.eval.embed import default_cache_dir
     from vascl_scale.paths import check_output_dir
@@ -88,21 +94,21 @@ def _run(
     command: str,
     families: list[str],
     models: list[Path],
-    data_dir: Optional[Path],
-    output: Optional[Path],
-    markdown_path: Optional[Path],
-    tasks: Optional[list[str]],
+    data_dir: Path | None,
+    output: Path | None,
+    markdown_path: Path | None,
+    tasks: list[str] | None,
     batch_size: int,
-    max_length: Optional[int],
-    pooling: Optional[str],
-    device: Optional[str],
-    cache_dir: Optional[Path],
+    max_length: int | None,
+    pooling: str | None,
+    device: str | None,
+    cache_dir: Path | None,
     no_cache: bool,
     missing_ok: bool,
-    clustering_max_texts: Optional[int],
+    clustering_max_texts: int | None,
     precision: str,
     sts_source: str,
-    shots: Optional[list[int]],
+    shots: list[int] | None,
 ) -> None:
     from vascl_scale.eval.embed import resolve_device, resolve_model
     from vascl_scale.eval.intent import FewShotProtocol
@@ -173,7 +179,9 @@ def _refresh_model_cards(report, command: str, output: Path) -> None:
 
     for model in report.models:
         directory = Path(model.model["directory"])
-        if output.resolve().parent == directory.resolve().parent and attach_evaluation(directory, command, model.to_json(), report.created):
+        if output.resolve().parent == directory.resolve().parent and attach_evaluation(
+            directory, command, model.to_json(), report.created
+        ):
             logger.info("added the results to the model card %s", directory / CARD_FILE)
 
 
@@ -181,21 +189,21 @@ def _family_command(name: str, families: list[str], missing_ok: bool, doc: str):
     """One ``eval`` sub-command over ``families``; all four share their options."""
 
     def command(
-        model: List[Path] = MODEL,
-        data_dir: Optional[Path] = DATA_DIR,
-        output: Optional[Path] = OUTPUT,
-        markdown_path: Optional[Path] = MARKDOWN,
-        task: Optional[List[str]] = TASK,
+        model: list[Path] = MODEL,
+        data_dir: Path | None = DATA_DIR,
+        output: Path | None = OUTPUT,
+        markdown_path: Path | None = MARKDOWN,
+        task: list[str] | None = TASK,
         batch_size: int = BATCH,
-        max_length: Optional[int] = MAX_LENGTH,
-        pooling: Optional[str] = POOLING,
-        device: Optional[str] = DEVICE,
-        cache_dir: Optional[Path] = CACHE,
+        max_length: int | None = MAX_LENGTH,
+        pooling: str | None = POOLING,
+        device: str | None = DEVICE,
+        cache_dir: Path | None = CACHE,
         no_cache: bool = NO_CACHE,
-        clustering_max_texts: Optional[int] = CLUSTERING_MAX_TEXTS,
+        clustering_max_texts: int | None = CLUSTERING_MAX_TEXTS,
         precision: str = PRECISION,
         sts_source: str = STS_SOURCE,
-        shots: Optional[List[int]] = SHOTS,
+        shots: list[int] | None = SHOTS,
     ) -> None:
         _run(
             name,
@@ -225,7 +233,12 @@ def _family_command(name: str, families: list[str], missing_ok: bool, doc: str):
 for _name, _families, _missing_ok, _doc in (
     ("sts", ["sts"], False, "STS12-16, STS-B, SICK-R (extra tasks: sickr-full, stsb-dev): Spearman x 100 of cosine."),
     ("clustering", ["clustering"], False, "Short text clustering: KMeans (10 seeds), Hungarian accuracy and NMI."),
-    ("intent", ["intent"], False, "Few-shot intent (5/10/20 shots, 5 splits): linear softmax probe on frozen embeddings."),
+    (
+        "intent",
+        ["intent"],
+        False,
+        "Few-shot intent (5/10/20 shots, 5 splits): linear softmax probe on frozen embeddings.",
+    ),
     (
         "all",
         ["sts", "clustering", "intent"],
@@ -245,7 +258,9 @@ def _mteb_runner():
     try:
         import mteb  # noqa: F401
     except ImportError as err:
-        raise ValueError(f"eval mteb needs the mteb library, which is not installed ({err}); install the extra: {MTEB_EXTRA}") from None
+        raise ValueError(
+            f"eval mteb needs the mteb library, which is not installed ({err}); install the extra: {MTEB_EXTRA}"
+        ) from None
     from vascl_scale.eval import mteb_runner
 
     return mteb_runner
@@ -253,24 +268,30 @@ def _mteb_runner():
 
 @app.command("mteb")
 def mteb_command(
-    model: List[Path] = MODEL,
-    task: Optional[List[str]] = typer.Option(
+    model: list[Path] = MODEL,
+    task: list[str] | None = typer.Option(
         None, "--task", help="An mteb task by its mteb name (repeatable), e.g. --task STSBenchmark --task SICK-R."
     ),
-    benchmark: Optional[str] = typer.Option(
-        None, "--benchmark", help="All tasks of an mteb benchmark, e.g. 'MTEB(eng, v2)' (41 tasks; a GPU job: docs/evaluation.md)."
+    benchmark: str | None = typer.Option(
+        None,
+        "--benchmark",
+        help="All tasks of an mteb benchmark, e.g. 'MTEB(eng, v2)' (41 tasks; a GPU job: docs/evaluation.md).",
     ),
-    output: Optional[Path] = OUTPUT,
-    markdown_path: Optional[Path] = MARKDOWN,
+    output: Path | None = OUTPUT,
+    markdown_path: Path | None = MARKDOWN,
     batch_size: int = BATCH,
-    max_length: Optional[int] = MAX_LENGTH,
-    pooling: Optional[str] = POOLING,
-    device: Optional[str] = DEVICE,
+    max_length: int | None = MAX_LENGTH,
+    pooling: str | None = POOLING,
+    device: str | None = DEVICE,
     precision: str = PRECISION,
-    mteb_cache: Optional[Path] = typer.Option(
-        None, "--mteb-cache", help="mteb's result cache, where finished tasks are kept and found again; default $MTEB_CACHE or ~/.cache/mteb."
+    mteb_cache: Path | None = typer.Option(
+        None,
+        "--mteb-cache",
+        help="mteb's result cache, where finished tasks are kept and found again; default $MTEB_CACHE or ~/.cache/mteb.",
     ),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Evaluate every task afresh and store nothing in mteb's result cache."),
+    no_cache: bool = typer.Option(
+        False, "--no-cache", help="Evaluate every task afresh and store nothing in mteb's result cache."
+    ),
 ) -> None:
     """MTEB tasks scored by mteb's own evaluators on this project's embeddings (as eval sts embeds).
     Needs the mteb extra: pip install 'vascl-scale\\[mteb]'. Datasets come from the Hugging Face hub
@@ -311,19 +332,21 @@ def mteb_command(
 
 @app.command("neighbours")
 def neighbours(
-    model: List[Path] = MODEL,
+    model: list[Path] = MODEL,
     dataset: str = typer.Option("stackoverflow", "--dataset", help="A clustering dataset (text, label)."),
-    k: Optional[List[int]] = typer.Option(None, "--k", help="Neighbourhood sizes; default 1 5 10 20 50 100."),
-    data_dir: Optional[Path] = DATA_DIR,
-    plot: Optional[Path] = typer.Option(
-        None, "--plot", help="PNG path; default <run dir>/eval-neighbours-<dataset>.png for one training run, else eval-results/neighbours-<dataset>.png."
+    k: list[int] | None = typer.Option(None, "--k", help="Neighbourhood sizes; default 1 5 10 20 50 100."),
+    data_dir: Path | None = DATA_DIR,
+    plot: Path | None = typer.Option(
+        None,
+        "--plot",
+        help="PNG path; default <run dir>/eval-neighbours-<dataset>.png for one training run, else eval-results/neighbours-<dataset>.png.",
     ),
-    output: Optional[Path] = FIGURE_JSON,
+    output: Path | None = FIGURE_JSON,
     batch_size: int = BATCH,
-    max_length: Optional[int] = MAX_LENGTH,
-    pooling: Optional[str] = POOLING,
-    device: Optional[str] = DEVICE,
-    cache_dir: Optional[Path] = CACHE,
+    max_length: int | None = MAX_LENGTH,
+    pooling: str | None = POOLING,
+    device: str | None = DEVICE,
+    cache_dir: Path | None = CACHE,
     no_cache: bool = NO_CACHE,
 ) -> None:
     """Figure 2a: same-class share of top-K neighbours and their distance; alignment and
@@ -375,35 +398,46 @@ def neighbours(
 
 @app.command("augmentation")
 def augmentation(
-    model: List[Path] = MODEL,
-    augment: List[str] = typer.Option(["wdel"], "--augment", help="wdel, wnet or ctxt (repeatable)."),
+    model: list[Path] = MODEL,
+    augment: list[str] = typer.Option(["wdel"], "--augment", help="wdel, wnet or ctxt (repeatable)."),
     fraction: str = typer.Option("0.05,0.1,0.2", "--fraction", help="Shares of words changed, comma-separated."),
-    corpus: Optional[Path] = typer.Option(None, "--corpus", help="Sentences, one a line (.txt[.gz]); default $VASCL_DATA/corpus/wiki1m.txt.gz."),
+    corpus: Path | None = typer.Option(
+        None, "--corpus", help="Sentences, one a line (.txt[.gz]); default $VASCL_DATA/corpus/wiki1m.txt.gz."
+    ),
     samples: int = typer.Option(20000, "--samples", help="Sentences drawn from the corpus (seeded)."),
     seed: int = typer.Option(0, "--seed", help="Seeds the sample and the augmentations."),
-    augment_model: Optional[str] = typer.Option(None, "--augment-model", help="ctxt: the masked language model."),
-    wordnet: str = typer.Option(DEFAULT_WORDNET, "--wordnet", help="wnet: the WordNet 3.0 database directory (Debian's wordnet-base)."),
-    data_dir: Optional[Path] = DATA_DIR,
-    plot: Optional[Path] = typer.Option(
-        None, "--plot", help="PNG path; default <run dir>/eval-augmentation.png for one training run, else eval-results/augmentation.png."
+    augment_model: str | None = typer.Option(None, "--augment-model", help="ctxt: the masked language model."),
+    wordnet: str = typer.Option(
+        DEFAULT_WORDNET, "--wordnet", help="wnet: the WordNet 3.0 database directory (Debian's wordnet-base)."
     ),
-    output: Optional[Path] = FIGURE_JSON,
+    data_dir: Path | None = DATA_DIR,
+    plot: Path | None = typer.Option(
+        None,
+        "--plot",
+        help="PNG path; default <run dir>/eval-augmentation.png for one training run, else eval-results/augmentation.png.",
+    ),
+    output: Path | None = FIGURE_JSON,
     batch_size: int = BATCH,
-    max_length: Optional[int] = MAX_LENGTH,
-    pooling: Optional[str] = POOLING,
-    device: Optional[str] = DEVICE,
-    cache_dir: Optional[Path] = CACHE,
+    max_length: int | None = MAX_LENGTH,
+    pooling: str | None = POOLING,
+    device: str | None = DEVICE,
+    cache_dir: Path | None = CACHE,
     no_cache: bool = NO_CACHE,
 ) -> None:
     """Figure 3b: mean cosine between each sentence and its explicit augmentation, per model."""
     from rich.table import Table
 
     from vascl_scale.data.augment import AUGMENTATIONS, AugmentSpec, at_fraction, build_augmenter
-    from vascl_scale.eval.augmentation import augmentation_cosines, augmented_texts, plot_augmentation_cosines, sample_sentences
-    from vascl_scale.hub import locate_model
+    from vascl_scale.eval.augmentation import (
+        augmentation_cosines,
+        augmented_texts,
+        plot_augmentation_cosines,
+        sample_sentences,
+    )
     from vascl_scale.eval.embed import Embedder, resolve_device, resolve_model
     from vascl_scale.eval.report import short_label, write_json
     from vascl_scale.eval.runner import resolve_data_dir
+    from vascl_scale.hub import locate_model
     from vascl_scale.paths import check_output_file
 
     try:
@@ -445,7 +479,9 @@ def augmentation(
                 )
     except ValueError as err:
         fail(err)
-    table = Table(title=f"Mean cosine between a sentence and its augmentation ({len(originals)} sentences)", title_justify="left")
+    table = Table(
+        title=f"Mean cosine between a sentence and its augmentation ({len(originals)} sentences)", title_justify="left"
+    )
     table.add_column("Model")
     table.add_column("augmentation")
     for share in shares:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
@@ -142,7 +142,7 @@ class ClusteringEvaluator:
         missing_ok: bool = False,
         seeds: Sequence[int] = tuple(range(10)),
         max_texts: int | None = None,
-    ) -> "ClusteringEvaluator":
+    ) -> ClusteringEvaluator:
         """``max_texts``: score each dataset on a fixed stratified subsample of that size (for
         quick ablations; the paper's numbers use every text, the default)."""
         loaded, missing = {}, {}
@@ -161,7 +161,9 @@ class ClusteringEvaluator:
             check_clusterable(labels, str(path))
             if max_texts is not None:
                 keep = stratified_subsample(labels, max_texts)
-                logger.info("clustering %s: scoring a stratified subsample of %d of %d texts", task, len(keep), len(texts))
+                logger.info(
+                    "clustering %s: scoring a stratified subsample of %d of %d texts", task, len(keep), len(texts)
+                )
                 texts, labels = [texts[i] for i in keep], [labels[i] for i in keep]
                 check_clusterable(labels, f"{path} subsampled by --clustering-max-texts {max_texts} (raise it)")
             loaded[task] = (texts, labels)

@@ -20,9 +20,9 @@ import os
 import time
 import uuid
 import zipfile
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -157,7 +157,9 @@ def resolve_device(device: str | None) -> str:
         count = torch.cuda.device_count()
         if parsed.index is not None and parsed.index >= count:
             visible = ", ".join(f"cuda:{i}" for i in range(count))
-            raise ValueError(f"--device {device!r}: this machine has {count} CUDA device{'s' * (count != 1)} ({visible})")
+            raise ValueError(
+                f"--device {device!r}: this machine has {count} CUDA device{'s' * (count != 1)} ({visible})"
+            )
     return device
 
 
@@ -346,7 +348,9 @@ class Embedder:
         if blanks and not self.allow_blank:
             raise ValueError(f"cannot embed an empty text ({blanks[0]!r}); remove it from the data")
         if blanks:
-            logger.warning("%s: %d empty or blank texts, embedded as the model encodes an empty input", self.spec.name, len(blanks))
+            logger.warning(
+                "%s: %d empty or blank texts, embedded as the model encodes an empty input", self.spec.name, len(blanks)
+            )
         started = time.perf_counter()
         cache = None
         if self.cache_dir is not None:
@@ -356,7 +360,11 @@ class Embedder:
         todo = [text for text in distinct if found.get(text) is None]
         self.stats.load_seconds += time.perf_counter() - started
         logger.info(
-            "%s: %d distinct texts, %d cached, %d to encode", self.spec.name, len(distinct), len(distinct) - len(todo), len(todo)
+            "%s: %d distinct texts, %d cached, %d to encode",
+            self.spec.name,
+            len(distinct),
+            len(distinct) - len(todo),
+            len(todo),
         )
         encoded = {}
         if todo:
@@ -369,7 +377,10 @@ class Embedder:
                     chunk = todo[start : start + self.chunk_size]
                     with autocast(self.device_type, self.stats.precision):
                         vectors = model.encode(
-                            chunk, batch_size=self.batch_size, max_length=self.spec.max_length, normalize=self.spec.normalize
+                            chunk,
+                            batch_size=self.batch_size,
+                            max_length=self.spec.max_length,
+                            normalize=self.spec.normalize,
                         )  # (n, d) float32
                     broken = ~np.isfinite(vectors).all(axis=1)  # (n,)
                     if broken.any():  # NaN would score as NaN, or crash a metric: never cached, never scored

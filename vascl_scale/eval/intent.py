@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -229,7 +229,7 @@ class IntentEvaluator:
         tasks: Iterable[str] = INTENT_TASKS,
         missing_ok: bool = False,
         protocol: FewShotProtocol = FewShotProtocol(),
-    ) -> "IntentEvaluator":
+    ) -> IntentEvaluator:
         loaded, missing = {}, {}
         for task in tasks:
             if task not in INTENT_TASKS:
@@ -303,7 +303,9 @@ class IntentEvaluator:
                     "per_split": per_split,
                 }
                 results.append(
-                    TaskResult(self.family, name, self.metric, details["accuracy_mean"], f"{shots}-shot", details=details)
+                    TaskResult(
+                        self.family, name, self.metric, details["accuracy_mean"], f"{shots}-shot", details=details
+                    )
                 )
                 logger.info("%s %d-shot: accuracy %.2f +- %.2f", name, shots, accuracy.mean(), accuracy.std())
         return in_task_order(results, INTENT_TASKS)

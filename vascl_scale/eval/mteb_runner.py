@@ -19,8 +19,9 @@ import logging
 import math
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import mteb
 import numpy as np
@@ -44,7 +45,9 @@ def resolve_tasks(names: Sequence[str], benchmark: str | None) -> list[AbsTask]:
     """The mteb tasks of ``--task`` names (repeatable) or of one ``--benchmark``, never both."""
     if bool(names) == bool(benchmark):
         given = "both --task and --benchmark" if names else "neither --task nor --benchmark"
-        raise ValueError(f"eval mteb got {given}; give --task NAME (repeatable) or --benchmark NAME, e.g. --benchmark 'MTEB(eng, v2)'")
+        raise ValueError(
+            f"eval mteb got {given}; give --task NAME (repeatable) or --benchmark NAME, e.g. --benchmark 'MTEB(eng, v2)'"
+        )
     if benchmark:
         try:
             return list(mteb.get_benchmark(benchmark).tasks)
@@ -55,7 +58,9 @@ def resolve_tasks(names: Sequence[str], benchmark: str | None) -> list[AbsTask]:
         try:
             tasks.append(mteb.get_task(name))
         except KeyError as err:
-            raise ValueError(f"--task {name!r}: {_mteb_key_error(err)} (mteb's task names, e.g. STSBenchmark, SICK-R)") from None
+            raise ValueError(
+                f"--task {name!r}: {_mteb_key_error(err)} (mteb's task names, e.g. STSBenchmark, SICK-R)"
+            ) from None
     return tasks
 
 
@@ -137,7 +142,9 @@ class ProjectEncoder(AbsEncoder):
         self.embedder = embedder
         self.mteb_model_meta = meta
 
-    def encode(self, inputs, *, task_metadata, hf_split: str, hf_subset: str, prompt_type=None, **kwargs: Any) -> np.ndarray:
+    def encode(
+        self, inputs, *, task_metadata, hf_split: str, hf_subset: str, prompt_type=None, **kwargs: Any
+    ) -> np.ndarray:
         """(N, d) float32 embeddings of the ``text`` of every batch of ``inputs``, in their order."""
         texts = [text for batch in inputs for text in batch["text"]]
         return self.embedder.embed(texts)(texts)
@@ -172,11 +179,17 @@ def evaluate_with_mteb(
     the others still run. The primary metric is the task's main score (mteb's mean over its
     evaluation splits and subsets) x 100, as the project reports every score.
     """
-    embedder = Embedder(spec, batch_size=batch_size, cache_dir=None, device=device, precision=precision, allow_blank=True)
+    embedder = Embedder(
+        spec, batch_size=batch_size, cache_dir=None, device=device, precision=precision, allow_blank=True
+    )
     name, revision, step = model_identity(spec, embedder.stats.precision)
     encoder = ProjectEncoder(embedder, model_meta(spec, name, revision))
-    cache = (mteb.ResultCache(results_cache) if results_cache is not None else mteb.ResultCache()) if use_cache else None
-    logger.info("%s: mteb model %s, revision %s%s", spec.name, name, revision, "" if step is not None else " (step unknown)")
+    cache = (
+        (mteb.ResultCache(results_cache) if results_cache is not None else mteb.ResultCache()) if use_cache else None
+    )
+    logger.info(
+        "%s: mteb model %s, revision %s%s", spec.name, name, revision, "" if step is not None else " (step unknown)"
+    )
     results, seconds = [], {}
     started = time.perf_counter()
     with LoopProgress("mteb tasks", len(tasks), "tasks") as progress:
@@ -196,7 +209,9 @@ def evaluate_with_mteb(
             if outcome.exceptions:
                 error = "; ".join(failure.exception for failure in outcome.exceptions)
                 logger.error("%s failed: %s", task_name, error)
-                results.append(TaskResult(MTEB_FAMILY, task_name, main_score, None, status="failed", details={"error": error}))
+                results.append(
+                    TaskResult(MTEB_FAMILY, task_name, main_score, None, status="failed", details={"error": error})
+                )
             else:
                 [scored] = outcome.task_results
                 value = 100.0 * float(scored.get_score())
@@ -209,11 +224,22 @@ def evaluate_with_mteb(
                 }
                 if math.isfinite(value):
                     results.append(TaskResult(MTEB_FAMILY, task_name, main_score, value, details=details))
-                    logger.info("%s: %s %.2f%s", task_name, main_score, value, " (from mteb's result cache)" if cached else "")
+                    logger.info(
+                        "%s: %s %.2f%s", task_name, main_score, value, " (from mteb's result cache)" if cached else ""
+                    )
                 else:
                     error = f"mteb's main score {main_score} is not a number: the encoder maps these texts to one vector? check its weights"
                     logger.error("%s failed: %s", task_name, error)
-                    results.append(TaskResult(MTEB_FAMILY, task_name, main_score, None, status="failed", details={**details, "error": error}))
+                    results.append(
+                        TaskResult(
+                            MTEB_FAMILY,
+                            task_name,
+                            main_score,
+                            None,
+                            status="failed",
+                            details={**details, "error": error},
+                        )
+                    )
             progress.update(done)
     seconds["total"] = time.perf_counter() - started
     model = {

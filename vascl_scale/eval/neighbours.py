@@ -7,8 +7,8 @@ are nearest by cosine similarity, and distances lie in [0, 2].
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -81,7 +81,9 @@ def alignment_uniformity(encode, pairs: Sequence[StsPair], positive_score: float
     }
 
 
-def plot_neighbours(statistics: Mapping[str, Mapping[int, Mapping[str, float]]], path: str | Path, dataset: str) -> Path:
+def plot_neighbours(
+    statistics: Mapping[str, Mapping[int, Mapping[str, float]]], path: str | Path, dataset: str
+) -> Path:
     """Figure 2a: same-class share and mean distance against K, one line per model."""
     import matplotlib
 

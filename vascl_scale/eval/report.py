@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 from rich.table import Table
@@ -76,7 +77,7 @@ class ModelReport:
         }
 
     @classmethod
-    def from_json(cls, record: dict[str, Any]) -> "ModelReport":
+    def from_json(cls, record: dict[str, Any]) -> ModelReport:
         results = [TaskResult.from_json(r) for r in record["results"]]
         return cls(record["model"], record.get("embedding", {}), record.get("seconds", {}), results)
 
@@ -99,7 +100,7 @@ class EvalReport:
         write_json(path, self.to_json())
 
     @classmethod
-    def load(cls, path: str | Path) -> "EvalReport":
+    def load(cls, path: str | Path) -> EvalReport:
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"results file {path} not found; pass a JSON written by `vascl-scale eval ... --output`")
@@ -181,8 +182,13 @@ def average_note(report: EvalReport, family: str) -> str:
         tasks = _averaged_tasks(by_task, family)
         if 0 < len(tasks) < len(paper) and tasks not in partial:
             partial.append(tasks)
-    notes = [f"Avg.* is the mean of {', '.join(tasks)} only ({len(tasks)} of the {len(paper)} tasks the paper averages)" for tasks in partial]
-    extras = [task for task in _ordered_tasks([r for m in report.models for r in m.results], family) if task not in paper]
+    notes = [
+        f"Avg.* is the mean of {', '.join(tasks)} only ({len(tasks)} of the {len(paper)} tasks the paper averages)"
+        for tasks in partial
+    ]
+    extras = [
+        task for task in _ordered_tasks([r for m in report.models for r in m.results], family) if task not in paper
+    ]
     if extras:
         notes.append(f"{', '.join(extras)} {'is' if len(extras) == 1 else 'are'} not averaged")
     return "; ".join(notes) + "." if notes else ""
@@ -195,10 +201,14 @@ def families_in(report: EvalReport) -> list[str]:
 
 def family_title(report: EvalReport, family: str) -> str:
     """The family's title; for STS, which copies were scored when not the published releases."""
-    sources = {r.details.get("source") for m in report.models for r in m.results if r.family == family and r.status == "ok"}
+    sources = {
+        r.details.get("source") for m in report.models for r in m.results if r.family == family and r.status == "ok"
+    }
     if family == "sts" and "senteval" in sources:
-        return TITLES[family] + "; STS12-16 and STS-B on SentEval's tokenised copies" + (
-            ", SICK-R untokenised (no SentEval copy)" if "mteb" in sources else ""
+        return (
+            TITLES[family]
+            + "; STS12-16 and STS-B on SentEval's tokenised copies"
+            + (", SICK-R untokenised (no SentEval copy)" if "mteb" in sources else "")
         )
     return TITLES[family]
 
@@ -208,7 +218,9 @@ def rich_tables(report: EvalReport) -> list[Table]:
     for family in families_in(report):
         header, rows = family_rows(report, family)
         note = average_note(report, family)
-        table = Table(title=family_title(report, family), title_justify="left", caption=note or None, caption_justify="left")
+        table = Table(
+            title=family_title(report, family), title_justify="left", caption=note or None, caption_justify="left"
+        )
         for i, name in enumerate(header):
             table.add_column(name, justify="left" if i == 0 else "right", style="bold" if name == "Avg." else None)
         for row in rows:
@@ -226,7 +238,10 @@ def markdown(report: EvalReport) -> str:
         lines += ["| " + " | ".join(row) + " |" for row in rows]
         note = average_note(report, family)
         parts.append("\n".join(lines) + (f"\n\n{note}" if note else ""))
-    return "\n\n".join(parts) + "\n\n`missing`: dataset file absent; `failed`: the task raised (its error is in the JSON).\n"
+    return (
+        "\n\n".join(parts)
+        + "\n\n`missing`: dataset file absent; `failed`: the task raised (its error is in the JSON).\n"
+    )
 
 
 def _paper_order(key: str) -> tuple:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 FAMILIES = ("sts", "clustering", "intent")  # the project's own evaluators
 MTEB_FAMILY = "mteb"  # ``eval mteb``: tasks as mteb names them, scored by mteb's evaluators
@@ -32,11 +33,11 @@ class TaskResult:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, record: dict[str, Any]) -> "TaskResult":
+    def from_json(cls, record: dict[str, Any]) -> TaskResult:
         return cls(**record)
 
     @classmethod
-    def missing(cls, family: str, task: str, metric: str, error: Exception, variant: str = "") -> "TaskResult":
+    def missing(cls, family: str, task: str, metric: str, error: Exception, variant: str = "") -> TaskResult:
         return cls(family, task, metric, None, variant, "missing", {"error": str(error)})
 
 

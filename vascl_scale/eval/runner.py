@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from vascl_scale.eval.clustering import CLUSTERING_TASKS, ClusteringEvaluator
 from vascl_scale.eval.embed import Embedder, ModelSpec
@@ -63,7 +63,9 @@ def build_evaluators(
         elif family == "clustering":
             seeds = tuple(range(clustering_seeds))
             evaluators.append(
-                ClusteringEvaluator.from_data_dir(data_dir, tasks["clustering"], missing_ok, seeds, clustering_max_texts)
+                ClusteringEvaluator.from_data_dir(
+                    data_dir, tasks["clustering"], missing_ok, seeds, clustering_max_texts
+                )
             )
         else:
             evaluators.append(IntentEvaluator.from_data_dir(data_dir, tasks["intent"], missing_ok, protocol))

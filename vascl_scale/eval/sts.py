@@ -14,9 +14,9 @@ folders, the STS Benchmark csv files and SICK's txt files.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 from scipy.stats import spearmanr
@@ -94,7 +94,9 @@ def check_gold_scores(pairs: Sequence[StsPair], files: str) -> None:
     for subset, members in groups.items():
         where = files + (f" (subset {subset!r})" if subset is not None else "")
         if len(members) < 2:
-            raise ValueError(f"{where} has {len(members)} pair; Spearman needs at least 2 pairs with different gold scores")
+            raise ValueError(
+                f"{where} has {len(members)} pair; Spearman needs at least 2 pairs with different gold scores"
+            )
         if len({pair.score for pair in members}) == 1:
             raise ValueError(
                 f"{where}: every gold score is {members[0].score:g}, so Spearman's rho is undefined; "
@@ -136,7 +138,9 @@ def load_senteval_sts_dir(directory: str | Path) -> list[StsPair]:
                 continue
             fields = line.split("\t")
             if len(fields) != 2:
-                raise ValueError(f"{input_path}:{number}: expected 2 tab-separated sentences, found {len(fields)} fields")
+                raise ValueError(
+                    f"{input_path}:{number}: expected 2 tab-separated sentences, found {len(fields)} fields"
+                )
             if not fields[0].strip() or not fields[1].strip():
                 raise ValueError(f"{input_path}:{number}: empty sentence")
             pairs.append(StsPair(fields[0], fields[1], parse_float(score, gold_path, number, "score"), subset))
@@ -286,8 +290,12 @@ class STSEvaluator:
 
     @classmethod
     def from_data_dir(
-        cls, data_dir: str | Path, tasks: Iterable[str] = PAPER_STS_TASKS, missing_ok: bool = False, source: str = "mteb"
-    ) -> "STSEvaluator":
+        cls,
+        data_dir: str | Path,
+        tasks: Iterable[str] = PAPER_STS_TASKS,
+        missing_ok: bool = False,
+        source: str = "mteb",
+    ) -> STSEvaluator:
         """The ``tasks`` from ``data_dir``, on the copies ``source`` names (:data:`STS_SOURCES`)."""
         loaded, missing = {}, {}
         for task in tasks:
@@ -302,7 +310,10 @@ class STSEvaluator:
             check_gold_scores(loaded[task], " + ".join(str(path) for path in sts_task_paths(data_dir, task, source)))
         kept = [task for task in loaded if task_source(task, source) != source]
         if kept:
-            logger.info("%s: no SentEval copy exists, scored on the untokenised release as with --sts-source mteb", ", ".join(kept))
+            logger.info(
+                "%s: no SentEval copy exists, scored on the untokenised release as with --sts-source mteb",
+                ", ".join(kept),
+            )
         return cls(loaded, missing, source)
 
     def texts(self) -> set[str]:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence, TextIO
+from typing import TextIO
 
 from vascl_scale.log import shown_name
 
@@ -109,7 +110,9 @@ def read_tsv(
         text = data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
-        raise ValueError(f"{path}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x}); save the file as UTF-8") from None
+        raise ValueError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x}); save the file as UTF-8"
+        ) from None
     with io.StringIO(text, newline="") as handle:
         records = _records(path, handle)
         _, header = next(records, (1, None))
@@ -147,5 +150,7 @@ def parse_float(value: str, path: Path, line: int, column: str) -> float:
     except ValueError:
         raise ValueError(f"{path}:{line}: {column} {value!r} is not a number") from None
     if not math.isfinite(number):
-        raise ValueError(f"{path}:{line}: {column} {value!r} is not a finite number; give a real score or remove the row")
+        raise ValueError(
+            f"{path}:{line}: {column} {value!r} is not a finite number; give a real score or remove the row"
+        )
     return number

@@ -8,8 +8,8 @@ outside autocast, whatever the dtype of the features.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -110,7 +110,9 @@ def nt_xent(
     rows, columns = anchors.shape[0], candidates.shape[0]
     if rows * columns <= LOGITS_BLOCK_ELEMENTS:
         with full_precision(anchors) as dtype:
-            logits = _masked_logits(anchors, candidates, self_index, temperature, dtype, weighted_index, weight)  # (A, C)
+            logits = _masked_logits(
+                anchors, candidates, self_index, temperature, dtype, weighted_index, weight
+            )  # (A, C)
             return F.cross_entropy(logits, positive_index)
     from torch.utils.checkpoint import checkpoint
 

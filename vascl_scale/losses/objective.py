@@ -86,7 +86,9 @@ class SimCSEObjective:
         with_stats: bool = False,
     ) -> ObjectiveOutput:
         anchor, positive = views  # (b, d) each
-        loss = simcse_loss(project(head, anchor), project(head, positive), temperature=self.temperature)  # z: (b, D) each
+        loss = simcse_loss(
+            project(head, anchor), project(head, positive), temperature=self.temperature
+        )  # z: (b, D) each
         return _one_term(loss, "simcse", with_stats)
 
     def model_flops(self, views: int, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
@@ -189,7 +191,9 @@ class PairSupConObjective:
         stats = {}
         if with_stats:
             accuracy = (logits.detach().argmax(dim=-1) == labels).float().mean()
-            values = torch.stack([loss.detach().float(), instdisc.detach().float(), classification.detach().float(), accuracy])
+            values = torch.stack(
+                [loss.detach().float(), instdisc.detach().float(), classification.detach().float(), accuracy]
+            )
             stats = dict(zip(("loss", "instdisc", "classification", "classifier_accuracy"), values.tolist()))
         return ObjectiveOutput(loss, terms, stats)
 

@@ -57,7 +57,9 @@ def check_labels(labels: Tensor, rows: int) -> None:
         )
 
 
-def hard_contrastive_loss(z1: Tensor, z2: Tensor, labels: Tensor, temperature: float = 0.05, contrast_type: str = "hardneg") -> Tensor:
+def hard_contrastive_loss(
+    z1: Tensor, z2: Tensor, labels: Tensor, temperature: float = 0.05, contrast_type: str = "hardneg"
+) -> Tensor:
     """The authors' ``HardConLoss`` over the global batch (module docstring), this rank's value.
 
     z1, z2: (b, D) L2-normalised features of the two texts of this rank's b pairs; labels (b,)
@@ -74,10 +76,18 @@ def hard_contrastive_loss(z1: Tensor, z2: Tensor, labels: Tensor, temperature: f
     local = torch.cat([z1, z2])  # (2b, D): this rank's anchors, [z1; z2]
     candidates = distributed.all_gather_with_grad(local)  # (W 2b, D), laid out as distributed.block_row says
     if candidates.shape[0] <= 2:
-        raise ValueError("PairSupCon needs at least 2 pairs in the global batch: an anchor's negatives are the other pairs")
+        raise ValueError(
+            "PairSupCon needs at least 2 pairs in the global batch: an anchor's negatives are the other pairs"
+        )
     own = torch.arange(rows, device=z1.device)
-    first, second = distributed.block_row(rank, 0, own, 2, rows), distributed.block_row(rank, 1, own, 2, rows)  # (b,) each
-    self_index, partner_index = torch.cat([first, second]), torch.cat([second, first])  # (2b,): each anchor's own row, its pair's
+    first, second = (
+        distributed.block_row(rank, 0, own, 2, rows),
+        distributed.block_row(rank, 1, own, 2, rows),
+    )  # (b,) each
+    self_index, partner_index = (
+        torch.cat([first, second]),
+        torch.cat([second, first]),
+    )  # (2b,): each anchor's own row, its pair's
     is_anchor = torch.cat([labels == 1, labels == 1])  # (2b,): the authors' posmask
     with full_precision(local) as dtype:
         positive = (z1.to(dtype) * z2.to(dtype)).sum(dim=-1) / temperature  # (b,) s_i+
@@ -89,7 +99,9 @@ def hard_contrastive_loss(z1: Tensor, z2: Tensor, labels: Tensor, temperature: f
         not_negative[anchors, partner_index] = True
         negatives = logits.masked_fill(not_negative, float("-inf"))  # (2b, W 2b): the 2B - 2 negatives per row
         log_sum = torch.logsumexp(negatives, dim=1)  # (2b,) log sum_j e^{s_aj}
-        if contrast_type == "hardneg":  # log N_a = log (2B - 2) + log sum_j e^{2 s_aj} - log sum_j e^{s_aj}, weights not detached
+        if (
+            contrast_type == "hardneg"
+        ):  # log N_a = log (2B - 2) + log sum_j e^{2 s_aj} - log sum_j e^{s_aj}, weights not detached
             log_negatives = math.log(candidates.shape[0] - 2) + torch.logsumexp(2 * negatives, dim=1) - log_sum
         else:
             log_negatives = log_sum

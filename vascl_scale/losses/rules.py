@@ -26,7 +26,9 @@ def check_temperature(temperature: float, prefix: str = "") -> None:
 def check_hard_negative_weight(weight: float, prefix: str = "") -> None:
     """Supervised SimCSE's alpha, added to the logit of each anchor's own hard negative: any finite number."""
     if not math.isfinite(weight):
-        raise ValueError(f"{prefix}hard_negative_weight must be a finite number (SimCSE's alpha, 0 by default); got {weight}")
+        raise ValueError(
+            f"{prefix}hard_negative_weight must be a finite number (SimCSE's alpha, 0 by default); got {weight}"
+        )
 
 
 def check_contrast_type(contrast_type: str, prefix: str = "") -> None:
@@ -71,7 +73,9 @@ def check_vascl_settings(
             raise ValueError(f"{prefix}{name} must be one of {', '.join(STRENGTH_MODES)}; got {mode!r}")
 
 
-def check_neighbour_count(k: int, global_batch: int, prefix: str = "", batch_name: str = "the global batch size") -> None:
+def check_neighbour_count(
+    k: int, global_batch: int, prefix: str = "", batch_name: str = "the global batch size"
+) -> None:
     """Each anchor needs k neighbours among the other B - 1 sentences, and the neighbourhood
     term needs at least one sentence that is not a neighbour: k < B - 1."""
     if k >= global_batch - 1:

@@ -71,7 +71,11 @@ def simcse_sup_indices(rows: int, negatives: int, rank: int, device: torch.devic
 
 
 def simcse_sup_loss(
-    z_anchor: Tensor, z_positive: Tensor, *z_negatives: Tensor, temperature: float = 0.05, hard_negative_weight: float = 0.0
+    z_anchor: Tensor,
+    z_positive: Tensor,
+    *z_negatives: Tensor,
+    temperature: float = 0.05,
+    hard_negative_weight: float = 0.0,
 ) -> Tensor:
     """Supervised SimCSE (Gao et al. 2021, Eq. 5) with N >= 1 hard negatives per anchor, mean
     over the B anchors of the global batch.

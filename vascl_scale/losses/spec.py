@@ -26,8 +26,9 @@ is refused.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any
 
 from vascl_scale.data.columns import ANCHOR, LABEL, PAIRED, POSITIVE, negative, negative_columns
 from vascl_scale.losses.rules import (
@@ -144,7 +145,11 @@ def objective_spec(name: str, key: str = "objective") -> ObjectiveSpec:
 
 def objectives_reading_all(available: Sequence[str]) -> tuple[str, ...]:
     """The objectives that read every column of ``available`` and need no other."""
-    return tuple(name for name, spec in OBJECTIVES.items() if not spec.unread_columns(available) and not spec.missing_columns(available))
+    return tuple(
+        name
+        for name, spec in OBJECTIVES.items()
+        if not spec.unread_columns(available) and not spec.missing_columns(available)
+    )
 
 
 def check_loss_settings(settings: Settings) -> None:

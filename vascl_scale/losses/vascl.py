@@ -36,8 +36,8 @@ the same number of times on every rank (ZeRO-3 gathers its shards per call).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -220,7 +220,9 @@ def vascl_objective(
         draw_device = generator.device if generator is not None else e1.device
         # Drawn in float32 whatever the default dtype, so a seed gives the same draw everywhere;
         # (B, d) for the global batch, this rank's rows kept.
-        drawn = torch.rand((rows * world_size, e1.shape[1]), generator=generator, device=draw_device, dtype=torch.float32)
+        drawn = torch.rand(
+            (rows * world_size, e1.shape[1]), generator=generator, device=draw_device, dtype=torch.float32
+        )
         init_dir = drawn[offset : offset + rows].to(e1) - 0.5
     direction = adversarial_direction(
         e1.detach(),
@@ -244,7 +246,9 @@ def vascl_objective(
     loss = simcse + neighbourhood
     stats = {}
     if with_stats:
-        stats = _statistics(e1, delta, z_clean, z_aug, global_embeddings, neighbours, offset, loss, simcse, neighbourhood)
+        stats = _statistics(
+            e1, delta, z_clean, z_aug, global_embeddings, neighbours, offset, loss, simcse, neighbourhood
+        )
     return VaSCLOutput(loss, simcse, neighbourhood, neighbours, delta, stats)
 
 

@@ -7,7 +7,7 @@ import logging
 import shlex
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
@@ -73,35 +73,51 @@ def _print_summary(result: dict, sweep_dir: Path) -> None:
 @app.callback()
 def sweep(
     ctx: typer.Context,
-    config: Optional[Path] = typer.Option(None, "--config", help="Base training config (YAML)."),
-    grid: list[str] = typer.Option([], "--grid", help="One axis, e.g. train.global_batch_size=256,512,1024 (repeatable)."),
+    config: Path | None = typer.Option(None, "--config", help="Base training config (YAML)."),
+    grid: list[str] = typer.Option(
+        [], "--grid", help="One axis, e.g. train.global_batch_size=256,512,1024 (repeatable)."
+    ),
     variant: list[str] = typer.Option(
-        [], "--variant", help="A named bundle of settings, e.g. simcse:objective=simcse (repeatable; crossed with --grid)."
+        [],
+        "--variant",
+        help="A named bundle of settings, e.g. simcse:objective=simcse (repeatable; crossed with --grid).",
     ),
     seeds: str = typer.Option("0", "--seeds", help="Seeds per grid point, e.g. 0,1,2."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Sweep directory, e.g. sweeps/batch-k."),
+    output: Path | None = typer.Option(None, "--output", help="Sweep directory, e.g. sweeps/batch-k."),
     launcher: str = typer.Option("local", "--launcher", help="local (run the cells here, one after another) or slurm."),
     eval_tasks: str = typer.Option("sts", "--eval", help="Evaluation per cell: sts, clustering, intent, all or none."),
-    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Evaluation data (default $VASCL_DATA)."),
+    data_dir: str | None = typer.Option(None, "--data-dir", help="Evaluation data (default $VASCL_DATA)."),
     eval_args: str = typer.Option(
         "", "--eval-args", help="Extra options of each cell's vascl-scale eval, e.g. '--task stsb --task stsb-dev'."
     ),
     overrides: list[str] = typer.Option([], "--set", help="Override applied to every cell (repeatable)."),
     num_processes: int = typer.Option(1, "--num-processes", help="Processes per cell (as vascl-scale train)."),
-    deepspeed: Optional[str] = typer.Option(None, "--deepspeed", help="DeepSpeed JSON for every cell."),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Same as --set train.max_steps=S."),
-    sentences_per_cell: Optional[int] = typer.Option(
-        None, "--sentences-per-cell", help="Train every cell on N sentences: max_steps = N / (global batch x accumulation)."
+    deepspeed: str | None = typer.Option(None, "--deepspeed", help="DeepSpeed JSON for every cell."),
+    max_steps: int | None = typer.Option(None, "--max-steps", help="Same as --set train.max_steps=S."),
+    sentences_per_cell: int | None = typer.Option(
+        None,
+        "--sentences-per-cell",
+        help="Train every cell on N sentences: max_steps = N / (global batch x accumulation).",
     ),
     skip_invalid: bool = typer.Option(
-        False, "--skip-invalid", help="Drop cells whose config is invalid (e.g. k >= batch - 1), listing them, instead of refusing."
+        False,
+        "--skip-invalid",
+        help="Drop cells whose config is invalid (e.g. k >= batch - 1), listing them, instead of refusing.",
     ),
     sbatch: list[str] = typer.Option([], "--sbatch", help="Extra #SBATCH option for --launcher slurm (repeatable)."),
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
     from vascl_scale.paths import check_output_dir
-    from vascl_scale.sweep.grid import SweepPlan, drop_cells, expand, invalid_cells, parse_grid_axis, parse_variant, set_training_length
+    from vascl_scale.sweep.grid import (
+        SweepPlan,
+        drop_cells,
+        expand,
+        invalid_cells,
+        parse_grid_axis,
+        parse_variant,
+        set_training_length,
+    )
     from vascl_scale.sweep.report import collect
     from vascl_scale.sweep.run import Interrupted, run_sweep
     from vascl_scale.sweep.slurm import refuse_control_characters, write_array_script
@@ -155,7 +171,9 @@ def sweep(
                 table.add_row(cell.name, reason)
             print_table(table)
             if not skip_invalid:
-                raise ValueError("fix or drop the invalid grid values above (e.g. keep loss.k < global batch - 1), or pass --skip-invalid")
+                raise ValueError(
+                    "fix or drop the invalid grid values above (e.g. keep loss.k < global batch - 1), or pass --skip-invalid"
+                )
             if len(problems) == len(plan.cells):
                 raise ValueError("every cell is invalid; nothing to run")
             drop_cells(plan, problems)
@@ -186,7 +204,9 @@ def sweep(
         fail(err)
     except Interrupted as stop:
         _stopped(stop, "rerun the same command to resume (done cells are skipped, interrupted ones rerun)")
-    logger.info("cells: %d run, %d failed, %d skipped (done before)", counts["done"], counts["failed"], counts["skipped"])
+    logger.info(
+        "cells: %d run, %d failed, %d skipped (done before)", counts["done"], counts["failed"], counts["skipped"]
+    )
     _print_summary(collect(output), output)
     if counts["failed"]:
         raise typer.Exit(1)

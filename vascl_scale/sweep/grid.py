@@ -73,7 +73,7 @@ class SweepPlan:
         (sweep_dir / PLAN_FILE).write_text(json.dumps(asdict(self), indent=1) + "\n", encoding="utf-8")
 
     @classmethod
-    def load(cls, sweep_dir: Path) -> "SweepPlan":
+    def load(cls, sweep_dir: Path) -> SweepPlan:
         path = Path(sweep_dir) / PLAN_FILE
         if not path.is_file():
             raise ValueError(f"{sweep_dir} is not a sweep directory (no {PLAN_FILE}); start it with vascl-scale sweep")
@@ -103,9 +103,7 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
     name, sep, body = text.partition(":")
     name = name.strip()
     if not sep or not name or not body.strip():
-        raise ValueError(
-            f"--variant expects NAME:key=value,key=value (e.g. simcse:objective=simcse); got {text!r}"
-        )
+        raise ValueError(f"--variant expects NAME:key=value,key=value (e.g. simcse:objective=simcse); got {text!r}")
     if slug(name) != name:
         raise ValueError(f"--variant name {name!r} may use letters, digits and . + - only (it names directories)")
     settings: dict[str, Any] = {}
@@ -126,7 +124,9 @@ def slug(value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", str(value))
 
 
-def expand(grid: dict[str, list[Any]], seeds: list[int], variants: dict[str, dict[str, Any]] | None = None) -> list[Cell]:
+def expand(
+    grid: dict[str, list[Any]], seeds: list[int], variants: dict[str, dict[str, Any]] | None = None
+) -> list[Cell]:
     """Each variant (in the order given) x the cartesian product of the grid axes x the seeds."""
     if not seeds:
         raise ValueError("--seeds needs at least one seed")

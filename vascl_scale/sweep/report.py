@@ -145,7 +145,11 @@ def markdown_table(entries: list[dict[str, Any]], columns: list[str], with_std: 
         for column in columns:
             value = entry.get(column, "")
             std = entry.get(f"{column}_std")
-            cells.append(f"{format_cell(value)} ± {format_cell(std)}" if with_std and std is not None and value != "" else format_cell(value))
+            cells.append(
+                f"{format_cell(value)} ± {format_cell(std)}"
+                if with_std and std is not None and value != ""
+                else format_cell(value)
+            )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -181,7 +185,9 @@ def _draw(ax, entries: list[dict[str, Any]], plan: SweepPlan, metric: str) -> bo
         xs = [p[0] if numeric_x else str(p[0]) for p in points]
         # Categorical x (variants, names) has no order between points: markers only.
         style = "-" if numeric_x else "none"
-        ax.errorbar(xs, [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3, linestyle=style, label=label)
+        ax.errorbar(
+            xs, [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3, linestyle=style, label=label
+        )
     if numeric_x and all(x > 0 for points in lines.values() for x, _, _ in points):
         ax.set_xscale("log", base=2)
         ticks = sorted({x for points in lines.values() for x, _, _ in points})
@@ -196,7 +202,9 @@ def _draw(ax, entries: list[dict[str, Any]], plan: SweepPlan, metric: str) -> bo
     return True
 
 
-def plot(entries: list[dict[str, Any]], plan: SweepPlan, metrics: list[str], headline: list[str], out_dir: Path) -> list[Path]:
+def plot(
+    entries: list[dict[str, Any]], plan: SweepPlan, metrics: list[str], headline: list[str], out_dir: Path
+) -> list[Path]:
     """One PNG per metric against the x axis (the global batch when swept, else the first grid
     key, else the variant), and ``overview.png``: the headline quality metrics side by side."""
     import matplotlib
@@ -257,22 +265,37 @@ def collect(sweep_dir: Path, headline: list[str] | None = None) -> dict[str, Any
         json.dumps({"plan": str(sweep_dir / "sweep.json"), "cells": rows, "mean_over_seeds": entries}, indent=1) + "\n",
         encoding="utf-8",
     )
-    markdown = "## Summary: mean ± std over seeds\n\n" + markdown_table(entries, [*grid_columns, "seeds", *headline], True)
+    markdown = "## Summary: mean ± std over seeds\n\n" + markdown_table(
+        entries, [*grid_columns, "seeds", *headline], True
+    )
     markdown += "\n## Mean ± std over seeds, every metric\n\n"
     markdown += markdown_table(entries, [*grid_columns, "seeds", *metrics], True)
     markdown += "\n## Every cell\n\n" + markdown_table(rows, [*grid_columns, "seed", "state", *metrics], False)
     failed = [r for r in rows if r["state"] == "failed"]
     if failed:
-        markdown += "\n## Failed cells\n\n" + "\n".join(
-            f"- {', '.join(f'{k}={r[k]}' for k in grid_columns)}, seed {r['seed']}: {r.get('error', '')}" for r in failed
-        ) + "\n"
+        markdown += (
+            "\n## Failed cells\n\n"
+            + "\n".join(
+                f"- {', '.join(f'{k}={r[k]}' for k in grid_columns)}, seed {r['seed']}: {r.get('error', '')}"
+                for r in failed
+            )
+            + "\n"
+        )
     if plan.skipped:
-        markdown += "\n## Skipped cells (invalid config, --skip-invalid)\n\n" + "\n".join(
-            f"- {name}: {reason}" for name, reason in plan.skipped.items()
-        ) + "\n"
+        markdown += (
+            "\n## Skipped cells (invalid config, --skip-invalid)\n\n"
+            + "\n".join(f"- {name}: {reason}" for name, reason in plan.skipped.items())
+            + "\n"
+        )
     (sweep_dir / "results.md").write_text(markdown, encoding="utf-8")
     plots = plot(entries, plan, metrics, headline, sweep_dir / "plots")
     states = ("done", "failed", "interrupted", "pending")
     counts = {state: sum(r["state"] == state for r in rows) for state in states}
-    return {"rows": rows, "entries": entries, "metrics": metrics, "headline": headline, "plots": plots, "counts": counts}
-
+    return {
+        "rows": rows,
+        "entries": entries,
+        "metrics": metrics,
+        "headline": headline,
+        "plots": plots,
+        "counts": counts,
+    }

@@ -31,9 +31,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from vascl_scale.sweep.grid import Cell, SweepPlan
 
@@ -196,7 +197,17 @@ def train_command(plan: SweepPlan, cell: Cell, run_dir: Path) -> list[str]:
 
 
 def eval_command(plan: SweepPlan, run_dir: Path, report: Path) -> list[str]:
-    command = [sys.executable, "-m", "vascl_scale", "eval", plan.eval_tasks, "--model", str(run_dir), "--output", str(report)]
+    command = [
+        sys.executable,
+        "-m",
+        "vascl_scale",
+        "eval",
+        plan.eval_tasks,
+        "--model",
+        str(run_dir),
+        "--output",
+        str(report),
+    ]
     if plan.data_dir:
         command += ["--data-dir", plan.data_dir]
     return command + list(plan.eval_args)
@@ -216,9 +227,7 @@ def run_cell(sweep_dir: Path, plan: SweepPlan, cell: Cell) -> dict[str, Any]:
         directory.mkdir(parents=True)
         env = dict(os.environ)
         started = time.perf_counter()
-        status: dict[str, Any] = {
-            "cell": cell.name, "variant": cell.variant, "values": cell.values, "seed": cell.seed
-        }
+        status: dict[str, Any] = {"cell": cell.name, "variant": cell.variant, "values": cell.values, "seed": cell.seed}
         try:
             code, peak_rss_mb = _run_logged(train_command(plan, cell, run_dir), log_path, env, lock_fd)
             status["train_seconds"] = time.perf_counter() - started

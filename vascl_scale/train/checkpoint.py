@@ -68,7 +68,7 @@ class TrainerState:
         return json.dumps(self.__dict__, indent=2)
 
     @classmethod
-    def from_file(cls, path: Path) -> "TrainerState":
+    def from_file(cls, path: Path) -> TrainerState:
         try:
             return cls(**json.loads(path.read_text(encoding="utf-8")))
         except (OSError, UnicodeDecodeError, ValueError, TypeError) as err:  # JSONDecodeError is a ValueError
@@ -135,7 +135,9 @@ def resolve_resume(target: str, run_dir: Path) -> Path:
     if _NAME.match(candidate.name) or (candidate / STATE_FILE).exists():
         problem = checkpoint_problem(candidate)
         if problem is not None:
-            raise ValueError(f"--resume-from {candidate} is not a complete checkpoint: {problem}; {previous_checkpoint_hint(candidate)}")
+            raise ValueError(
+                f"--resume-from {candidate} is not a complete checkpoint: {problem}; {previous_checkpoint_hint(candidate)}"
+            )
         return candidate
     for checkpoint in reversed(_step_directories(candidate)):
         problem = checkpoint_problem(checkpoint)
@@ -194,7 +196,11 @@ def _saved_config(checkpoint: Path) -> dict[str, Any]:
         saved = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
         raise ValueError(f"{path} is unreadable ({err}); {previous_checkpoint_hint(checkpoint)}") from err
-    if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict) or not isinstance(saved.get("train"), dict):
+    if (
+        not isinstance(saved, dict)
+        or not isinstance(saved.get("model"), dict)
+        or not isinstance(saved.get("train"), dict)
+    ):
         raise ValueError(f"{path} lacks the model and train sections; {previous_checkpoint_hint(checkpoint)}")
     return saved
 

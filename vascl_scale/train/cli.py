@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -23,19 +22,23 @@ RESOLVED_PATHS_ENV = "VASCL_RESOLVED_PATHS"
 def train_command(
     config: Path = typer.Option(..., "--config", help="Training config (YAML), e.g. configs/cpu-demo.yaml."),
     overrides: list[str] = typer.Option([], "--set", help="Override one key, e.g. --set loss.k=32 (repeatable)."),
-    deepspeed: Optional[Path] = typer.Option(None, "--deepspeed", help="DeepSpeed JSON, e.g. configs/deepspeed/zero2.json."),
+    deepspeed: Path | None = typer.Option(
+        None, "--deepspeed", help="DeepSpeed JSON, e.g. configs/deepspeed/zero2.json."
+    ),
     num_processes: int = typer.Option(1, "--num-processes", help="Processes on this machine."),
     num_machines: int = typer.Option(1, "--num-machines"),
     machine_rank: int = typer.Option(0, "--machine-rank"),
-    main_process_ip: Optional[str] = typer.Option(None, "--main-process-ip", help="Address of machine rank 0."),
-    main_process_port: Optional[int] = typer.Option(None, "--main-process-port", help="A free port on machine rank 0."),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Same as --set train.max_steps=S."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Run directory (same as --set train.output_dir=DIR)."),
-    objective: Optional[str] = typer.Option(
+    main_process_ip: str | None = typer.Option(None, "--main-process-ip", help="Address of machine rank 0."),
+    main_process_port: int | None = typer.Option(None, "--main-process-port", help="A free port on machine rank 0."),
+    max_steps: int | None = typer.Option(None, "--max-steps", help="Same as --set train.max_steps=S."),
+    output: Path | None = typer.Option(None, "--output", help="Run directory (same as --set train.output_dir=DIR)."),
+    objective: str | None = typer.Option(
         None, "--objective", help=f"{', '.join(OBJECTIVES)} (same as --set objective=...)."
     ),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the latest complete checkpoint of the run directory."),
-    resume_from: Optional[Path] = typer.Option(
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue from the latest complete checkpoint of the run directory."
+    ),
+    resume_from: Path | None = typer.Option(
         None, "--resume-from", help="Continue from DIR: a checkpoint, or a run directory (its latest checkpoint)."
     ),
 ) -> None:
@@ -155,6 +158,10 @@ def _stopped(run_dir: Path, signum: int) -> typer.Exit:
     from vascl_scale.train.checkpoint import complete_checkpoints
 
     saved = complete_checkpoints(run_dir)
-    kept = f"the last complete checkpoint is {saved[-1]} (continue with --resume)" if saved else "no checkpoint had been saved yet"
+    kept = (
+        f"the last complete checkpoint is {saved[-1]} (continue with --resume)"
+        if saved
+        else "no checkpoint had been saved yet"
+    )
     logger.error("training in %s stopped by %s; %s", run_dir, signal.Signals(signum).name, kept)
     return typer.Exit(128 + signum)

@@ -39,7 +39,9 @@ def export_model(accelerator, model, target: Path, max_seq_length: int, card: Ca
     state = accelerator.get_state_dict(model)  # full state on the main process (ZeRO-3 gathers)
     if accelerator.is_main_process:
         encoder_module = accelerator.unwrap_model(model)
-        encoder_state, head_state, classifier_state = (_submodule_state(state, name) for name in ("encoder", "head", "classifier"))
+        encoder_state, head_state, classifier_state = (
+            _submodule_state(state, name) for name in ("encoder", "head", "classifier")
+        )
         target = Path(target)
         staging = staging_directory(target)
         encoder_module.encoder.save_pretrained(str(staging), state_dict=encoder_state, safe_serialization=True)

@@ -28,6 +28,8 @@ class RunDirectoryLock(FolderLock):
         self.run_dir = Path(run_dir)
         super().__init__(
             self.run_dir / LOCK_FILE,
-            lambda owner: f"run directory {self.run_dir} is in use by another run ({owner}); wait for it to end "
-            "or stop it, or pass another --output (the lock is released when that run's processes exit)",
+            lambda owner: (
+                f"run directory {self.run_dir} is in use by another run ({owner}); wait for it to end "
+                "or stop it, or pass another --output (the lock is released when that run's processes exit)"
+            ),
         )

@@ -50,9 +50,9 @@ what an uninterrupted one would have done.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -138,7 +138,10 @@ class TrainingStep:
         self.precision = precision  # resolved: no, bf16 or fp16 (vascl_scale.precision)
         self.deepspeed = accelerator.state.deepspeed_plugin is not None
         self.zero3 = self.deepspeed and int(accelerator.state.deepspeed_plugin.zero_stage) == 3
-        assert 0 <= chunk_size <= per_device_batch, (chunk_size, per_device_batch)  # RunConfig.per_device_batch_size checks it
+        assert 0 <= chunk_size <= per_device_batch, (
+            chunk_size,
+            per_device_batch,
+        )  # RunConfig.per_device_batch_size checks it
         # DDP (accelerate wraps even one process in it when a launcher started it) needs a
         # gradient for every parameter in the backward that reduces: the heads' came in the
         # cached loss call's first backward, so the last one touches them with zero.
@@ -155,7 +158,11 @@ class TrainingStep:
         similarity products (vascl_scale.flops)."""
         if self.encoder_shape is None:
             return 0
-        rows, head, global_rows = self.per_device_batch, self.head, self.per_device_batch * self.accelerator.num_processes
+        rows, head, global_rows = (
+            self.per_device_batch,
+            self.head,
+            self.per_device_batch * self.accelerator.num_processes,
+        )
         encoder = 3 * self.encoder_shape.forward_flops(views * rows, tokens)
         return encoder + self.objective.model_flops(views, rows, global_rows, head.hidden_size, head.out_dim)
 
@@ -202,7 +209,9 @@ class TrainingStep:
                 raise RuntimeError(
                     f"the data stream gave {rows} rows of {column}; expected the per-device batch {self.per_device_batch}"
                 )
-            on_device[column] = tensors if tensors["input_ids"].shape[1] == width else widen(tensors, width, self.padding)
+            on_device[column] = (
+                tensors if tensors["input_ids"].shape[1] == width else widen(tensors, width, self.padding)
+            )
         torch.manual_seed(loss_call_seed(self.seed, loss_call, acc.process_index))  # dropout masks
         generator = torch.Generator(device=acc.device).manual_seed(loss_call_seed(self.seed, loss_call, 0))
         return [on_device[column] for column in columns], generator
@@ -259,7 +268,9 @@ class TrainingStep:
             with nullcontext() if final or not self.ddp else self.model.no_sync():
                 state.restore()
                 with self._autocast():
-                    chunk = self.model(**{k: v[start:stop] for k, v in views[view].items()})  # (c, d), the masks of pass 1
+                    chunk = self.model(
+                        **{k: v[start:stop] for k, v in views[view].items()}
+                    )  # (c, d), the masks of pass 1
                 surrogate = (chunk.to(leaf_dtype) * cached[row : row + stop - start]).sum()  # d/d chunk = cached rows
                 if index == 0:
                     # The heads' gradient joins the first backward: ZeRO-3 copies a parameter's
@@ -308,7 +319,10 @@ class TrainingStep:
         flops = 0
         for micro in range(accum):
             # accelerate's accumulate() skips no_sync for a DDP of one process: reduce once anyway.
-            with acc.accumulate(self.model), self.model.no_sync() if self.ddp and not acc.sync_gradients else nullcontext():
+            with (
+                acc.accumulate(self.model),
+                self.model.no_sync() if self.ddp and not acc.sync_gradients else nullcontext(),
+            ):
                 call = step * accum + micro
                 batch = next(batches)
                 flops += self.loss_call_flops(len(self.objective.spec.encoded_columns(batch)), self.view_width(batch))

@@ -18,10 +18,11 @@ import os
 import shutil
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import transformers
@@ -79,7 +80,10 @@ def build_accelerator(config: RunConfig, deepspeed_config: str | None):
     # On a CPU the training step autocasts itself (TrainingStep): the accelerator stays float32
     # there, so that DeepSpeed keeps float32 weights as DDP does (its bf16 mode would cast them).
     precision = train_precision(config.train.precision) if cuda else "no"
-    kwargs: dict[str, Any] = {"mixed_precision": precision, "gradient_accumulation_steps": config.train.grad_accum_steps}
+    kwargs: dict[str, Any] = {
+        "mixed_precision": precision,
+        "gradient_accumulation_steps": config.train.grad_accum_steps,
+    }
     if "RANK" in os.environ:  # started by a distributed launcher
         # Without CUDA, accelerate picks no backend for DeepSpeed on its own: name gloo.
         process_group = InitProcessGroupKwargs(
@@ -171,7 +175,9 @@ def prepare_for_training(accelerator, model: torch.nn.Module, optimizer: torch.o
     With ``train.compile`` the encoder is compiled first (:func:`compile_encoder`)."""
     plugin = accelerator.state.deepspeed_plugin
     if plugin is not None:
-        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.per_device_batch_size(accelerator.num_processes)
+        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.per_device_batch_size(
+            accelerator.num_processes
+        )
         plugin.deepspeed_config["train_batch_size"] = config.train.global_batch_size * config.train.grad_accum_steps
     if config.train.compile:
         compile_encoder(model, 0 if plugin is None else int(plugin.zero_stage))
@@ -195,7 +201,9 @@ def compile_encoder(model: SentenceEncoder, zero_stage: int) -> None:
             "use configs/deepspeed/zero2.json or set train.compile: false"
         )
     model.encoder.compile()
-    logger.info("train.compile: the encoder runs through torch.compile; each new input shape compiles once, in the step that meets it")
+    logger.info(
+        "train.compile: the encoder runs through torch.compile; each new input shape compiles once, in the step that meets it"
+    )
 
 
 def stsb_dev_pairs(config: RunConfig):
@@ -240,7 +248,11 @@ def build_stream(config: RunConfig, tokenizer, rank: int, world_size: int, per_d
 
     spec = objective_spec(config.objective)
     data = config.data
-    sources = {f"data.train[{i}] ({name})": s.source for i, (s, name) in enumerate(zip(data.train, data.source_names()))} if data.mixed else {"data.train": data.train}
+    sources = (
+        {f"data.train[{i}] ({name})": s.source for i, (s, name) in enumerate(zip(data.train, data.source_names()))}
+        if data.mixed
+        else {"data.train": data.train}
+    )
     # The launcher checked that every source gives the objective the same columns.
     available_by_source = {where: source_columns(source) for where, source in sources.items()}
     for where, available in available_by_source.items():
@@ -277,7 +289,7 @@ def _log_unread_columns(spec: ObjectiveSpec, available: tuple[str, ...], where: 
     )
 
 
-def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume: str | None = None) -> "Trainer":
+def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume: str | None = None) -> Trainer:
     """Assemble a run from its config (on every rank); resume from ``resume`` when given.
 
     Paths are used as they are in ``config``: pass it through
@@ -325,7 +337,9 @@ def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume
     # saves it in trainer_state.json.
     prepared_model, prepared_optimizer = prepare_for_training(acc, model, optimizer, config)
     precision = train_precision(config.train.precision)
-    logger.info("training in %s", precision_reason(config.train.precision, precision, local_device_type(), "train.precision"))
+    logger.info(
+        "training in %s", precision_reason(config.train.precision, precision, local_device_type(), "train.precision")
+    )
     step = TrainingStep(
         acc,
         prepared_model,
@@ -340,7 +354,9 @@ def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume
     )
     stream = build_stream(config, model.tokenizer, acc.process_index, world_size, per_device_batch)
     state.columns = list(stream.columns)  # saved with each checkpoint: a resume on other columns is refused
-    _log_batch_arithmetic(config, world_size, per_device_batch, len(step.objective.spec.encoded_columns(stream.columns)))
+    _log_batch_arithmetic(
+        config, world_size, per_device_batch, len(step.objective.spec.encoded_columns(stream.columns))
+    )
     if resume_from is not None:
         stream.load_state_dict(load_checkpoint(acc, resume_from))
         scheduler.load_state_dict(state.scheduler)
@@ -364,7 +380,10 @@ def _log_batch_arithmetic(config: RunConfig, world_size: int, per_device_batch: 
     rows = rows_per_forward(per_device_batch, cfg.chunk_size, views)
     if cfg.chunk_size == 0:
         logger.info(
-            "one encoder forward per loss call holds the activations of %d sentences (%d views of %d)", rows, views, per_device_batch
+            "one encoder forward per loss call holds the activations of %d sentences (%d views of %d)",
+            rows,
+            views,
+            per_device_batch,
         )
         return
     chunks = len(chunk_spans(per_device_batch, cfg.chunk_size))
@@ -466,7 +485,9 @@ class Trainer:
 
     def _export(self, name: str, dev_score: float | None) -> None:
         """Export the weights now to ``<run>/<name>``, with their card; all ranks call this."""
-        export_model(self.accelerator, self.step.model, self.run_dir / name, self.config.eval.max_length, self._card(dev_score))
+        export_model(
+            self.accelerator, self.step.model, self.run_dir / name, self.config.eval.max_length, self._card(dev_score)
+        )
 
     def _select(self, step: int, metrics: MetricsSink | NullMetricsSink) -> float | None:
         """Evaluate; export last/ and, when the dev score improved, best/. Returns the dev score
@@ -477,7 +498,10 @@ class Trainer:
             return None
         if not math.isfinite(score):  # constant or non-finite similarities: a collapsed encoder, no candidate
             if self.accelerator.is_main_process:
-                logger.warning("step %d: STS-B dev Spearman is undefined (the encoder's similarities are constant or not finite); best/ is kept", step)
+                logger.warning(
+                    "step %d: STS-B dev Spearman is undefined (the encoder's similarities are constant or not finite); best/ is kept",
+                    step,
+                )
             return None
         best, best_step = self.state.best_score, self.state.best_step
         improved = best is None or score > best
@@ -516,7 +540,13 @@ class Trainer:
         sentences_per_step = cfg.train.global_batch_size * cfg.train.grad_accum_steps
         # Rank 0 writes metrics; every other rank gets a sink that drops them.
         metrics = (
-            MetricsSink(self.run_dir, self.state.step, cfg.train.max_steps, resolve_trackers(cfg.train.report_to), cfg.as_written().to_dict())
+            MetricsSink(
+                self.run_dir,
+                self.state.step,
+                cfg.train.max_steps,
+                resolve_trackers(cfg.train.report_to),
+                cfg.as_written().to_dict(),
+            )
             if acc.is_main_process
             else NullMetricsSink()
         )
@@ -545,7 +575,11 @@ class Trainer:
                 dev_score = None
                 if cfg.eval.every_steps and done % cfg.eval.every_steps == 0:
                     dev_score = self._select(done, metrics)
-                if cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0 and done != cfg.train.max_steps:
+                if (
+                    cfg.checkpoint.every_steps
+                    and done % cfg.checkpoint.every_steps == 0
+                    and done != cfg.train.max_steps
+                ):
                     self._save()
             if cfg.eval.every_steps and self.state.step % cfg.eval.every_steps != 0:
                 dev_score = self._select(self.state.step, metrics)
@@ -579,7 +613,7 @@ class Trainer:
     def _log_window(
         self,
         step: int,
-        window: "_Window",
+        window: _Window,
         stats: dict[str, float],
         last_step_seconds: float,
         sentences_per_step: int,
@@ -603,11 +637,15 @@ class Trainer:
         # counted twice; the epochs (a mix's: data_epoch/<source>) are the mean over ranks.
         data = self._mean_over_ranks({k: float(v) for k, v in self.stream.stats().items()})
         for name, value in data.items():
-            values[f"data/{name.removeprefix('data_')}"] = value if name.startswith("data_epoch") else value * self.stream.readers
+            values[f"data/{name.removeprefix('data_')}"] = (
+                value if name.startswith("data_epoch") else value * self.stream.readers
+            )
         if values["data/samples_dropped"] > 0 and not self.drop_logged:
             self._log_first_drop(step, int(round(values["data/samples_dropped"])))
         if window.flops:  # rank 0's device; every rank runs the same shapes but its own padding
-            values["tflops_per_device"], mfu = tflops_and_mfu(window.flops, window.seconds, self.config.train.peak_tflops)
+            values["tflops_per_device"], mfu = tflops_and_mfu(
+                window.flops, window.seconds, self.config.train.peak_tflops
+            )
             if mfu is not None:
                 values["mfu"] = mfu
         if self.accelerator.device.type == "cuda":  # this rank's peak since the start, for sweeps
@@ -616,7 +654,9 @@ class Trainer:
         summary = " ".join(f"{k.removeprefix('loss/')} {means[k]:.4f}" for k in shown if k in means)
         summary += f" | {values['sentences_per_second']:.1f} sent/s | {values['step_seconds']:.2f} s/step"
         if "tflops_per_device" in values:
-            summary += f" | {values['tflops_per_device']:.3g} TFLOP/s" + (f", MFU {values['mfu']:.1%}" if "mfu" in values else "")
+            summary += f" | {values['tflops_per_device']:.3g} TFLOP/s" + (
+                f", MFU {values['mfu']:.1%}" if "mfu" in values else ""
+            )
         metrics.log(step, values, summary)
 
     def _log_first_drop(self, step: int, dropped: int) -> None:
