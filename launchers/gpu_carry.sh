@@ -23,7 +23,7 @@ CARRY="${GPU_CARRY:-gpu-carry}"
 DATA="${VASCL_DATA:-$(cd .. && pwd)/shared/data}"
 LINES="${CARRY_LINES:-60000}"
 LIMIT=$((64 * 1024 * 1024))  # bytes a device command may take: working tree and carry together
-TOOLS=launchers/gpu_proof_tools.py
+TOOLS=tools/gpu_proof_tools.py
 export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}" PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # The wheels: the requirements' closure minus what the GPU image has (torch, numpy, tqdm,

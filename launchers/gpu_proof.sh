@@ -36,7 +36,7 @@ set -u
 cd "$(dirname "$0")/.."
 REPO="$(pwd)"
 SELF="$REPO/launchers/gpu_proof.sh"
-TOOLS="$REPO/launchers/gpu_proof_tools.py"
+TOOLS="$REPO/tools/gpu_proof_tools.py"
 STAGES=(install env bench_uncached bench_cached train eval pytest_gpu zero2_bench zero2_train bench_compiled)
 SKIPPED=77  # a stage's exit status for "skipped; the reason is in <stage>.skip"
 
@@ -133,7 +133,7 @@ stop_and_resume() {  # STEPS STOP [train options...]: steps 1-STOP, stop, resume
   cli train "${args[@]}" --max-steps "$stop" || exit 1
   echo "-- resumed from its checkpoint: steps $((stop + 1))-$steps"
   cli train "${args[@]}" --max-steps "$steps" --resume || exit 1
-  tools train-report "$run" "$stop" "$steps" "$OUT_DIR/$STAGE.json" "$OUT_DIR/logs/$STAGE.log"
+  tools train-report "$run" "$stop" "$steps" "$OUT_DIR/$STAGE.json"  # read from $run/run_summary.json
 }
 stage_train() { stop_and_resume "$TRAIN_STEPS" "$TRAIN_STOP"; }
 stage_zero2_train() { need_deepspeed; stop_and_resume "$ZERO_STEPS" "$ZERO_STOP" --deepspeed configs/deepspeed/zero2.json; }

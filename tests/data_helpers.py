@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import csv
 import importlib.resources
 import json
+import logging
+import signal
+from contextlib import contextmanager
+from itertools import islice
 from pathlib import Path
 
+import torch
+
+from vascl_scale.config import DataConfig
+from vascl_scale.data.loader import build_train_stream
 from vascl_scale.data.prepare import PrepareOptions, prepare_shards
 
 
@@ -76,14 +85,9 @@ def make_paired_shards(
     import numpy as np
 
     from vascl_scale.data.columns import LABEL_COLUMNS
-    from vascl_scale.data.shards import (
-        MANIFEST_FORMAT,
-        MANIFEST_NAME,
-        MANIFEST_VERSION,
-        file_sha256,
-        tokenizer_fingerprint,
-        write_shard,
-    )
+    from vascl_scale.data.manifest import MANIFEST_FORMAT, MANIFEST_NAME, MANIFEST_VERSION
+    from vascl_scale.data.shards import tokenizer_fingerprint, write_shard
+    from vascl_scale.fs import file_sha256
 
     directory.mkdir(parents=True, exist_ok=True)
     columns = list(rows[0])
@@ -130,3 +134,86 @@ def shard_rows(directory: Path) -> list[tuple[str, ...]]:
     urls = [str(directory / shard["name"]) for shard in manifest["shards"]]
     samples = wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples()) if urls else []
     return [tuple(sample[name].decode("utf-8") for name in names) for sample in samples]
+
+
+# ---------------------------------------------------------------- the training stream
+
+BATCH = 8  # rows per rank of loader_stream's batches
+
+
+@contextmanager
+def time_limit(seconds: int):
+    """Fail instead of hanging: SIGALRM raises in the main thread after ``seconds``."""
+
+    def expire(signum, frame):
+        raise TimeoutError(f"the stream did not deliver within {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@contextmanager
+def captured_warnings(caplog):
+    """Route vascl_scale warnings to caplog even after the CLI made that logger non-propagating."""
+    logger = logging.getLogger("vascl_scale")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="vascl_scale"):
+            yield
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
+def loader_stream(source, tokenizer, rank=0, world_size=1, seed=5, num_nodes=1, columns=None, batch=BATCH, **data):
+    """A stream of ``source`` (``batch`` rows per rank) with the ``data`` section's settings given as keywords."""
+    data = DataConfig(train=str(source), **{"num_workers": 2, "shuffle_buffer": 16, "max_length": 32, **data})
+    return build_train_stream(
+        data,
+        tokenizer=tokenizer,
+        per_device_batch_size=batch,
+        rank=rank,
+        world_size=world_size,
+        seed=seed,
+        num_nodes=num_nodes,
+        columns=columns,
+    )
+
+
+def stream_texts(stream, tokenizer, batches: int) -> list[str]:
+    with time_limit(60):
+        return [text for batch in islice(iter(stream), batches) for text in decode_rows(tokenizer, batch)]
+
+
+def take_batches(stream, count: int) -> list[dict]:
+    with time_limit(60):
+        return list(islice(iter(stream), count))
+
+
+def assert_same_batches(left: list[dict], right: list[dict]) -> None:
+    assert len(left) == len(right)
+    for a, b in zip(left, right):
+        assert a.keys() == b.keys()
+        for column in a:
+            if isinstance(a[column], torch.Tensor):  # a label column
+                torch.testing.assert_close(a[column], b[column], rtol=0, atol=0)
+                continue
+            assert a[column].keys() == b[column].keys()
+            for key in a[column]:
+                torch.testing.assert_close(a[column][key], b[column][key], rtol=0, atol=0)
+
+
+def pairs_tsv(path: Path, count: int) -> list[tuple[str, str]]:
+    pairs = [
+        (f"question {index} about topic {index % 5}", f"answer {index} on topic {index % 5}") for index in range(count)
+    ]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, delimiter="\t")
+        writer.writerow(["query", "answer", "score"])
+        writer.writerows([(anchor, positive, "5") for anchor, positive in pairs])
+        writer.writerow(["a question without its answer", "", "5"])  # dropped: empty
+    return pairs

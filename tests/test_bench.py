@@ -56,6 +56,7 @@ def test_bench_step_reports_medians_and_the_ratio(tiny_config: Path, tmp_path: P
     assert "VaSCL / SimCSE median step time" in " ".join(result.output.split())
 
 
+@pytest.mark.e2e
 def test_bench_step_compile_times_compiled_beside_eager_and_reports_the_compiling_apart(
     tiny_config: Path, tmp_path: Path
 ) -> None:
@@ -101,6 +102,7 @@ def test_bench_step_gives_simcse_sup_n_hard_negative_columns_and_counts_their_fl
     assert refused.exit_code != 0 and "--negatives must be >= 1: simcse_sup encodes" in " ".join(refused.output.split())
 
 
+@pytest.mark.e2e
 def test_bench_step_grid_runs_each_cell_alone_and_skips_what_would_not_fit(tiny_config: Path, tmp_path: Path) -> None:
     out, plot = tmp_path / "grid.json", tmp_path / "grid.png"
     result = CliRunner().invoke(
@@ -155,6 +157,7 @@ def test_bench_step_runs_pairsupcon_on_synthetic_labelled_pairs_and_counts_its_c
     assert report["objectives"]["pairsupcon"]["model_flops_per_device"] == encoder + contrastive + classifier
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("chunk_size", [0, 3])
 def test_bench_comm_measured_equals_computed(tiny_config: Path, tmp_path: Path, chunk_size: int) -> None:
     """A real 2-rank gloo step, uncached and cached: the collectives counted match the formulas

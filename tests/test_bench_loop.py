@@ -12,7 +12,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from tests.test_eval_cli import PACKAGED, save_tiny_bert
+from tests.eval_helpers import PACKAGED, save_tiny_bert
 from vascl_scale.bench import loop as bench_loop
 from vascl_scale.bench.loop import read_loop_metrics, write_synthetic_shards
 from vascl_scale.cli import app
@@ -53,6 +53,7 @@ def test_loop_times_are_the_step_lines_of_metrics_jsonl_after_the_warm_up(tmp_pa
     assert read_loop_metrics(metrics, warmup=0).times_s == [9.0, 3.0, 1.0, 2.0]
 
 
+@pytest.mark.e2e
 def test_bench_step_compare_times_the_peer_in_the_same_rounds_and_the_loop_from_its_metrics(
     tmp_path: Path, monkeypatch
 ) -> None:

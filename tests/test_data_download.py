@@ -4,7 +4,6 @@ loopback HTTP server (no internet needed); the shipped registry against ../share
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import json
 import os
@@ -14,12 +13,22 @@ import tarfile
 import threading
 import time
 import zipfile
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from tests.download_helpers import (
+    EXPECTED,
+    HOST,
+    NLI_SHARD_SIZE,
+    NLI_TRIPLETS,
+    ORIGINALS,
+    Mirror,
+    registry_text,
+    sha256,
+    tar_gz_bytes,
+)
 from vascl_scale.cli import app
 from vascl_scale.data import download as download_module
 from vascl_scale.data.converters import CONVERTERS
@@ -27,252 +36,6 @@ from vascl_scale.data.download import download_datasets
 from vascl_scale.data.registry import load_registry
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-HOST = "example.org"
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def zip_bytes(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for name, data in files.items():
-            archive.writestr(name, data)
-    return buffer.getvalue()
-
-
-def tar_gz_bytes(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-# Original-format fixtures (as the releases hold them) and the layout files they must become.
-ORIGINALS = {
-    # An STS year's release zip: the SentEval layout in a folder, a pair without gold, a subset
-    # named "surprise.*", a third source column (as STS16 has), a file of another folder ignored.
-    "sts/STS2012-en-test.zip": zip_bytes(
-        {
-            "test-gold/STS.input.MSRpar.txt": b'A b.\tC "d".\nNo gold\there\n',
-            "test-gold/STS.gs.MSRpar.txt": b"4.400\n\n",
-            "test-gold/STS.input.surprise.OnWN.txt": "x y\tz\u00e9\tsource\n".encode(),
-            "test-gold/STS.gs.surprise.OnWN.txt": b"5.000\n",
-            "other/STS.input.MSRpar.txt": b"never\tread\n",
-        }
-    ),
-    "sts/Stsbenchmark.tar.gz": tar_gz_bytes(
-        {
-            "stsbenchmark/sts-train.csv": b"main-captions\tMSRvid\t2012test\t0001\t5.000\tA plane.\tAn air plane.\n"
-            b'main-news\theadlines\t2013\t0002\t0.500\tOne "q\tTwo\tsrc1\tsrc2\n',
-            "stsbenchmark/readme.txt": b"readme",
-        }
-    ),
-    "sts/sick_train.zip": zip_bytes(
-        {
-            "SICK_train.txt": b"pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\r\n"
-            b"1\tA dog runs\tA dog is running\t4.7\tENTAILMENT\r\n2\tX\tY\t1\tNEUTRAL\r\n",
-            "readme.txt": b"readme",
-        }
-    ),
-    "clustering/T": b'2\tfoo bar\t\r\n1\tbaz "q" x\r\n',
-    "intent/train.csv": b'text,category\r\n"hi\nthere",card_arrival\r\n ok ,top_up\r\n',
-    "intent/data_full.json": json.dumps(
-        {"train": [["a b", "x"]], "val": [["c", "y"]], "test": [['say "d"', "z"]], "oos_train": [["e", "oos"]]}
-    ).encode(),
-    "intent/seq.in": "hello there \nwhat\u2028time\n".encode(),
-    "intent/label": b"greet\ntime\n",
-    "corpus/wiki.txt": b"First sentence here.\nSecond one.\n",
-    # SimCSE's nli_for_simcse.csv: quoted fields (a comma, doubled quotes) and a row without a
-    # hard negative, which the conversion drops and counts.
-    "corpus/nli_for_simcse.csv": b'sent0,sent1,hard_neg\n"A man, a plan, a canal.",A plan.,No plan at all.\n'
-    b"The cat sat.,A cat sits.,A dog stands.\nan anchor,a positive,\n"
-    b'"She said ""hi"".",She spoke.,She was silent.\nTwo birds fly.,Birds fly.,Nothing flies.\n',
-}
-# The rows of that CSV the conversion keeps, as (anchor, positive, negative_0).
-NLI_TRIPLETS = [
-    ("A man, a plan, a canal.", "A plan.", "No plan at all."),
-    ("The cat sat.", "A cat sits.", "A dog stands."),
-    ('She said "hi".', "She spoke.", "She was silent."),
-    ("Two birds fly.", "Birds fly.", "Nothing flies."),
-]
-NLI_SHARD_SIZE = 3
-EXPECTED = {
-    "sts/s12/test.tsv": 'sentence1\tsentence2\tscore\tsubset\nA b.\t"C ""d""."\t4.4\tMSRpar\nx y\tz\u00e9\t5.0\tOnWN\n'.encode(),
-    "sts/b/train.tsv": b'sentence1\tsentence2\tscore\nA plane.\tAn air plane.\t5.0\n"One ""q"\tTwo\t0.5\n',
-    "sts/k/train.tsv": b"sentence1\tsentence2\tscore\nA dog runs\tA dog is running\t4.7\nX\tY\t1.0\n",
-    "clustering/t.tsv": b'text\tlabel\nfoo bar\t2\n"baz ""q"" x"\t1\n',
-    "intent/b/train.tsv": b"text\tlabel\nhi there\tcard_arrival\nok\ttop_up\n",
-    "intent/c/train.tsv": b"text\tlabel\na b\tx\n",
-    "intent/c/valid.tsv": b"text\tlabel\nc\ty\n",
-    "intent/c/test.tsv": b'text\tlabel\n"say ""d"""\tz\n',
-    "intent/p/train.tsv": "text\tlabel\nhello there\tgreet\nwhat\u2028time\ttime\n".encode(),
-}
-
-
-def url(name: str) -> str:
-    return f"https://{HOST}/{name}"
-
-
-def registry_text(expected: dict[str, bytes], original_digests: dict[str, str] | None = None) -> str:
-    """A registry of the fixtures; ``expected`` gives the converted digests it pins."""
-    pins = original_digests or {}
-
-    def source(name: str) -> str:
-        pin = f', sha256 = "{pins[name]}"' if name in pins else ""
-        return f'{{ url = "{url(name)}"{pin} }}'
-
-    def outputs(*paths: str) -> str:
-        return ", ".join(f'"{path}" = "{sha256(expected[path]) if path in expected else ""}"' for path in paths)
-
-    common = 'description = "d"\nlicence = "l"\nformat = "f"\nchecked = "fixtures"\n'
-    return f"""
-[datasets.s12]
-family = "sts"
-{common}converter = "senteval_sts"
-options = {{ folder = "test-gold/", subsets = ["MSRpar", "surprise.OnWN"] }}
-sources = [{source("sts/STS2012-en-test.zip")}]
-outputs = {{ {outputs("sts/s12/test.tsv")} }}
-
-[datasets.b]
-family = "sts"
-{common}converter = "stsb_csv"
-options = {{ folder = "stsbenchmark/", files = {{ "sts-train.csv" = "sts/b/train.tsv" }} }}
-sources = [{source("sts/Stsbenchmark.tar.gz")}]
-outputs = {{ {outputs("sts/b/train.tsv")} }}
-
-[datasets.k]
-family = "sts"
-{common}converter = "sick_semeval"
-options = {{ files = {{ "SICK_train.txt" = "sts/k/train.tsv" }} }}
-sources = [{source("sts/sick_train.zip")}]
-outputs = {{ {outputs("sts/k/train.tsv")} }}
-
-[datasets.t]
-family = "clustering"
-{common}converter = "label_tab_text"
-sources = [{source("clustering/T")}]
-outputs = {{ {outputs("clustering/t.tsv")} }}
-
-[datasets.bk]
-family = "intent"
-{common}converter = "csv_text_category"
-sources = [{source("intent/train.csv")}]
-outputs = {{ {outputs("intent/b/train.tsv")} }}
-
-[datasets.c]
-family = "intent"
-{common}converter = "json_splits"
-options = {{ splits = {{ "intent/c/train.tsv" = "train", "intent/c/valid.tsv" = "val", "intent/c/test.tsv" = "test" }} }}
-sources = [{source("intent/data_full.json")}]
-outputs = {{ {outputs("intent/c/train.tsv", "intent/c/valid.tsv", "intent/c/test.tsv")} }}
-
-[datasets.p]
-family = "intent"
-{common}converter = "parallel_lines"
-sources = [{source("intent/seq.in")}, {source("intent/label")}]
-outputs = {{ {outputs("intent/p/train.tsv")} }}
-
-[datasets.wiki]
-family = "corpus"
-{common}converter = "gzip_text"
-sources = [{source("corpus/wiki.txt")}]
-outputs = {{ "corpus/wiki.txt.gz" = "" }}
-
-[datasets.nli]
-family = "corpus"
-{common}converter = "nli_shards"
-options = {{ shard_size = {NLI_SHARD_SIZE}, shuffle_seed = 0, labelled_pairs = "corpus/nli-pairs" }}
-sources = [{source("corpus/nli_for_simcse.csv")}]
-outputs = {{ "corpus/nli/manifest.json" = "", "corpus/nli/shard-000000.tar" = "", "corpus/nli/shard-000001.tar" = "", "corpus/nli-pairs/manifest.json" = "", "corpus/nli-pairs/shard-000000.tar" = "", "corpus/nli-pairs/shard-000001.tar" = "", "corpus/nli-pairs/shard-000002.tar" = "" }}
-"""
-
-
-class Mirror:
-    """A loopback HTTP server holding original files at /<host>/<path>, with Range and If-Range
-    support (an ETag per file) unless ``ranges`` is off (a server that ignores Range).
-
-    ``cut_after[path] = n`` ends the first response for ``path`` after n bytes of its body (a
-    dropped connection); every request's path and Range header is recorded. Misbehaving servers:
-    ``lengths[path]`` is the Content-Length announced (None: no header) whatever the body,
-    ``range_from`` the first byte a 206 reply starts at whatever was asked, ``drip`` sends the
-    body one byte every that many seconds, and a request waits for ``hold`` (an Event) to be set
-    (``waiting`` is set once one does).
-    """
-
-    def __init__(self, files: dict[str, bytes], ranges: bool = True) -> None:
-        self.files = {f"/{HOST}/{name}": data for name, data in files.items()}
-        self.cut_after: dict[str, int] = {}
-        self.requests: list[tuple[str, str | None]] = []
-        self.lengths: dict[str, int | None] = {}
-        self.range_from: int | None = None
-        self.drip: float | None = None
-        self.hold: threading.Event | None = None
-        self.waiting = threading.Event()
-        mirror = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:  # keep the test output clean
-                pass
-
-            def do_GET(self) -> None:
-                mirror.requests.append((self.path, self.headers.get("Range")))
-                if mirror.hold is not None:
-                    mirror.waiting.set()
-                    mirror.hold.wait(timeout=10)
-                data = mirror.files.get(self.path)
-                if data is None:
-                    self.send_error(404)
-                    return
-                etag = f'"{sha256(data)[:16]}"'
-                start = 0
-                wanted = self.headers.get("Range") and ranges and self.headers.get("If-Range") == etag
-                if wanted:
-                    start = int(self.headers["Range"].removeprefix("bytes=").rstrip("-"))
-                    if start >= len(data):
-                        self.send_response(416)
-                        self.send_header("Content-Range", f"bytes */{len(data)}")
-                        self.send_header("Content-Length", "0")
-                        self.end_headers()
-                        return
-                    start = start if mirror.range_from is None else mirror.range_from
-                    self.send_response(206)
-                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-                else:
-                    self.send_response(200)
-                body = data[start:]
-                self.send_header("ETag", etag)
-                length = mirror.lengths.get(self.path, len(body))
-                if length is not None:
-                    self.send_header("Content-Length", str(length))
-                self.end_headers()
-                cut = mirror.cut_after.pop(self.path, None)
-                body = body if cut is None else body[:cut]
-                if mirror.drip is None:
-                    self.wfile.write(body)
-                else:
-                    for index in range(len(body)):  # stops with BrokenPipeError once the client gives up
-                        self.wfile.write(body[index : index + 1])
-                        time.sleep(mirror.drip)
-                if cut is not None:
-                    self.close_connection = True
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> Mirror:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture(autouse=True)
@@ -417,7 +180,7 @@ def test_the_shipped_registry_is_valid_and_names_a_licence_and_digest_for_every_
 
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="needs ../shared/data")
 def test_the_registry_digests_are_those_of_the_evaluators_copy() -> None:
-    from vascl_scale.data.shards import file_sha256
+    from vascl_scale.fs import file_sha256
 
     checked = 0
     for dataset in load_registry().datasets:
@@ -432,7 +195,7 @@ def test_the_registry_digests_are_those_of_the_evaluators_copy() -> None:
 def test_converting_the_original_files_in_shared_data_reproduces_the_evaluators_copy(tmp_path: Path) -> None:
     """The release files kept in ../shared/data/raw, through the registry's own converters and
     options: the STS Benchmark csv files and SentEval's STS12 folder."""
-    from vascl_scale.data.shards import file_sha256
+    from vascl_scale.fs import file_sha256
 
     registry = {dataset.name: dataset for dataset in load_registry().datasets}
     raw = SHARED_DATA / "raw"
@@ -851,7 +614,7 @@ def test_an_nli_original_that_is_no_such_csv_is_deleted_and_a_full_disk_keeps_it
 ) -> None:
     import errno
 
-    from vascl_scale.data import prepare
+    from vascl_scale.data import shard_writer
 
     (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
     original = tmp_path / "data" / ".downloads" / HOST / "corpus" / "nli_for_simcse.csv"
@@ -865,7 +628,7 @@ def test_an_nli_original_that_is_no_such_csv_is_deleted_and_a_full_disk_keeps_it
         def full_disk(*args, **kwargs):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(prepare, "write_shard", full_disk)
+        monkeypatch.setattr(shard_writer, "write_shard", full_disk)
         full = download_datasets(datasets, tmp_path / "data", mirror=mirror.url, show_progress=False)[0]
     assert full.status == "failed" and full.reason == "filesystem: [Errno 28] No space left on device", full.reason
     assert original.read_bytes() == ORIGINALS["corpus/nli_for_simcse.csv"]  # kept: the next run converts it
@@ -878,7 +641,8 @@ def test_an_nli_original_that_is_no_such_csv_is_deleted_and_a_full_disk_keeps_it
 
 
 def test_the_shipped_nli_entry_lists_the_shards_its_rows_make() -> None:
-    from vascl_scale.data.shards import MANIFEST_NAME, SHARD_PATTERN
+    from vascl_scale.data.manifest import MANIFEST_NAME
+    from vascl_scale.data.shards import SHARD_PATTERN
 
     (nli,) = load_registry().select(["nli"])
     assert nli.description.startswith("275,601 ")  # the triplets the file holds (issue 26)

@@ -8,27 +8,28 @@ from __future__ import annotations
 
 import gzip
 import json
-import logging
-import signal
-from contextlib import contextmanager
 from itertools import islice
 
 import pytest
 import torch
 
 from tests.data_helpers import (
+    BATCH,
+    assert_same_batches,
+    captured_warnings,
     decode_rows,
     labelled_rows,
+    loader_stream,
     make_paired_shards,
     make_shards,
     minilm_tokenizer,
     paired_rows,
     sentences,
+    stream_texts,
+    take_batches,
+    time_limit,
 )
-from vascl_scale.config import DataConfig
-from vascl_scale.data.loader import CorruptShardError, build_train_stream
-
-BATCH = 8
+from vascl_scale.data.loader import CorruptShardError
 
 
 @pytest.fixture(scope="module")
@@ -36,58 +37,10 @@ def tokenizer():
     return minilm_tokenizer()
 
 
-@contextmanager
-def time_limit(seconds: int):
-    """Fail instead of hanging: SIGALRM raises in the main thread after ``seconds``."""
-
-    def expire(signum, frame):
-        raise TimeoutError(f"the stream did not deliver within {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-@contextmanager
-def captured_warnings(caplog):
-    """Route vascl_scale warnings to caplog even after the CLI made that logger non-propagating."""
-    logger = logging.getLogger("vascl_scale")
-    logger.addHandler(caplog.handler)
-    try:
-        with caplog.at_level(logging.WARNING, logger="vascl_scale"):
-            yield
-    finally:
-        logger.removeHandler(caplog.handler)
-
-
-def _stream(source, tokenizer, rank=0, world_size=1, seed=5, num_nodes=1, columns=None, batch=BATCH, **data):
-    """A stream of ``source`` (``batch`` rows per rank) with the ``data`` section's settings given as keywords."""
-    data = DataConfig(train=str(source), **{"num_workers": 2, "shuffle_buffer": 16, "max_length": 32, **data})
-    return build_train_stream(
-        data,
-        tokenizer=tokenizer,
-        per_device_batch_size=batch,
-        rank=rank,
-        world_size=world_size,
-        seed=seed,
-        num_nodes=num_nodes,
-        columns=columns,
-    )
-
-
-def _texts(stream, tokenizer, batches: int) -> list[str]:
-    with time_limit(60):
-        return [text for batch in islice(iter(stream), batches) for text in decode_rows(tokenizer, batch)]
-
-
 def test_exact_mode_two_ranks_two_workers_cover_every_sample_once_per_epoch(tmp_path, tokenizer):
     texts = sentences(128)
     shards = make_shards(tmp_path, texts, shard_size=16)  # 8 shards: 2 per slot, 64 rows = 8 batches per rank
-    per_rank = [_texts(_stream(shards, tokenizer, rank, 2, mode="exact"), tokenizer, 16) for rank in (0, 1)]
+    per_rank = [stream_texts(loader_stream(shards, tokenizer, rank, 2, mode="exact"), tokenizer, 16) for rank in (0, 1)]
     for epoch in (0, 1):
         seen = [text for rows in per_rank for text in rows[epoch * 64 : (epoch + 1) * 64]]
         assert sorted(seen) == sorted(texts), f"epoch {epoch}"
@@ -99,14 +52,14 @@ def test_text_file_source_two_ranks_cover_every_line_once(tmp_path, tokenizer):
     path = tmp_path / "corpus.txt.gz"
     with gzip.open(path, "wt") as handle:
         handle.write("\n\n".join(texts) + "\n")  # empty lines are skipped
-    per_rank = [_texts(_stream(path, tokenizer, rank, 2), tokenizer, 4) for rank in (0, 1)]
+    per_rank = [stream_texts(loader_stream(path, tokenizer, rank, 2), tokenizer, 4) for rank in (0, 1)]
     assert sorted(per_rank[0] + per_rank[1]) == sorted(texts)
 
 
 @pytest.mark.parametrize("mode", ["resampled", "exact"])
 def test_uneven_shards_every_rank_keeps_yielding(tmp_path, tokenizer, mode):
     shards = make_shards(tmp_path, sentences(50), shard_size=10)  # 5 shards over 2 ranks x 2 workers
-    streams = [_stream(shards, tokenizer, rank, 2, mode=mode) for rank in (0, 1)]
+    streams = [loader_stream(shards, tokenizer, rank, 2, mode=mode) for rank in (0, 1)]
     iterators = [iter(stream) for stream in streams]
     with time_limit(90):
         for _ in range(30):  # several epochs on both ranks, in lockstep like a trainer
@@ -123,7 +76,7 @@ def test_batches_are_dynamically_padded_long_tensors(tmp_path, tokenizer):
     texts = [("word " * (index % 40 + 1)).strip() for index in range(64)]
     shards = make_shards(tmp_path, texts, shard_size=16)
     with time_limit(60):
-        for batch in islice(iter(_stream(shards, tokenizer, max_length=24)), 12):
+        for batch in islice(iter(loader_stream(shards, tokenizer, max_length=24)), 12):
             assert set(batch) == {"anchor"} and set(batch["anchor"]) == {
                 "input_ids",
                 "attention_mask",
@@ -146,9 +99,9 @@ def test_truncated_and_corrupt_shards_are_skipped_and_counted(tmp_path, tokenize
     # Cut on a sample boundary: no end-of-archive block, so the 5th sample may be incomplete too.
     _truncate(shards / "shard-000002.tar", 5 * 1024)
     (shards / "shard-000003.tar").write_bytes(b"\x00\x01 not a tar at all" * 100)
-    stream = _stream(shards, tokenizer, num_workers=2, shuffle_buffer=0)
+    stream = loader_stream(shards, tokenizer, num_workers=2, shuffle_buffer=0)
     # 16 + 3 + 4 + 0 = 23 rows per epoch: 2 batches, and 7 rows dropped; 7 batches reach the fourth epoch.
-    rows = _texts(stream, tokenizer, 7)
+    rows = stream_texts(stream, tokenizer, 7)
     epochs = [rows[start : start + 16] for start in (0, 16, 32)]
     assert all(len(set(epoch)) == 16 for epoch in epochs) and len(set(rows)) <= 23
     assert stream.samples_dropped == 3 * 7
@@ -162,31 +115,13 @@ def test_count_mismatch_with_manifest_is_corrupt_and_fail_option_raises(tmp_path
     manifest = json.loads((shards / "manifest.json").read_text())
     manifest["shards"][1]["samples"] = 17
     (shards / "manifest.json").write_text(json.dumps(manifest))
-    stream = _stream(shards, tokenizer, num_workers=0)
+    stream = loader_stream(shards, tokenizer, num_workers=0)
     with captured_warnings(caplog):
-        _texts(stream, tokenizer, 4)
+        stream_texts(stream, tokenizer, 4)
     assert stream.corrupt_shards_skipped == 1
     assert "manifest lists 17" in caplog.text
     with pytest.raises(CorruptShardError, match="shard-000001.tar"):
-        _texts(_stream(shards, tokenizer, num_workers=0, on_corrupt="fail"), tokenizer, 4)
-
-
-def _batches(stream, count: int) -> list[dict]:
-    with time_limit(60):
-        return list(islice(iter(stream), count))
-
-
-def _assert_same_batches(left: list[dict], right: list[dict]) -> None:
-    assert len(left) == len(right)
-    for a, b in zip(left, right):
-        assert a.keys() == b.keys()
-        for column in a:
-            if isinstance(a[column], torch.Tensor):  # a label column
-                torch.testing.assert_close(a[column], b[column], rtol=0, atol=0)
-                continue
-            assert a[column].keys() == b[column].keys()
-            for key in a[column]:
-                torch.testing.assert_close(a[column][key], b[column][key], rtol=0, atol=0)
+        stream_texts(loader_stream(shards, tokenizer, num_workers=0, on_corrupt="fail"), tokenizer, 4)
 
 
 @pytest.mark.parametrize("mode,cut", [("exact", 5), ("exact", 13), ("resampled", 13)])
@@ -194,32 +129,32 @@ def test_resume_continues_exactly(tmp_path, tokenizer, mode, cut):
     # 9 shards, the last short. Rank 1 reads about 48 rows per epoch: cut 5 resumes deep inside
     # epoch 0 (whole pieces skipped without tokenising), cut 13 just after an epoch boundary.
     shards = make_shards(tmp_path, sentences(100), shard_size=12)
-    reference = _batches(_stream(shards, tokenizer, 1, 2, mode=mode), cut + 10)
-    first = _stream(shards, tokenizer, 1, 2, mode=mode)
-    _assert_same_batches(_batches(first, cut), reference[:cut])
+    reference = take_batches(loader_stream(shards, tokenizer, 1, 2, mode=mode), cut + 10)
+    first = loader_stream(shards, tokenizer, 1, 2, mode=mode)
+    assert_same_batches(take_batches(first, cut), reference[:cut])
     state = json.loads(json.dumps(first.state_dict()))
     assert state["batches_yielded"] == cut and state["samples_yielded"] == cut * BATCH
-    resumed = _stream(shards, tokenizer, 1, 2, mode=mode)
+    resumed = loader_stream(shards, tokenizer, 1, 2, mode=mode)
     resumed.load_state_dict(state)
-    _assert_same_batches(_batches(resumed, 10), reference[cut:])
+    assert_same_batches(take_batches(resumed, 10), reference[cut:])
     # A state saved on rank 0 positions rank 1 too: all ranks share the batch count.
-    rank0 = _stream(shards, tokenizer, 0, 2, mode=mode)
-    _batches(rank0, cut)
-    from_rank0 = _stream(shards, tokenizer, 1, 2, mode=mode)
+    rank0 = loader_stream(shards, tokenizer, 0, 2, mode=mode)
+    take_batches(rank0, cut)
+    from_rank0 = loader_stream(shards, tokenizer, 1, 2, mode=mode)
     from_rank0.load_state_dict(rank0.state_dict())
-    _assert_same_batches(_batches(from_rank0, 10), reference[cut:])
+    assert_same_batches(take_batches(from_rank0, 10), reference[cut:])
 
 
 def test_resume_text_file_and_changed_layout(tmp_path, tokenizer, caplog):
     path = tmp_path / "corpus.txt"
     path.write_text("\n".join(sentences(40)) + "\n")
-    reference = _batches(_stream(path, tokenizer, num_workers=1), 9)
-    first = _stream(path, tokenizer, num_workers=1)
-    _batches(first, 6)
-    resumed = _stream(path, tokenizer, num_workers=1)
+    reference = take_batches(loader_stream(path, tokenizer, num_workers=1), 9)
+    first = loader_stream(path, tokenizer, num_workers=1)
+    take_batches(first, 6)
+    resumed = loader_stream(path, tokenizer, num_workers=1)
     resumed.load_state_dict(first.state_dict())
-    _assert_same_batches(_batches(resumed, 3), reference[6:])
-    other_layout = _stream(path, tokenizer, num_workers=2)
+    assert_same_batches(take_batches(resumed, 3), reference[6:])
+    other_layout = loader_stream(path, tokenizer, num_workers=2)
     with captured_warnings(caplog):
         other_layout.load_state_dict(first.state_dict())
     assert "layout changed (num_workers)" in caplog.text
@@ -229,7 +164,7 @@ def test_resume_text_file_and_changed_layout(tmp_path, tokenizer, caplog):
     older_state = first.state_dict()
     del older_state["layout"]["webdataset"]
     with captured_warnings(caplog):
-        _stream(path, tokenizer, num_workers=1).load_state_dict(older_state)
+        loader_stream(path, tokenizer, num_workers=1).load_state_dict(older_state)
     assert "layout changed (webdataset)" in caplog.text
 
 
@@ -244,8 +179,8 @@ def test_the_rows_left_at_the_end_of_an_epoch_are_dropped_counted_and_resumed_pa
     )  # 6 shards: 3 per rank, 18 rows = 2 batches and 2 dropped per epoch
     shard_of = {text: index // 6 for index, text in enumerate(texts)}
     options = dict(mode="exact", num_workers=0, shuffle_buffer=4)
-    reference_stream = _stream(shards, tokenizer, 1, 2, **options)
-    reference = _batches(reference_stream, 7)
+    reference_stream = loader_stream(shards, tokenizer, 1, 2, **options)
+    reference = take_batches(reference_stream, 7)
     assert reference_stream.samples_dropped == 6 and reference_stream.first_drop == (0, 2)  # 7 batches: 3 epochs ended
     assert reference_stream.stats()["data_samples_dropped"] == 6
     rows = [decode_rows(tokenizer, batch) for batch in reference]
@@ -254,56 +189,56 @@ def test_the_rows_left_at_the_end_of_an_epoch_are_dropped_counted_and_resumed_pa
         own = set(reference_stream.layout.rank_shards(epoch))
         seen = rows[2 * epoch] + rows[2 * epoch + 1]
         assert len(set(seen)) == 16 and {shard_of[text] for text in seen} <= own, f"epoch {epoch}"
-    first = _stream(shards, tokenizer, 1, 2, **options)
-    _batches(first, cut)
+    first = loader_stream(shards, tokenizer, 1, 2, **options)
+    take_batches(first, cut)
     state = json.loads(json.dumps(first.state_dict()))
     assert state["samples_dropped"] == {2: 0, 5: 4}[cut]  # 2 per epoch ended so far
-    resumed = _stream(shards, tokenizer, 1, 2, **options)
+    resumed = loader_stream(shards, tokenizer, 1, 2, **options)
     resumed.load_state_dict(state)
-    _assert_same_batches(_batches(resumed, 7 - cut), reference[cut:])
+    assert_same_batches(take_batches(resumed, 7 - cut), reference[cut:])
     assert resumed.samples_dropped == 6
-    rank0 = _stream(shards, tokenizer, 0, 2, **options)
-    _batches(rank0, cut)
-    from_rank0 = _stream(shards, tokenizer, 1, 2, **options)
+    rank0 = loader_stream(shards, tokenizer, 0, 2, **options)
+    take_batches(rank0, cut)
+    from_rank0 = loader_stream(shards, tokenizer, 1, 2, **options)
     from_rank0.load_state_dict(rank0.state_dict())
-    _assert_same_batches(_batches(from_rank0, 7 - cut), reference[cut:])
+    assert_same_batches(take_batches(from_rank0, 7 - cut), reference[cut:])
 
 
 def test_passes_with_fewer_rows_than_a_batch_stop_the_stream_naming_the_batch(tmp_path, tokenizer):
     shards = make_shards(tmp_path, sentences(6), shard_size=3)  # 6 rows per epoch, batch 8: all dropped
     with pytest.raises(ValueError, match="read 6 samples in data epoch 9, fewer than its per-device batch of 8"):
-        _texts(_stream(shards, tokenizer, num_workers=0), tokenizer, 1)
+        stream_texts(loader_stream(shards, tokenizer, num_workers=0), tokenizer, 1)
 
 
 def test_sources_and_options_are_validated(tmp_path, tokenizer):
     shards = make_shards(tmp_path, sentences(30), shard_size=10)  # 3 shards
     with pytest.raises(ValueError, match="at least world_size x workers"):
-        _stream(shards, tokenizer, 0, 2, mode="exact")
+        loader_stream(shards, tokenizer, 0, 2, mode="exact")
     with pytest.raises(ValueError, match="allow_pipe"):
-        _stream(f"pipe:cat {shards}/shard-000000.tar", tokenizer)
+        loader_stream(f"pipe:cat {shards}/shard-000000.tar", tokenizer)
     with pytest.raises(ValueError, match="do not exist"):
-        _stream(f"{shards}/shard-{{000000..000005}}.tar", tokenizer)
+        loader_stream(f"{shards}/shard-{{000000..000005}}.tar", tokenizer)
     with pytest.raises(ValueError, match="mode must be one of"):
-        _stream(shards, tokenizer, mode="fast")
+        loader_stream(shards, tokenizer, mode="fast")
     manifest = json.loads((shards / "manifest.json").read_text())
     manifest["shards"][0]["name"] = "pipe:cat /etc/passwd"
     (shards / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="not a plain file name"):
-        _stream(shards, tokenizer)
+        loader_stream(shards, tokenizer)
 
 
 def test_brace_list_and_pipe_sources(tmp_path, tokenizer):
     texts = sentences(32)
     shards = make_shards(tmp_path, texts, shard_size=8)
-    brace = _stream(f"{shards}/shard-{{000000..000003}}.tar", tokenizer, num_workers=1)
-    assert sorted(_texts(brace, tokenizer, 4)) == sorted(texts)
+    brace = loader_stream(f"{shards}/shard-{{000000..000003}}.tar", tokenizer, num_workers=1)
+    assert sorted(stream_texts(brace, tokenizer, 4)) == sorted(texts)
     assert brace._dataset.source.total_samples == 32  # counts found in the manifest next to the shards
-    piped = _stream(f"pipe:cat {shards}/shard-{{000000..000003}}.tar", tokenizer, num_workers=1, allow_pipe=True)
-    assert sorted(_texts(piped, tokenizer, 4)) == sorted(texts)
+    piped = loader_stream(f"pipe:cat {shards}/shard-{{000000..000003}}.tar", tokenizer, num_workers=1, allow_pipe=True)
+    assert sorted(stream_texts(piped, tokenizer, 4)) == sorted(texts)
     assert piped.corrupt_shards_skipped == 0
     failing_command = f"pipe:cat {shards}/shard-{{000000..000003}}.tar; exit 3"
-    failing = _stream(failing_command, tokenizer, num_workers=0, allow_pipe=True)
-    _texts(failing, tokenizer, 4)
+    failing = loader_stream(failing_command, tokenizer, num_workers=0, allow_pipe=True)
+    stream_texts(failing, tokenizer, 4)
     assert failing.corrupt_shards_skipped == 4
 
 
@@ -334,10 +269,12 @@ def test_stored_token_ids_give_the_same_batches(tmp_path, tokenizer):
     for name, stored in (("text", None), ("ids", str(tmp_path / "tok"))):
         options = PrepareOptions(shard_size=16, tokenizer=stored, max_length=20)
         prepare_shards([tmp_path / "in.txt"], tmp_path / name, options, show_progress=False)
-    with_ids = _stream(tmp_path / "ids", tokenizer, max_length=20)
+    with_ids = loader_stream(tmp_path / "ids", tokenizer, max_length=20)
     assert with_ids._dataset.use_stored_ids
-    _assert_same_batches(_batches(with_ids, 12), _batches(_stream(tmp_path / "text", tokenizer, max_length=20), 12))
-    assert not _stream(tmp_path / "ids", tokenizer, max_length=16)._dataset.use_stored_ids
+    assert_same_batches(
+        take_batches(with_ids, 12), take_batches(loader_stream(tmp_path / "text", tokenizer, max_length=20), 12)
+    )
+    assert not loader_stream(tmp_path / "ids", tokenizer, max_length=16)._dataset.use_stored_ids
 
 
 def test_shards_written_by_webdataset_stream_too(tmp_path, tokenizer):
@@ -351,9 +288,9 @@ def test_shards_written_by_webdataset_stream_too(tmp_path, tokenizer):
                 key = f"nested/dir/{'k' * 120}{shard * 8 + index}"
                 writer.write({"__key__": key, "txt": texts[shard * 8 + index], "json": {"index": index}})
     (tmp_path / "manifest.json").write_text('{"written by": "another tool"}')
-    stream = _stream(f"{tmp_path}/web-{{0..1}}.tar", tokenizer, num_workers=2)
+    stream = loader_stream(f"{tmp_path}/web-{{0..1}}.tar", tokenizer, num_workers=2)
     assert stream._dataset.source.total_samples is None  # no manifest of ours: counts unknown
-    assert sorted(_texts(stream, tokenizer, 2)) == sorted(texts)
+    assert sorted(stream_texts(stream, tokenizer, 2)) == sorted(texts)
 
 
 def test_only_corrupt_shards_raise_instead_of_spinning(tmp_path, tokenizer):
@@ -361,7 +298,7 @@ def test_only_corrupt_shards_raise_instead_of_spinning(tmp_path, tokenizer):
     for path in shards.glob("shard-*.tar"):
         path.write_bytes(b"garbage" * 200)
     with pytest.raises(RuntimeError, match="read no sample"):
-        _texts(_stream(shards, tokenizer, num_workers=0), tokenizer, 1)
+        stream_texts(loader_stream(shards, tokenizer, num_workers=0), tokenizer, 1)
 
 
 def _lockstep_steps(rank: int, world_size: int, source: str, mode: str, steps: int) -> dict:
@@ -369,7 +306,7 @@ def _lockstep_steps(rank: int, world_size: int, source: str, mode: str, steps: i
     import torch.distributed as dist
 
     tokenizer = minilm_tokenizer()
-    stream = _stream(source, tokenizer, rank, world_size, mode=mode)
+    stream = loader_stream(source, tokenizer, rank, world_size, mode=mode)
     batches = iter(stream)
     for _ in range(steps):
         rows = torch.tensor([next(batches)["anchor"]["input_ids"].shape[0]])
@@ -378,6 +315,7 @@ def _lockstep_steps(rank: int, world_size: int, source: str, mode: str, steps: i
     return {"batches": stream.batches_yielded, "epoch": stream.epoch}
 
 
+@pytest.mark.e2e
 def test_two_gloo_ranks_step_in_lockstep_over_uneven_shards(tmp_path):
     from tests.gloo import run_on_ranks
 
@@ -398,7 +336,7 @@ def test_paired_shards_stream_the_asked_columns_row_by_row_each_padded_to_its_ow
     positive_of = {row["anchor"]: row["positive"].strip() for row in rows}
     seen, widths = [], set()
     for rank in (0, 1):
-        stream = _stream(shards, tokenizer, rank, 2, mode="exact", columns=PAIR)
+        stream = loader_stream(shards, tokenizer, rank, 2, mode="exact", columns=PAIR)
         assert stream.columns == PAIR
         with time_limit(60):
             batches = list(islice(iter(stream), 4))  # one epoch: 32 rows per rank
@@ -414,7 +352,7 @@ def test_paired_shards_stream_the_asked_columns_row_by_row_each_padded_to_its_ow
     assert sorted(seen) == sorted(positive_of)  # every pair once per epoch over the ranks
     assert any(a != p for a, p in widths), "the columns never differed in width: the test would prove nothing"
     # Not asked for columns: every column the data has.
-    everything = _batches(_stream(shards, tokenizer, num_workers=0), 1)[0]
+    everything = take_batches(loader_stream(shards, tokenizer, num_workers=0), 1)[0]
     assert set(everything) == {"anchor", "positive", "negative_0"}
 
 
@@ -434,10 +372,10 @@ def test_shards_prepared_with_two_hard_negatives_stream_every_column_row_by_row(
     )
     columns = ("anchor", "positive", "negative_0", "negative_1")
     assert OBJECTIVES["simcse_sup"].columns_read(source_columns(str(tmp_path / "shards"))) == columns
-    stream = _stream(tmp_path / "shards", tokenizer, columns=OBJECTIVES["simcse_sup"].columns_read(columns))
+    stream = loader_stream(tmp_path / "shards", tokenizer, columns=OBJECTIVES["simcse_sup"].columns_read(columns))
     by_anchor = {row["anchor"]: tuple(text.strip() for text in row.values()) for row in rows}
     seen = []
-    for batch in _batches(stream, 3):  # one epoch
+    for batch in take_batches(stream, 3):  # one epoch
         assert set(batch) == set(columns)
         texts = list(zip(*(decode_rows(tokenizer, batch, column) for column in columns)))
         assert all(by_anchor[row[0]] == row for row in texts)
@@ -456,16 +394,16 @@ def test_paired_streams_resume_exactly_and_stored_ids_give_the_same_batches(tmp_
     rows = rows(60)
     text = make_paired_shards(tmp_path / "text", rows, shard_size=8)
     ids = make_paired_shards(tmp_path / "ids", rows, shard_size=8, tokenizer=tokenizer, max_length=12)
-    reference = _batches(_stream(text, tokenizer, 1, 2, mode="exact", columns=columns, max_length=12), 12)
+    reference = take_batches(loader_stream(text, tokenizer, 1, 2, mode="exact", columns=columns, max_length=12), 12)
     assert all(set(batch) == set(columns) for batch in reference)
-    with_ids = _stream(ids, tokenizer, 1, 2, mode="exact", columns=columns, max_length=12)
+    with_ids = loader_stream(ids, tokenizer, 1, 2, mode="exact", columns=columns, max_length=12)
     assert with_ids._dataset.use_stored_ids
-    _assert_same_batches(_batches(with_ids, 12), reference)
-    first = _stream(text, tokenizer, 1, 2, mode="exact", columns=columns, max_length=12)
-    _batches(first, 5)  # 30 rows per rank and epoch: the cut is inside epoch 1
-    resumed = _stream(text, tokenizer, 1, 2, mode="exact", columns=columns, max_length=12)
+    assert_same_batches(take_batches(with_ids, 12), reference)
+    first = loader_stream(text, tokenizer, 1, 2, mode="exact", columns=columns, max_length=12)
+    take_batches(first, 5)  # 30 rows per rank and epoch: the cut is inside epoch 1
+    resumed = loader_stream(text, tokenizer, 1, 2, mode="exact", columns=columns, max_length=12)
     resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
-    _assert_same_batches(_batches(resumed, 7), reference[5:])
+    assert_same_batches(take_batches(resumed, 7), reference[5:])
 
 
 def test_a_sample_without_a_column_read_is_counted_and_never_yielded(tmp_path, tokenizer):
@@ -478,10 +416,10 @@ def test_a_sample_without_a_column_read_is_counted_and_never_yielded(tmp_path, t
     ]
     del samples[3][1]["positive.txt"]
     write_shard(shards / "shard-000000.tar", samples)  # its manifest entry no longer matches: warned about, read on
-    stream = _stream(shards, tokenizer, num_workers=0, columns=PAIR)
+    stream = loader_stream(shards, tokenizer, num_workers=0, columns=PAIR)
     batch_rows = [
         (anchor, positive)
-        for batch in _batches(stream, 2)
+        for batch in take_batches(stream, 2)
         for anchor, positive in zip(decode_rows(tokenizer, batch), decode_rows(tokenizer, batch, "positive"))
     ]
     assert sorted(batch_rows) == sorted((f"anchor {i}", f"positive {i}") for i in range(17) if i != 3)  # one epoch
@@ -501,8 +439,8 @@ def test_columns_come_from_the_manifests_and_augmenting_data_that_has_positives_
     with pytest.raises(
         ValueError, match="data.augment makes each sample's positive from its anchor, and .* has a positive column"
     ):
-        _stream(pairs, tokenizer, columns=PAIR, augment="wdel")
-    augmented = _stream(pairs, tokenizer, num_workers=0, columns=("anchor",), augment="wdel")
+        loader_stream(pairs, tokenizer, columns=PAIR, augment="wdel")
+    augmented = loader_stream(pairs, tokenizer, num_workers=0, columns=("anchor",), augment="wdel")
     assert augmented.columns == PAIR  # the data's positives are not read: the augmentation makes them
     manifest = json.loads((pairs / "manifest.json").read_text())
     for columns in (["positive"], ["anchor", "anchor"], ["anchor", "bad.name"], "anchor"):
@@ -515,15 +453,17 @@ def test_labelled_pairs_stream_their_label_on_the_row_of_their_texts(tmp_path, t
     rows = labelled_rows(60)
     shards = make_paired_shards(tmp_path / "pairs", rows, shard_size=8)
     label_of = {row["anchor"]: row["label"] for row in rows}
-    stream = _stream(shards, tokenizer, 1, 2, mode="exact", columns=LABELLED)
+    stream = loader_stream(shards, tokenizer, 1, 2, mode="exact", columns=LABELLED)
     assert stream.columns == LABELLED
-    batches = _batches(stream, 12)
+    batches = take_batches(stream, 12)
     for batch in batches:
         assert batch["label"].dtype == torch.long and batch["label"].shape == (BATCH,)
         assert batch["label"].tolist() == [label_of[anchor] for anchor in decode_rows(tokenizer, batch)]
     assert {label for batch in batches for label in batch["label"].tolist()} == {0, 1}
     # An objective that reads no label (SimCSE's anchor) never gets it.
-    assert set(_batches(_stream(shards, tokenizer, num_workers=0, columns=("anchor", "positive")), 1)[0]) == {"anchor"}
+    assert set(take_batches(loader_stream(shards, tokenizer, num_workers=0, columns=("anchor", "positive")), 1)[0]) == {
+        "anchor"
+    }
 
 
 def test_a_label_that_is_not_0_or_1_is_a_corrupt_shard(tmp_path, tokenizer):
@@ -538,4 +478,6 @@ def test_a_label_that_is_not_0_or_1_is_a_corrupt_shard(tmp_path, tokenizer):
     with pytest.raises(
         CorruptShardError, match=r"shard-000000.tar: ValueError: a label member holds '2', not one of 0, 1"
     ):
-        _batches(_stream(shards, tokenizer, num_workers=0, columns=LABELLED, on_corrupt="fail", shuffle_buffer=0), 2)
+        take_batches(
+            loader_stream(shards, tokenizer, num_workers=0, columns=LABELLED, on_corrupt="fail", shuffle_buffer=0), 2
+        )

@@ -3,7 +3,6 @@ rules on a pool whose answer is known, faiss against exact, and the CLI end to e
 
 from __future__ import annotations
 
-import csv
 import importlib.resources
 import json
 import math
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from tests.data_helpers import shard_rows
+from tests.data_helpers import pairs_tsv, shard_rows
 from vascl_scale.cli import app
 from vascl_scale.data.mine import (
     MineOptions,
@@ -192,24 +191,12 @@ def tiny_model(tmp_path_factory) -> Path:
     return directory
 
 
-def _pairs_tsv(path: Path, count: int) -> list[tuple[str, str]]:
-    pairs = [
-        (f"question {index} about topic {index % 5}", f"answer {index} on topic {index % 5}") for index in range(count)
-    ]
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle, delimiter="\t")
-        writer.writerow(["query", "answer", "score"])
-        writer.writerows([(anchor, positive, "5") for anchor, positive in pairs])
-        writer.writerow(["a question without its answer", "", "5"])  # dropped: empty
-    return pairs
-
-
 def test_mine_cli_writes_paired_shards_that_the_loader_reads(tiny_model, tmp_path):
     from vascl_scale.config import DataConfig
     from vascl_scale.data.loader import build_train_stream
     from vascl_scale.tokenizer import load_tokenizer
 
-    pairs = _pairs_tsv(tmp_path / "pairs.tsv", 30)
+    pairs = pairs_tsv(tmp_path / "pairs.tsv", 30)
     extra = [f"  extra text {index}  " for index in range(12)]  # stripped on reading
     (tmp_path / "pool.txt").write_text("\n".join(extra) + "\n\n", encoding="utf-8")
     output = tmp_path / "mined"
@@ -248,7 +235,7 @@ def test_mine_cli_writes_paired_shards_that_the_loader_reads(tiny_model, tmp_pat
 
 
 def test_mine_cli_reports_user_errors(tiny_model, tmp_path):
-    _pairs_tsv(tmp_path / "pairs.tsv", 4)
+    pairs_tsv(tmp_path / "pairs.tsv", 4)
     common = ["data", "mine", str(tmp_path / "pairs.tsv"), "--model", str(tiny_model), "--output", str(tmp_path / "o")]
     for extra, message in (
         (["--text-field", "query,reply"], "'reply'"),
@@ -261,7 +248,7 @@ def test_mine_cli_reports_user_errors(tiny_model, tmp_path):
 
 
 def test_mining_nothing_fails_with_one_line_saying_what_to_change_and_writes_no_shard_set(tiny_model, tmp_path):
-    _pairs_tsv(tmp_path / "pairs.tsv", 2)  # a pool of 2 positives: each row has 1 candidate, fewer than 2 negatives
+    pairs_tsv(tmp_path / "pairs.tsv", 2)  # a pool of 2 positives: each row has 1 candidate, fewer than 2 negatives
     output = tmp_path / "mined"
     arguments = [
         "data", "mine", str(tmp_path / "pairs.tsv"), "--model", str(tiny_model), "--text-field", "query,answer",

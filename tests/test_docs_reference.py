@@ -9,7 +9,7 @@ import pytest
 import typer
 from pydantic import BaseModel
 
-from vascl_scale import docs_reference
+from tools import docs_reference
 from vascl_scale.cli import app
 from vascl_scale.config import LossConfig, RunConfig
 from vascl_scale.data.registry import load_registry

@@ -1,5 +1,6 @@
-"""Loaders of the evaluation data: TSV layout and the original STS / SICK formats, with the
-errors of bad input (file and line named)."""
+"""Loaders of the evaluation data: the TSV layout, and the original STS / SICK formats as the
+converters of ``data download`` turn them into it, with the errors of bad input (file and line
+named)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vascl_scale.data.converters import CONVERTERS
+from vascl_scale.data.registry import load_registry
 from vascl_scale.eval.clustering import load_labelled_texts
 from vascl_scale.eval.intent import load_intent_dataset
-from vascl_scale.eval.sts import (
-    StsPair,
-    default_stsb_dev_path,
-    load_senteval_sts_dir,
-    load_sick_txt,
-    load_sts_task,
-    load_sts_tsv,
-    load_stsb_csv,
-)
+from vascl_scale.eval.sts import StsPair, default_stsb_dev_path, load_sts_task, load_sts_tsv
 from vascl_scale.eval.tables import MissingDataError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,6 +26,22 @@ def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def converted(converter: str, originals: list[Path], options: dict, stage: Path) -> list[StsPair]:
+    """The pairs of ``originals`` as ``data download`` gives them to the evaluation: converted
+    into the layout by ``converter`` (one output, ``out.tsv``), then read back."""
+    if converter == "senteval_sts":
+        options = {"outputs": ["out.tsv"], **options}
+    else:  # stsb_csv, sick_semeval: each original file to its output
+        options = {"files": {originals[0].name: "out.tsv"}, **options}
+    CONVERTERS[converter](originals, options, stage)
+    return load_sts_tsv(stage / "out.tsv")
+
+
+def senteval(directory: Path, subsets: list[str], stage: Path) -> list[StsPair]:
+    """SentEval's STS layout in ``directory`` (``STS.input.<subset>.txt`` beside ``STS.gs.<subset>.txt``), converted."""
+    return converted("senteval_sts", sorted(directory.glob("STS.*.txt")), {"subsets": subsets}, stage)
 
 
 def test_sts_tsv_with_quotes_and_subsets(tmp_path):
@@ -103,27 +114,28 @@ def test_senteval_dir_drops_pairs_without_gold(tmp_path):
     write(tmp_path / "STS.gs.MSRpar.txt", "4.000\n\n1.500\n")
     write(tmp_path / "STS.input.surprise.OnWN.txt", "m .\tn .\n")
     write(tmp_path / "STS.gs.surprise.OnWN.txt", "2\n")
-    pairs = load_senteval_sts_dir(tmp_path)
+    pairs = senteval(tmp_path, ["MSRpar", "surprise.OnWN"], tmp_path / "stage")
     assert pairs == [
         StsPair("a b .", "c d .", 4.0, "MSRpar"),
         StsPair("i j .", "k l .", 1.5, "MSRpar"),
-        StsPair("m .", "n .", 2.0, "surprise.OnWN"),
+        StsPair("m .", "n .", 2.0, "OnWN"),  # the converter drops a leading "surprise." (the registry's notes)
     ]
 
 
 def test_senteval_dir_errors(tmp_path):
-    with pytest.raises(MissingDataError, match="STS.input"):
-        load_senteval_sts_dir(tmp_path)
+    stage = tmp_path / "stage"
+    with pytest.raises(ValueError, match="STS.input"):
+        senteval(tmp_path, ["x"], stage)
     write(tmp_path / "STS.input.x.txt", "a\tb\nc\td\n")
-    with pytest.raises(MissingDataError, match=r"STS\.gs\.x\.txt not found"):
-        load_senteval_sts_dir(tmp_path)
+    with pytest.raises(ValueError, match=r"STS\.gs\.x\.txt not found"):
+        senteval(tmp_path, ["x"], stage)
     write(tmp_path / "STS.gs.x.txt", "1\n")
     with pytest.raises(ValueError, match="has 2 lines but"):
-        load_senteval_sts_dir(tmp_path)
+        senteval(tmp_path, ["x"], stage)
     write(tmp_path / "STS.input.x.txt", "a\tb\nc d\n")
     write(tmp_path / "STS.gs.x.txt", "1\n2\n")
     with pytest.raises(ValueError, match=r"STS\.input\.x\.txt:2: expected 2 tab-separated"):
-        load_senteval_sts_dir(tmp_path)
+        senteval(tmp_path, ["x"], stage)
 
 
 def test_stsb_csv_with_and_without_source_columns(tmp_path):
@@ -132,13 +144,14 @@ def test_stsb_csv_with_and_without_source_columns(tmp_path):
         'main-captions\tMSRvid\t2012test\t0024\t2.500\tA girl is "styling" her hair.\tA girl is brushing her hair.\n'
         "main-news\theadlines\t2013\t0001\t0.000\tOne.\tTwo.\tsrc-a\tsrc-b\n",
     )
-    assert load_stsb_csv(path) == [
-        StsPair('A girl is "styling" her hair.', "A girl is brushing her hair.", 2.5, "main-captions"),
-        StsPair("One.", "Two.", 0.0, "main-news"),
+    # The layout's STS-B files hold no subset column: the genre is not kept.
+    assert converted("stsb_csv", [path], {}, tmp_path / "stage") == [
+        StsPair('A girl is "styling" her hair.', "A girl is brushing her hair.", 2.5, ""),
+        StsPair("One.", "Two.", 0.0, ""),
     ]
     bad = write(tmp_path / "bad.csv", "g\tf\ty\ti\t1.0\tonly one sentence\n")
     with pytest.raises(ValueError, match=r"bad\.csv:1: expected 7 or 9"):
-        load_stsb_csv(bad)
+        converted("stsb_csv", [bad], {}, tmp_path / "stage")
 
 
 def test_sick_full_release_and_semeval_files(tmp_path):
@@ -148,15 +161,16 @@ def test_sick_full_release_and_semeval_files(tmp_path):
         "1\tA dog runs\tA dog is running\tENTAILMENT\t4.5\tTRAIN\n"
         "2\tA cat sleeps\tA man sings\tNEUTRAL\t1.2\tTEST\n",
     )
-    assert load_sick_txt(full) == [
-        StsPair("A dog runs", "A dog is running", 4.5, "TRAIN"),
-        StsPair("A cat sleeps", "A man sings", 1.2, "TEST"),
+    # The layout's SICK-R files hold no subset column: SemEval_set is not kept.
+    assert converted("sick_semeval", [full], {}, tmp_path / "full") == [
+        StsPair("A dog runs", "A dog is running", 4.5, ""),
+        StsPair("A cat sleeps", "A man sings", 1.2, ""),
     ]
     semeval = write(
         tmp_path / "SICK_trial.txt",
         "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n3\tx y\tz w\t3.1\tNEUTRAL\n",
     )
-    assert load_sick_txt(semeval) == [StsPair("x y", "z w", 3.1, "")]
+    assert converted("sick_semeval", [semeval], {}, tmp_path / "semeval") == [StsPair("x y", "z w", 3.1, "")]
 
 
 def test_intent_pool_merges_train_and_optional_valid(tmp_path):
@@ -174,16 +188,18 @@ def test_intent_pool_merges_train_and_optional_valid(tmp_path):
 
 @pytest.mark.realdata
 @needs_real_data
-def test_real_original_formats_match_the_tsv_layout():
+def test_real_original_formats_match_the_tsv_layout(tmp_path):
     """The raw STS-B csv and SentEval's STS12 folder hold the pairs of the TSV files."""
-    raw = load_stsb_csv(REAL_DATA / "raw" / "stsbenchmark" / "sts-test.csv")
+    raw = converted("stsb_csv", [REAL_DATA / "raw" / "stsbenchmark" / "sts-test.csv"], {}, tmp_path / "stsb")
     tsv = load_sts_tsv(REAL_DATA / "sts" / "stsb" / "test.tsv")
     assert len(raw) == len(tsv) == 1379
     assert [(p.sentence1, p.sentence2, p.score) for p in raw] == [(p.sentence1, p.sentence2, p.score) for p in tsv]
-    senteval = load_senteval_sts_dir(REAL_DATA / "raw" / "senteval" / "STS" / "STS12-en-test")
+    (sts12,) = load_registry().select(["sts12"])
+    folder = REAL_DATA / "raw" / "senteval" / "STS" / "STS12-en-test"
+    senteval_pairs = senteval(folder, sts12.options["subsets"], tmp_path / "sts12")
     processed = load_sts_tsv(REAL_DATA / "sts_senteval" / "sts12" / "test.tsv")
-    assert len(senteval) == len(processed) == 3108
-    assert sorted(p.score for p in senteval) == sorted(p.score for p in processed)
+    assert len(senteval_pairs) == len(processed) == 3108
+    assert sorted(p.score for p in senteval_pairs) == sorted(p.score for p in processed)
 
 
 @pytest.mark.realdata

@@ -16,10 +16,10 @@ from mteb.abstasks.sts import AbsTaskSTS
 from mteb.abstasks.task_metadata import TaskMetadata
 from typer.testing import CliRunner
 
-from tests.test_eval_cli import make_data, save_tiny_bert
+from tests.eval_helpers import make_data, save_tiny_bert
 from vascl_scale.cli import app
 from vascl_scale.config import config_from_dict
-from vascl_scale.eval.embed import embedding_fingerprint, resolve_model
+from vascl_scale.encode import embedding_fingerprint, resolve_model
 from vascl_scale.eval.sts import load_sts_tsv
 from vascl_scale.model_card import FACTS_FILE, CardFacts, export_step
 
@@ -215,6 +215,7 @@ def test_export_step_is_the_step_of_the_exports_model_card(tmp_path):
     assert export_step(export) == 30
 
 
+@pytest.mark.e2e
 def test_offline_a_task_without_data_prints_its_reason_and_where_mteb_data_must_be(tmp_path):
     import os
     import subprocess

@@ -14,8 +14,16 @@ from itertools import islice
 import pytest
 import torch
 
-from tests.data_helpers import labelled_rows, make_paired_shards, make_shards, minilm_tokenizer, paired_rows, sentences
-from tests.test_data_loader import _stream, time_limit
+from tests.data_helpers import (
+    labelled_rows,
+    loader_stream,
+    make_paired_shards,
+    make_shards,
+    minilm_tokenizer,
+    paired_rows,
+    sentences,
+    time_limit,
+)
 
 GLOBAL_BATCH = 16
 # 100 rows in 9 shards, the last short: 6 full global batches per epoch (the last 4 rows of
@@ -35,7 +43,7 @@ def _real_rows(tensors: dict[str, torch.Tensor]) -> list[tuple[int, ...]]:
 
 def _global_stream(source, tokenizer, rank: int, world_size: int, **data):
     data = {"allow_pipe": str(source).startswith("pipe:"), **data}
-    return _stream(
+    return loader_stream(
         source, tokenizer, rank, world_size, batch=GLOBAL_BATCH // world_size, mode="global", on_corrupt="fail", **data
     )
 
@@ -71,7 +79,7 @@ def test_one_two_and_four_ranks_see_the_global_batches_of_the_one_process_stream
         source, data = tmp_path / "corpus.txt", {"augment": "wdel", "augment_fraction": 0.3}
         source.write_text("\n".join(f"{text} with a few more words" for text in sentences(ROWS)) + "\n")
     one_process = _joined(
-        [_rank_batches(_stream(source, tokenizer, 0, 1, batch=GLOBAL_BATCH, mode="exact", **data), STEPS)]
+        [_rank_batches(loader_stream(source, tokenizer, 0, 1, batch=GLOBAL_BATCH, mode="exact", **data), STEPS)]
     )
     assert set(one_process[0]) == (
         {"anchor", "positive", "negative_0"} if kind == "triplet shards" else {"anchor", "positive"}
@@ -84,7 +92,9 @@ def test_one_two_and_four_ranks_see_the_global_batches_of_the_one_process_stream
     # Exact mode splits the shards between the ranks instead: other global batches.
     exact = _joined(
         [
-            _rank_batches(_stream(source, tokenizer, rank, 2, batch=GLOBAL_BATCH // 2, mode="exact", **data), STEPS)
+            _rank_batches(
+                loader_stream(source, tokenizer, rank, 2, batch=GLOBAL_BATCH // 2, mode="exact", **data), STEPS
+            )
             for rank in (0, 1)
         ]
     )
@@ -132,7 +142,7 @@ def test_global_mode_needs_failing_on_corrupt_shards_and_one_shard_per_worker_an
     with pytest.raises(ValueError, match="global mode needs at least num_workers = 4 shards, and .* has 3"):
         _global_stream(shards, tokenizer, 0, 2, num_workers=4)
     with pytest.raises(ValueError, match="at least world_size x workers = 4 shards"):
-        _stream(shards, tokenizer, 0, 2, mode="exact")
+        loader_stream(shards, tokenizer, 0, 2, mode="exact")
     # 3 shards are enough for 2 workers on each of 2 ranks: each rank's workers read them all.
     streams = [_global_stream(shards, tokenizer, rank, 2) for rank in (0, 1)]
     for stream in streams:
@@ -140,7 +150,7 @@ def test_global_mode_needs_failing_on_corrupt_shards_and_one_shard_per_worker_an
         # Each rank read the 5 global batches: the run used 5 x 16 rows, not 2 x 5 x 16.
         assert stream.readers == 1 and stream.stats()["data_samples"] == 5 * GLOBAL_BATCH
     (tmp_path / "four").mkdir()
-    exact = _stream(make_shards(tmp_path / "four", sentences(40), shard_size=10), tokenizer, 1, 2, mode="exact")
+    exact = loader_stream(make_shards(tmp_path / "four", sentences(40), shard_size=10), tokenizer, 1, 2, mode="exact")
     _rank_batches(exact, 5)
     assert exact.readers == 2 and exact.stats()["data_samples"] == 5 * 8
 
@@ -153,7 +163,7 @@ def workspace(tmp_path_factory):
     """test_train's workspace with a dropout-free tiny model (dropout masks are per rank), triplets and labelled pairs."""
     import random
 
-    from tests.test_train import WORDS, write_dev_tsv, write_texts, write_tiny_model
+    from tests.train_helpers import WORDS, write_dev_tsv, write_texts, write_tiny_model
 
     root = tmp_path_factory.mktemp("global-train")
     write_tiny_model(root / "model", dropout=0.0)
@@ -183,7 +193,7 @@ def _train(workspace, directory, objective: str, *extra: str, stop_at: int | Non
     of a whole row), and with eps 1e-8 Adam turns their float noise (~1e-10, other in every
     reduction order) into steps of up to lr.
     """
-    from tests.test_train import run_train, write_config
+    from tests.train_helpers import run_train, write_config
 
     data = {"train": str(workspace / OBJECTIVES[objective]), "mode": "global", "on_corrupt": "fail"}
     optim = {"lr": 1e-3, "head_lr": 1e-2, "adam_eps": 1e-6}
@@ -222,7 +232,7 @@ def _assert_same_run(
 ) -> None:
     from safetensors.torch import load_file
 
-    from tests.test_train import assert_same_weights, final_weights
+    from tests.train_helpers import assert_same_weights, final_weights
 
     result, records, run = _train(
         workspace, tmp_path, objective, "--num-processes", str(ranks), *engine, stop_at=stop_at
@@ -244,6 +254,7 @@ def _assert_same_run(
 
 # The supervised run is stopped after 2 steps and resumed: each rank's data state continues the
 # one stream exactly. Four ranks once, on the triplets.
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "objective,stop_at,ranks",
     [("simcse", None, 2), ("vascl", None, 2), ("simcse_sup", 2, 2), ("pairsupcon", None, 2), ("simcse_sup", None, 4)],
@@ -254,11 +265,12 @@ def test_ddp_ranks_in_global_mode_end_with_the_one_process_weights(
     _assert_same_run(workspace, tmp_path, one_process_runs, objective, stop_at=stop_at, ranks=ranks)
 
 
+@pytest.mark.e2e
 @pytest.mark.deepspeed
 @pytest.mark.parametrize("objective", ["simcse", "simcse_sup"])
 def test_two_zero2_ranks_in_global_mode_end_with_the_one_process_weights(
     workspace, tmp_path, one_process_runs, objective
 ):
-    from tests.test_train import ZERO2
+    from tests.train_helpers import ZERO2
 
     _assert_same_run(workspace, tmp_path, one_process_runs, objective, "--deepspeed", ZERO2)

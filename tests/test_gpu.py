@@ -51,24 +51,24 @@ def same_masks_on_the_device(step, batch: dict[str, dict[str, torch.Tensor]], lo
 
 def cuda_cached_and_reference(rank: int, world_size: int, dropout: float) -> list[dict]:
     """Per case of tests/test_cached_step.py, on the GPU: the cached loss call and the reference."""
-    from tests.test_cached_step import CASES, CHUNK, _gradients, _own_batch, _parts
+    from tests.step_helpers import CASES, CHUNK, own_batch, parameter_gradients, step_parts
 
     results = []
     for objective, loss in CASES:
         calls = {}
         for mode in ("same_masks", "cached"):
-            _, model, step, recorder = _parts(objective, loss, CHUNK, dropout)
+            _, model, step, recorder = step_parts(objective, loss, CHUNK, dropout)
             forwards: list[tuple[bool, torch.Tensor]] = []
             model.register_forward_hook(
                 lambda module, args, output, seen=forwards: seen.append(
                     (torch.is_grad_enabled(), output.detach().clone())
                 )
             )
-            batch = _own_batch(rank, world_size)
+            batch = own_batch(rank, world_size)
             out = step.cached_loss_call(batch, 0, 0) if mode == "cached" else same_masks_on_the_device(step, batch, 0)
             calls[mode] = {
                 "loss": out.loss.detach(),
-                "gradients": _gradients(model),
+                "gradients": parameter_gradients(model),
                 "recorded": recorder.calls,
                 "forwards": forwards,
             }
@@ -78,13 +78,13 @@ def cuda_cached_and_reference(rank: int, world_size: int, dropout: float) -> lis
 
 
 def test_on_cuda_the_cached_call_replays_each_chunks_dropout_masks() -> None:
-    from tests.test_cached_step import CASE_IDS, _assert_same_call
+    from tests.step_helpers import CASE_IDS, assert_same_call
 
     (results,) = run_as_launched(cuda_cached_and_reference, 1, 0.2)
     for case_id, result in zip(CASE_IDS, results):
         assert result["devices"] == ["cuda:0"], case_id
         reference, cached = result["same_masks"], result["cached"]
-        _assert_same_call(cached, reference, f"{case_id}, CUDA, dropout 0.2")
+        assert_same_call(cached, reference, f"{case_id}, CUDA, dropout 0.2")
         forwards = cached["forwards"]  # 2 views x 3 chunks without gradient, then again with it
         assert [grad for grad, _ in forwards] == [False] * 6 + [True] * 6
         for index in range(6):
@@ -100,7 +100,7 @@ def test_on_cuda_the_cached_call_replays_each_chunks_dropout_masks() -> None:
 def bf16_steps(rank: int, world_size: int) -> dict:
     """One optimiser step in bf16 per objective, uncached and cached, dropout off, from the
     same float32 weights: the losses, the weights' dtype and how far each step moved them."""
-    from tests.test_cached_step import _own_batch
+    from tests.step_helpers import own_batch
     from tests.tiny import tiny_encoder
     from vascl_scale.config import config_from_dict
     from vascl_scale.losses import build_objective
@@ -119,13 +119,15 @@ def bf16_steps(rank: int, world_size: int) -> dict:
             model = tiny_encoder(seed=0, dtype=torch.float32, head_dim=8)
             model.train()
             before = {n: p.detach().clone() for n, p in model.named_parameters()}
-            accelerator = accelerator or build_accelerator(config, None)  # one accelerator per process
-            prepared, optimizer = prepare_for_training(accelerator, model, build_optimizer(model, config), config)
+            accelerator = accelerator or build_accelerator(config, None, "bf16")  # one accelerator per process
+            prepared, optimizer = prepare_for_training(
+                accelerator, model, build_optimizer(model, config), config.train, 8
+            )
             step = TrainingStep(
                 accelerator, prepared, optimizer, build_objective(objective, config.loss.model_dump()), seed=5, per_device_batch=8,
                 chunk_size=chunk, precision="bf16",
             )  # fmt: skip
-            result = step(iter([_own_batch(rank, world_size)]), 0)
+            result = step(iter([own_batch(rank, world_size)]), 0)
             unwrapped = accelerator.unwrap_model(prepared)
             results[objective, chunk] = {
                 "loss": float(result.terms["loss"]),

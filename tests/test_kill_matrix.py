@@ -31,25 +31,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.data_helpers import sentences
-from tests.test_data_download import EXPECTED, HOST, ORIGINALS, Mirror, registry_text
-from tests.test_data_mine import _pairs_tsv
-from tests.test_eval_cli import make_data
-from tests.test_train import (  # noqa: F401 (fixtures)
-    REPO,
-    ZERO2,
-    _alive,
-    assert_same_weights,
-    cli_env,
-    ddp_reference,
-    ddp_references,
-    run_train,
-    train_command,
-    workspace,
-    write_config,
-)
+from tests.data_helpers import pairs_tsv, sentences
+from tests.download_helpers import EXPECTED, HOST, ORIGINALS, Mirror, registry_text
+from tests.eval_helpers import make_data
+from tests.processes import alive
+from tests.train_helpers import REPO, ZERO2, assert_same_weights, cli_env, run_train, train_command, write_config
 
-pytestmark = pytest.mark.kill
+pytestmark = [pytest.mark.kill, pytest.mark.e2e]  # e2e too: the everyday tier leaves it out
 
 KILL_POINTS = Path(__file__).resolve().parent / "kill_points"  # the folder of the pausing sitecustomize
 CLI = [sys.executable, "-m", "vascl_scale"]
@@ -105,9 +93,9 @@ def kill_at(command: list[str], point, directory: Path, timeout: float = 180) ->
                 os.kill(paused, signal.SIGKILL)  # SIGKILL ends a stopped process too
         process.wait(timeout=30)
         deadline = time.monotonic() + 30  # docs/training.md: every worker polls its launcher and exits
-        while any(_alive(pid) for pid in below):
+        while any(alive(pid) for pid in below):
             assert time.monotonic() < deadline, (
-                f"processes {[pid for pid in below if _alive(pid)]} outlived the killed command"
+                f"processes {[pid for pid in below if alive(pid)]} outlived the killed command"
             )
             time.sleep(0.1)
     finally:
@@ -269,7 +257,7 @@ def _mined(output: Path) -> tuple[dict, dict]:
 def mined(workspace: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[dict, dict]]:
     root = tmp_path_factory.mktemp("mine")
     pairs = root / "pairs.tsv"
-    _pairs_tsv(pairs, MINE_PAIRS)
+    pairs_tsv(pairs, MINE_PAIRS)
     run_cli(*mine_arguments(pairs, workspace / "model", root / "reference", root / "cache"))
     return pairs, _mined(root / "reference")
 

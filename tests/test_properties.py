@@ -716,6 +716,7 @@ def parquet_cases(draw) -> PrepareCase:
 @given(txt_cases())
 # A file written with a byte order mark (as Windows editors write UTF-8): the mark was kept as the
 # first line's first character, so its text differed from the line's and a dedup missed it.
+@pytest.mark.e2e
 @example(txt_case(["hello", "hello"], ["\n", "\n"], bom=True, options=Options(dedup=True)))
 def test_prepare_txt(case):
     run_prepare(case)
@@ -726,6 +727,7 @@ def test_prepare_txt(case):
 # A BOM made the first line invalid JSON, dropped as malformed; an integer of 5000 digits or
 # arrays nested 100000 deep stopped the whole run (Python's int-digits limit: "error: Exceeds the
 # limit (4300 digits)"; a RecursionError traceback) instead of costing one line.
+@pytest.mark.e2e
 @example(jsonl_case([("object", {"text": "first"})], ["\n"], bom=True, ascii_only=True, options=Options()))
 @example(
     jsonl_case(
@@ -743,6 +745,7 @@ def test_prepare_jsonl(case):
 @given(csv_cases())
 # A BOM became part of the first column's name, so a CSV from a spreadsheet had "no column 'text'";
 # a header name holding a line break split the refusal naming the columns over two lines.
+@pytest.mark.e2e
 @example(
     csv_case(["text", "id"], [["a", "1"]], ["\n"], bom=True, tsv=False, quoted=[[False, False]], options=Options())
 )
@@ -751,6 +754,7 @@ def test_prepare_csv_and_tsv(case):
     run_prepare(case)
 
 
+@pytest.mark.e2e
 @examples(80)
 @given(parquet_cases())
 def test_prepare_parquet(case):

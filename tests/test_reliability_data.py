@@ -15,8 +15,19 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.data_helpers import make_shards, minilm_tokenizer, sentences, shard_texts
-from tests.test_data_loader import _assert_same_batches, _batches, _stream, _texts, captured_warnings, time_limit
+from tests.data_helpers import (
+    assert_same_batches,
+    captured_warnings,
+    loader_stream,
+    make_shards,
+    minilm_tokenizer,
+    sentences,
+    shard_texts,
+    stream_texts,
+    take_batches,
+    time_limit,
+)
+from tests.processes import group_alive
 from vascl_scale.cli import app
 from vascl_scale.data.layout import StreamLayout
 from vascl_scale.data.loader import CorruptShardError
@@ -41,15 +52,15 @@ def test_shards_that_differ_from_the_manifest_are_counted_and_fail(tmp_path, tok
     _rewrite(shards / "shard-000000.tar", sentences(16, start=80))  # same count, same size: only sha256 differs
     with open(shards / "shard-000001.tar", "ab") as handle:
         handle.write(bytes(1024))  # zeros after the end of the archive: a valid tar, 1024 bytes too long
-    stream = _stream(shards, tokenizer, num_workers=0, shuffle_buffer=0)
+    stream = loader_stream(shards, tokenizer, num_workers=0, shuffle_buffer=0)
     with captured_warnings(caplog):
-        rows = _texts(stream, tokenizer, 13)  # 48 rows a pass: into the third, so the second one ended
+        rows = stream_texts(stream, tokenizer, 13)  # 48 rows a pass: into the third, so the second one ended
     assert sorted(rows[:48]) == sorted(sentences(16, start=80) + sentences(32, start=16))  # samples kept (skip)
     assert stream.stats()["data_shards_mismatched"] == 4  # two bad shards in each of two passes
     assert stream.stats()["data_corrupt_shards_skipped"] == 0
     assert "sha256" in caplog.text and "bytes where the manifest lists" in caplog.text
     with pytest.raises(CorruptShardError, match="shard-00000[01].tar"):
-        _texts(_stream(shards, tokenizer, num_workers=0, on_corrupt="fail"), tokenizer, 12)
+        stream_texts(loader_stream(shards, tokenizer, num_workers=0, on_corrupt="fail"), tokenizer, 12)
 
 
 def test_a_partly_read_or_resumed_shard_is_not_a_mismatch(tmp_path, tokenizer):
@@ -59,18 +70,18 @@ def test_a_partly_read_or_resumed_shard_is_not_a_mismatch(tmp_path, tokenizer):
     _rewrite(shards / f"shard-{first:06d}.tar", sentences(32, start=100))
     options = {"num_workers": 0, "shuffle_buffer": 0, "mode": "exact", "on_corrupt": "fail"}
     # 4 batches take all 32 samples but the stream never asks past them: the shard is not read to its end.
-    assert len(_batches(_stream(shards, tokenizer, **options), 4)) == 4
+    assert len(take_batches(loader_stream(shards, tokenizer, **options), 4)) == 4
     with pytest.raises(CorruptShardError, match="sha256"):
-        _batches(_stream(shards, tokenizer, **options), 5)
+        take_batches(loader_stream(shards, tokenizer, **options), 5)
     # Untouched shards: a stream resumed mid-shard with 2 workers reports nothing and stays exact.
     (tmp_path / "clean").mkdir()
     clean = make_shards(tmp_path / "clean", sentences(64), shard_size=16)  # 4 shards for 2 workers
-    reference = _batches(_stream(clean, tokenizer, mode="exact"), 12)
-    cut = _stream(clean, tokenizer, mode="exact")
-    _batches(cut, 3)
-    resumed = _stream(clean, tokenizer, mode="exact", on_corrupt="fail")
+    reference = take_batches(loader_stream(clean, tokenizer, mode="exact"), 12)
+    cut = loader_stream(clean, tokenizer, mode="exact")
+    take_batches(cut, 3)
+    resumed = loader_stream(clean, tokenizer, mode="exact", on_corrupt="fail")
     resumed.load_state_dict(cut.state_dict())
-    _assert_same_batches(_batches(resumed, 9), reference[3:])
+    assert_same_batches(take_batches(resumed, 9), reference[3:])
     assert resumed.stats()["data_shards_mismatched"] == 0 == resumed.stats()["data_corrupt_shards_skipped"]
 
 
@@ -78,17 +89,17 @@ def test_missing_shard_files_are_missing_not_corrupt(tmp_path, tokenizer, caplog
     shards = make_shards(tmp_path, sentences(48), shard_size=16)
     (shards / "shard-000001.tar").unlink()
     with pytest.raises(ValueError, match=r"1 of 3 shards .* missing .*shard-000001.tar.*on_corrupt"):
-        _stream(shards, tokenizer, on_corrupt="fail")
+        loader_stream(shards, tokenizer, on_corrupt="fail")
     with captured_warnings(caplog):
-        stream = _stream(shards, tokenizer, num_workers=0, shuffle_buffer=0)  # workers' logs reach caplog
-        rows = _texts(stream, tokenizer, 8)  # 32 rows a pass: two passes
+        stream = loader_stream(shards, tokenizer, num_workers=0, shuffle_buffer=0)  # workers' logs reach caplog
+        rows = stream_texts(stream, tokenizer, 8)  # 32 rows a pass: two passes
     assert sorted(rows[:32]) == sorted(rows[32:]) == sorted(sentences(16) + sentences(16, start=32))
     assert "missing shard" in caplog.text and "corrupt shard" not in caplog.text
     assert stream.stats()["data_shards_missing"] >= 1 and stream.stats()["data_corrupt_shards_skipped"] == 0
     for path in shards.glob("shard-*.tar"):
         path.unlink()
     with pytest.raises(ValueError, match="none of the 3 shards"):
-        _stream(shards, tokenizer)
+        loader_stream(shards, tokenizer)
 
 
 def test_manifest_entries_are_validated(tmp_path, tokenizer):
@@ -98,23 +109,11 @@ def test_manifest_entries_are_validated(tmp_path, tokenizer):
         entry = dict(manifest["shards"][0], **{key: value})
         (shards / "manifest.json").write_text(json.dumps(dict(manifest, shards=[entry, manifest["shards"][1]])))
         with pytest.raises(ValueError, match=f"shard-000000.tar.*{key}"):
-            _stream(shards, tokenizer)
+            loader_stream(shards, tokenizer)
     del manifest["shards"][0]["samples"]
     (shards / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="samples"):
-        _stream(shards, tokenizer)
-
-
-def _group_alive(group: int) -> bool:
-    """Whether a live (not zombie) process of process group ``group`` remains (Linux /proc)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[2]) == group:
-            return True
-    return False
+        loader_stream(shards, tokenizer)
 
 
 @pytest.mark.parametrize("hang", ["before", "after"])
@@ -127,15 +126,15 @@ def test_a_pipe_command_that_stops_producing_times_out(tmp_path, tokenizer, hang
     with time_limit(30), pytest.raises(CorruptShardError, match=r"sleep 60.*1 s|1 s.*sleep 60"):
         # 3 batches of 8 from a 16-sample shard: the stream must read to the command's end.
         options = {"num_workers": 0, "allow_pipe": True, "on_corrupt": "skip", "pipe_timeout": 1}  # fatal even so
-        stream = _stream(f"pipe:{command}", tokenizer, **options)
-        _texts(stream, tokenizer, 3)
+        stream = loader_stream(f"pipe:{command}", tokenizer, **options)
+        stream_texts(stream, tokenizer, 3)
     assert time.monotonic() - start < 10
     deadline = time.monotonic() + 5
-    while _group_alive(int(pid_file.read_text())) and time.monotonic() < deadline:
+    while group_alive(int(pid_file.read_text())) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _group_alive(int(pid_file.read_text())), "the command's sleep outlived the timeout"
+    assert not group_alive(int(pid_file.read_text())), "the command's sleep outlived the timeout"
     with pytest.raises(ValueError, match="pipe_timeout"):
-        _stream(f"pipe:{cat}", tokenizer, allow_pipe=True, pipe_timeout=0)
+        loader_stream(f"pipe:{cat}", tokenizer, allow_pipe=True, pipe_timeout=0)
 
 
 def _contents(output: Path) -> dict[str, bytes | None]:

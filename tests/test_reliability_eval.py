@@ -13,12 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_data_loader import captured_warnings
-from tests.test_eval_cli import WORDS, invoke, make_data, save_tiny_bert, write_tsv
+from tests.data_helpers import captured_warnings
+from tests.eval_helpers import WORDS, invoke, make_data, save_tiny_bert, write_tsv
+from vascl_scale.data.converters import CONVERTERS
+from vascl_scale.encode import Embedder, resolve_model
 from vascl_scale.eval.clustering import CLUSTERING_TASKS, load_labelled_texts
-from vascl_scale.eval.embed import Embedder, resolve_model
 from vascl_scale.eval.intent import load_intent_dataset
-from vascl_scale.eval.sts import load_senteval_sts_dir, load_sick_txt, load_sts_tsv, load_stsb_csv
+from vascl_scale.eval.sts import load_sts_tsv
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +40,6 @@ TSV_LOADERS: dict[str, tuple[str, list[str], Callable[[int], list[str]], int, Ca
         lambda i: [f"one {i}", f"two {i}", str(i % 5)],
         0,
         load_sts_tsv,
-    ),
-    "sick": (
-        "SICK.txt",
-        ["pair_ID", "sentence_A", "sentence_B", "relatedness_score"],
-        lambda i: [str(i), f"a dog {i}", f"a cat {i}", "3.5"],
-        1,
-        load_sick_txt,
     ),
     "clustering": (
         "clustering/agnews.tsv",
@@ -120,17 +114,19 @@ def test_non_finite_gold_scores_are_rejected_in_every_format(tmp_path, value):
     sick = tmp_path / "SICK.txt"
     sick.write_text(f"pair_ID\tsentence_A\tsentence_B\trelatedness_score\n1\ta\tb\t{value}\n", encoding="utf-8")
     with pytest.raises(ValueError, match=rf"SICK\.txt:2: relatedness_score '{value}' is not a finite number"):
-        load_sick_txt(sick)
+        CONVERTERS["sick_semeval"]([sick], {"files": {sick.name: "sick.tsv"}}, tmp_path / "stage")
     stsb = tmp_path / "sts-test.csv"
     stsb.write_text(f"main\tMSRvid\t2012\t0001\t{value}\tOne.\tTwo.\n", encoding="utf-8")
     with pytest.raises(ValueError, match=rf"sts-test\.csv:1: score '{value}' is not a finite number"):
-        load_stsb_csv(stsb)
+        CONVERTERS["stsb_csv"]([stsb], {"files": {stsb.name: "stsb.tsv"}}, tmp_path / "stage")
     senteval = tmp_path / "senteval"
     senteval.mkdir()
     (senteval / "STS.input.x.txt").write_text("a .\tb .\nc .\td .\n", encoding="utf-8")
     (senteval / "STS.gs.x.txt").write_text(f"1\n{value}\n", encoding="utf-8")
     with pytest.raises(ValueError, match=rf"STS\.gs\.x\.txt:2: score '{value}' is not a finite number"):
-        load_senteval_sts_dir(senteval)
+        CONVERTERS["senteval_sts"](
+            sorted(senteval.iterdir()), {"subsets": ["x"], "outputs": ["x.tsv"]}, tmp_path / "stage"
+        )
 
 
 @pytest.mark.parametrize(
@@ -240,7 +236,9 @@ def test_senteval_sentences_may_hold_unicode_line_separators(tmp_path):
     cp1252 ellipsis), U+2028 or a form feed and misalign the sentences with their gold scores."""
     (tmp_path / "STS.input.x.txt").write_text("wait\x85 what .\tno .\nyes \u2028 .\tok\x0c .\n", encoding="utf-8")
     (tmp_path / "STS.gs.x.txt").write_text("1\n2\n", encoding="utf-8")
-    pairs = load_senteval_sts_dir(tmp_path)
+    originals = sorted(tmp_path.glob("STS.*.txt"))
+    CONVERTERS["senteval_sts"](originals, {"subsets": ["x"], "outputs": ["x.tsv"]}, tmp_path / "stage")
+    pairs = load_sts_tsv(tmp_path / "stage" / "x.tsv")
     assert [(p.sentence1, p.sentence2, p.score) for p in pairs] == [
         ("wait\x85 what .", "no .", 1.0),
         ("yes \u2028 .", "ok\x0c .", 2.0),
@@ -564,7 +562,7 @@ def test_max_length_beyond_the_position_embeddings_is_clamped_with_a_line(tiny_m
     assert json.loads((tmp_path / "r.json").read_text())["models"][0]["model"]["max_length"] == 64
 
 
-@pytest.mark.parametrize("kind", [kind for kind in TSV_LOADERS if kind != "sick"])  # SICK's first column is not read
+@pytest.mark.parametrize("kind", list(TSV_LOADERS))
 def test_utf8_byte_order_mark_is_accepted(tmp_path, kind):
     name, header, row, _, load = TSV_LOADERS[kind]
     path = _write_with_quotes(tmp_path / name, header, row, 0, rows=6, opened=0, closed=None)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from vascl_scale import fs
 from vascl_scale.cli import app
 from vascl_scale.sweep import run
 
@@ -110,6 +111,7 @@ def _quick_train(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(run, "train_command", lambda plan, cell, run_dir: [sys.executable, "-c", "pass"])
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "signum, mode, code",
     [(signal.SIGINT, "cooperative", 130), (signal.SIGTERM, "stubborn", 143)],
@@ -143,6 +145,7 @@ def test_a_stopped_sweep_stops_its_cell_and_records_it_as_interrupted(
     assert [json.loads(p.read_text())["state"] for p in sorted(out.glob("cells/*/status.json"))] == ["done", "done"]
 
 
+@pytest.mark.e2e
 def test_a_rerun_refuses_a_cell_whose_training_still_runs(
     tmp_path: Path, sweep_args: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -206,7 +209,7 @@ def test_a_file_system_without_flock_runs_the_cell_unlocked(
     def no_flock(fd: int, operation: int) -> None:
         raise OSError(errno.ENOSYS, "Function not implemented")  # as Lustre mounted without flock
 
-    monkeypatch.setattr(run.fcntl, "flock", no_flock)
+    monkeypatch.setattr(fs.fcntl, "flock", no_flock)
     _quick_train(monkeypatch)
     result = CliRunner().invoke(app, ["sweep", *sweep_args], catch_exceptions=False)
     assert result.exit_code == 0 and "cannot lock" in _flat(result.output), result.output

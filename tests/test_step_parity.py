@@ -19,6 +19,9 @@ import torch
 from tests.gloo import run_as_launched
 from tests.tiny import tiny_encoder, token_batch
 
+# Every test starts 2 or 4 ranks: the e2e tier.
+pytestmark = pytest.mark.e2e
+
 GLOBAL_BATCH = 8
 SEQ_LEN = 6
 STEPS = 3
@@ -71,11 +74,13 @@ def train_steps(
         model = tiny_encoder(
             seed=0, dtype=getattr(torch, dtype), head_dim=8, pair_classifier=objective_spec(objective).classifier
         )
-        accelerator = build_accelerator(config, deepspeed)
-        prepared, prepared_optimizer = prepare_for_training(accelerator, model, build_optimizer(model, config), config)
+        precision = train_precision(config.train.precision)
+        accelerator = build_accelerator(config, deepspeed, precision)
+        optimizer = build_optimizer(model, config)
+        prepared, prepared_optimizer = prepare_for_training(accelerator, model, optimizer, config.train, rows)
         step = TrainingStep(
             accelerator, prepared, prepared_optimizer, build_objective(objective, config.loss.model_dump()),
-            seed=config.train.seed, per_device_batch=rows, precision=train_precision(config.train.precision),
+            seed=config.train.seed, per_device_batch=rows, precision=precision,
         )  # fmt: skip
         losses = []
         for index in range(steps):

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
 from typer.testing import CliRunner
 
-from tests.test_model import packaged_minilm_dir
+from tests.tiny import packaged_minilm_dir
 from vascl_scale.cli import app
 from vascl_scale.sweep.grid import SweepPlan, expand, parse_grid_axis, parse_variant
 from vascl_scale.sweep.run import eval_command
@@ -63,6 +63,7 @@ def _flat(text: str) -> str:
     return " ".join(text.split())
 
 
+@pytest.mark.e2e
 def test_two_by_two_sweep_at_equal_updates_runs_resumes_and_reports(workspace: Path) -> None:
     out = workspace / "s2x2"
     args = ["--config", str(workspace / "base.yaml"), "--grid", "train.global_batch_size=8,16", "--grid", "loss.k=2,3"]
@@ -102,6 +103,7 @@ def test_two_by_two_sweep_at_equal_updates_runs_resumes_and_reports(workspace: P
     assert changed.exit_code == 2 and "holds a different sweep" in _flat(changed.output)
 
 
+@pytest.mark.e2e
 def test_failing_cell_is_recorded_and_the_sweep_goes_on(workspace: Path) -> None:
     out = workspace / "sfail"
     missing = workspace / "no-such-file.txt"
@@ -202,6 +204,7 @@ def test_grid_parsing_and_expansion() -> None:
     assert cells[3].assignments() == ["a.b=2", 'c="x"', "train.seed=1"]
 
 
+@pytest.mark.e2e
 def test_variant_sweep_applies_each_bundle_and_reports_it(workspace: Path) -> None:
     out = workspace / "svariants"
     result = _sweep(

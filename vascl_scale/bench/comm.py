@@ -140,14 +140,14 @@ def measure_step(model: str, global_batch: int, k: int, head_dim: int, chunk_siz
     configs = {o: bench_config(o, model, global_batch, MEASURE_MAX_LENGTH, k, 15.0, "no") for o in REPORTED}
     torch.manual_seed(0)
     encoder = build_bench_model(model, head_dim)
-    accelerator = build_accelerator(configs["vascl"], None)  # DDP over gloo
+    accelerator = build_accelerator(configs["vascl"], None, "no")  # DDP over gloo, float32
     world_size, rank = accelerator.num_processes, accelerator.process_index
     if world_size < 2:
         raise ValueError("the measured run needs at least 2 ranks")
     rows = configs["vascl"].per_device_batch_size(world_size)
     chunk_size = min(chunk_size, rows)
     ddp, optimizer = prepare_for_training(
-        accelerator, encoder, build_optimizer(encoder, configs["vascl"]), configs["vascl"]
+        accelerator, encoder, build_optimizer(encoder, configs["vascl"]), configs["vascl"].train, rows
     )
     gradient_payloads: list[int] = []
 

@@ -231,7 +231,7 @@ def run_step_bench(
         # Before this process builds anything: the loop's process has the machine to itself.
         loops = run_training_loops(configs, model_dir, synthetic_columns(specs, negatives), steps, warmup)
 
-    accelerator = build_accelerator(first, deepspeed)
+    accelerator = build_accelerator(first, deepspeed, run_precision)
     world_size, rank = accelerator.num_processes, accelerator.process_index
     rows = first.per_device_batch_size(world_size)
 
@@ -243,7 +243,9 @@ def run_step_bench(
         config = bench_config(
             objectives[0], model, global_batch, max_length, k, eps, precision, chunk_size, seed, compiled
         )
-        wrapped, optimizer = prepare_for_training(accelerator, encoder, build_optimizer(encoder, config), config)
+        wrapped, optimizer = prepare_for_training(
+            accelerator, encoder, build_optimizer(encoder, config), config.train, rows
+        )
         return encoder, {
             o: TrainingStep(
                 accelerator,

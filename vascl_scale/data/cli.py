@@ -3,14 +3,35 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from vascl_scale.eval.cli import BATCH, CACHE, DEVICE, MAX_LENGTH, NO_CACHE, POOLING, PRECISION, embedding_cache
+from vascl_scale.cli_options import BATCH, CACHE, DEVICE, MAX_LENGTH, NO_CACHE, POOLING, PRECISION, embedding_cache
 from vascl_scale.log import fail, print_table
 
+if TYPE_CHECKING:
+    from rich.table import Table
+
 app = typer.Typer(help="Data: download the datasets; prepare WebDataset shards for training.", no_args_is_help=True)
+
+
+def _write_shard_set(write: Callable[[], Any], summary_table: Callable[[Any], Table]) -> None:
+    """Run ``write`` (``data prepare`` or ``data mine``) and print its summary table. A set of no
+    sample prints what was read and why it was dropped, and exits with 1; bad inputs or options
+    exit with 2, the shard set in ``--output`` left as it was."""
+    from vascl_scale.data.shard_writer import NothingWrittenError
+
+    try:
+        result = write()
+    except NothingWrittenError as err:
+        print_table(summary_table(err.result))
+        fail(err, status=1)
+    except ValueError as err:
+        fail(err)
+    print_table(summary_table(result))
 
 
 @app.command("prepare")
@@ -61,9 +82,9 @@ def prepare(
     ),
 ) -> None:
     """Write filtered text, single or in columns (pairs, triplets, labelled pairs), as WebDataset shards with a manifest."""
-    from vascl_scale.data.prepare import NothingWrittenError, PrepareOptions, prepare_shards, summary_table
+    from vascl_scale.data.prepare import PrepareOptions, prepare_shards, summary_table
 
-    try:
+    def write():
         options = PrepareOptions(
             shard_size=shard_size,
             fmt=fmt,
@@ -77,13 +98,9 @@ def prepare(
             label_field=label_field,
             labelled_pairs=labelled_pairs,
         )
-        result = prepare_shards(list(inputs), output, options, overwrite=overwrite)
-    except NothingWrittenError as err:
-        print_table(summary_table(err.result))
-        fail(err, status=1)
-    except ValueError as err:
-        fail(err)
-    print_table(summary_table(result))
+        return prepare_shards(list(inputs), output, options, overwrite=overwrite)
+
+    _write_shard_set(write, summary_table)
 
 
 @app.command("mine")
@@ -152,10 +169,9 @@ def mine(
 ) -> None:
     """Add hard negatives to (anchor, positive) pairs, mined with an encoder: paired shards and a manifest."""
     from vascl_scale.data.mine import MineOptions, mine_shards, parse_margin, parse_range, summary_table
-    from vascl_scale.data.prepare import NothingWrittenError
-    from vascl_scale.eval.embed import Embedder, model_fingerprint, resolve_model
+    from vascl_scale.encode import Embedder, model_fingerprint, resolve_model
 
-    try:
+    def write():
         range_min, range_max = parse_range(rank_range)
         options = MineOptions(
             negatives=negatives,
@@ -180,7 +196,7 @@ def mine(
             "precision": embedder.stats.precision,
             "device": embedder.device,
         }
-        result = mine_shards(
+        return mine_shards(
             list(inputs),
             output,
             options,
@@ -189,12 +205,8 @@ def mine(
             list(pool or []),
             overwrite,
         )
-    except NothingWrittenError as err:
-        print_table(summary_table(err.result))
-        fail(err, status=1)
-    except ValueError as err:
-        fail(err)
-    print_table(summary_table(result))
+
+    _write_shard_set(write, summary_table)
 
 
 @app.command("download")

@@ -17,6 +17,7 @@ import csv
 import gzip
 import json
 import logging
+import math
 import shutil
 import tarfile
 import zipfile
@@ -144,12 +145,22 @@ def _member(files: dict[str, bytes], name: str, where: str) -> bytes:
     return files[name]
 
 
-def _score(text: str, where: str) -> str:
-    """A gold score as the layout writes it: the float's shortest text ("4.400" -> "4.4")."""
+def parse_score(value: str, where: str, column: str = "score") -> float:
+    """A gold score, ``where`` (``file:line``) and ``column`` named in the error. Non-finite values
+    (``nan``, ``inf``, ``1e999``) are refused, since one of them turns a Spearman correlation into
+    NaN or silently ranks as the largest score."""
     try:
-        return str(float(text.strip()))
+        number = float(value)
     except ValueError:
-        raise ValueError(f"{where}: gold score {text!r} is not a number") from None
+        raise ValueError(f"{where}: {column} {value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{where}: {column} {value!r} is not a finite number; give a real score or remove the row")
+    return number
+
+
+def _score(text: str, where: str, column: str = "score") -> str:
+    """A gold score as the layout writes it: the float's shortest text ("4.400" -> "4.4")."""
+    return str(parse_score(text.strip(), where, column))
 
 
 def _one_line(text: str) -> str:
@@ -243,23 +254,26 @@ def senteval_sts(originals: list[Path], options: dict, stage: Path) -> None:
             if not score.strip():
                 continue
             fields = line.split("\t")
-            if len(fields) < 2:
-                raise ValueError(f"{input_name}:{number}: expected two tab-separated sentences")
+            if len(fields) < 2:  # STS16 adds source columns after the two sentences
+                raise ValueError(
+                    f"{input_name}:{number}: expected 2 tab-separated sentences, found {len(fields)} field"
+                )
             rows.append((fields[0], fields[1], _score(score, f"{gold_name}:{number}"), name))
     (output,) = options["outputs"]
     write_tsv(stage / output, ("sentence1", "sentence2", "score", "subset"), rows)
 
 
 def stsb_csv(originals: list[Path], options: dict, stage: Path) -> None:
-    """The STS Benchmark's ``sts-<split>.csv``: tab-separated, unquoted, no header; fields genre,
-    file, year, id, score, sentence1, sentence2 (and sometimes two source columns)."""
+    """The STS Benchmark's ``sts-<split>.csv``: tab-separated, unquoted (quotes are literal text),
+    no header; fields genre, file, year, id, score, sentence1, sentence2 (and sometimes two source
+    columns)."""
     files = _original_files(originals, options["files"], options.get("folder", ""))
     for name, output in options["files"].items():
         rows = []
         for number, line in enumerate(_split_lines(_member(files, name, originals[0].name)), start=1):
             fields = line.split("\t")
-            if len(fields) < 7:
-                raise ValueError(f"{name}:{number}: expected at least 7 tab-separated fields, found {len(fields)}")
+            if len(fields) not in (7, 9):
+                raise ValueError(f"{name}:{number}: expected 7 or 9 tab-separated fields, found {len(fields)}")
             rows.append((fields[5], fields[6], _score(fields[4], f"{name}:{number}")))
         write_tsv(stage / output, ("sentence1", "sentence2", "score"), rows)
 
@@ -279,7 +293,7 @@ def sick_semeval(originals: list[Path], options: dict, stage: Path) -> None:
         rows = []
         for number, line in enumerate(lines[1:], start=2):
             fields = line.split("\t")
-            rows.append((fields[a], fields[b], _score(fields[score], f"{name}:{number}")))
+            rows.append((fields[a], fields[b], _score(fields[score], f"{name}:{number}", "relatedness_score")))
         write_tsv(stage / output, ("sentence1", "sentence2", "score"), rows)
 
 
@@ -293,11 +307,9 @@ def nli_shards(originals: list[Path], options: dict, stage: Path) -> None:
     with ``options.shuffle_seed`` (the loader shuffles shard order and within a buffer only, so a
     shard should draw on the whole file). A row with an empty text is dropped and counted in the
     manifests' ``dropped``."""
-    from vascl_scale.data.prepare import (  # webdataset: kept out of the registry
-        PrepareOptions,
-        dropped_summary,
-        prepare_shards,
-    )
+    # webdataset: kept out of the registry
+    from vascl_scale.data.prepare import PrepareOptions, prepare_shards
+    from vascl_scale.data.shard_writer import dropped_summary
 
     (original,) = originals
     pairs_folder = Path(options["labelled_pairs"])

@@ -42,8 +42,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from vascl_scale.data.registry import Dataset, Source
-from vascl_scale.data.shards import file_sha256
-from vascl_scale.locks import FolderLock
+from vascl_scale.fs import FolderLock, file_sha256
 from vascl_scale.log import console
 from vascl_scale.paths import check_output_dir
 

@@ -83,7 +83,6 @@ import random
 import signal
 from collections import deque
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -91,7 +90,8 @@ import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from vascl_scale.data.augment import AugmentSpec, build_augmenter, check_augmenter
+from vascl_scale.data.augment import AugmentSpec, build_augmenter
+from vascl_scale.data.batch import Batch, Padding, batch_rows, column_rows, concat_padded
 from vascl_scale.data.columns import (
     ANCHOR,
     AUGMENTED,
@@ -119,9 +119,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# A batch (or a run of rows) of the stream: per text column its token tensors (b, L_column),
-# per label column its labels (b,).
-Batch = dict[str, "dict[str, torch.Tensor] | torch.Tensor"]
 STATE_VERSION = 1
 
 
@@ -137,29 +134,6 @@ _PROBLEMS = {
     "mismatched": "shard not matching its manifest entry",
     "missing": "missing shard",
 }
-
-
-@dataclass(frozen=True)
-class Padding:
-    """How the tokenizer pads a row: its pad token's id, and on which side."""
-
-    token_id: int = 0
-    side: str = "right"
-
-    @classmethod
-    def of(cls, tokenizer) -> Padding:
-        return cls(tokenizer.pad_token_id, getattr(tokenizer, "padding_side", "right"))
-
-
-def widen(tensors: dict[str, torch.Tensor], width: int, padding: Padding) -> dict[str, torch.Tensor]:
-    """A column's tensors (b, L) -> (b, width), padded on the tokenizer's side (ids with the pad
-    token, the mask and token types with 0)."""
-    out = {}
-    for key, value in tensors.items():
-        extra = width - value.shape[1]
-        pad = (extra, 0) if padding.side == "left" else (0, extra)
-        out[key] = torch.nn.functional.pad(value, pad, value=padding.token_id if key == "input_ids" else 0)
-    return out
 
 
 def _as_is(piece: dict) -> dict:
@@ -491,7 +465,7 @@ class TrainStream:
                     continue
                 assert "columns" in piece, "a placeholder piece reached the rows to yield"
                 tensors = {
-                    column: _column_rows(_tensors(arrays), slice(skip_rows, None))
+                    column: column_rows(_tensors(arrays), slice(skip_rows, None))
                     for column, arrays in piece["columns"].items()
                 }
                 segments.append([epoch, first + skip_rows, tensors, rows - skip_rows])
@@ -558,14 +532,14 @@ class TrainStream:
             # The segment holds the batch's rows [cut, cut + used): keep those in ``kept``.
             start, stop = max(kept.start - cut, 0), min(kept.stop - cut, used)
             if start < stop:
-                parts.append(_rows(tensors, slice(start, stop)))
+                parts.append(batch_rows(tensors, slice(start, stop)))
             needed -= used
             cut += used
             self.layout.epoch, self.layout.rows_into_epoch = seg_epoch, first + used
             if used == rows:
                 segments.popleft()
             else:
-                segment[1:] = [first + used, _rows(tensors, slice(used, rows)), rows - used]
+                segment[1:] = [first + used, batch_rows(tensors, slice(used, rows)), rows - used]
         return {column: self._join([part[column] for part in parts]) for column in parts[0]}
 
     def _join(self, parts: list) -> dict[str, torch.Tensor] | torch.Tensor:
@@ -576,10 +550,8 @@ class TrainStream:
         if len(parts) == 1 and parts[0]["input_ids"].shape[0] == self._dataset.batch_size:
             # The common case: one whole worker piece, already padded to its longest row.
             return parts[0]
-        width = max(part["input_ids"].shape[1] for part in parts)
-        joined = {
-            key: torch.cat([widen({key: part[key]}, width, self.padding)[key] for part in parts]) for key in parts[0]
-        }  # (b, width)
+        joined = concat_padded(parts, self.padding)  # (b, width)
+        width = joined["input_ids"].shape[1]
         longest = int(joined["attention_mask"].sum(dim=1).max())
         keep = slice(width - longest, width) if self.padding.side == "left" else slice(0, longest)
         return {key: value[:, keep].contiguous() for key, value in joined.items()}
@@ -594,18 +566,6 @@ def _tensors(arrays: dict[str, np.ndarray] | np.ndarray) -> dict[str, torch.Tens
     if isinstance(arrays, np.ndarray):
         return torch.from_numpy(arrays)
     return {key: torch.from_numpy(array) for key, array in arrays.items()}
-
-
-def _column_rows(column: dict[str, torch.Tensor] | torch.Tensor, rows: slice) -> dict[str, torch.Tensor] | torch.Tensor:
-    """The rows ``rows`` of one column: a label's tensor, or each of a text's token tensors."""
-    if isinstance(column, torch.Tensor):
-        return column[rows]
-    return {key: value[rows] for key, value in column.items()}
-
-
-def _rows(tensors: Batch, rows: slice) -> Batch:
-    """The rows ``rows`` of every column's tensors."""
-    return {column: _column_rows(value, rows) for column, value in tensors.items()}
 
 
 def _can_use_stored_ids(source: ShardSource, tokenizer, max_length: int) -> bool:
@@ -667,7 +627,9 @@ def build_train_stream(
 ) -> TrainStream:
     """The infinite batch stream of one rank, from the ``data`` section (validated there).
 
-    ``data.train`` is read as it is (expanded by :func:`vascl_scale.config.resolve_paths`): a
+    ``data.train`` is read as it is (expanded by :func:`vascl_scale.train.plan.resolve_paths`,
+    which also checks that the WordNet database or masked LM of ``data.augment`` is usable, before
+    any worker starts; a stream built without the plan meets a missing one in its loader workers): a
     directory with ``manifest.json``; shards in webdataset's URL syntax (a brace list,
     ``/x/shard-{000000..000019}.tar``, lists joined by ``::``); ``pipe:`` commands (only with
     ``data.allow_pipe``); or a ``.txt``/``.txt.gz`` file with one
@@ -724,7 +686,6 @@ def build_train_stream(
     layout = StreamLayout(shards, resolved_mode, seed, rank, world_size, workers, per_device_batch_size, shuffle_buffer)
     dataset = _PieceDataset(layout, tokenizer, max_length, on_corrupt, use_stored_ids, pipe_timeout, augment, read)
     if augment.kind != "none":
-        check_augmenter(augment)  # a missing WordNet or masked LM fails here, not in a worker
         logger.info(
             "data: %s augmentation of %s of the words, %s view(s)", augment.kind, augment.fraction, augment.views
         )

@@ -6,8 +6,8 @@ What is mined, as sentence-transformers' ``mine_hard_negatives`` does unless sai
   ``--pool`` adds its texts to them, as its ``corpus`` argument does. Texts are compared after
   stripping surrounding whitespace, as ``data prepare`` stores them.
 - **Similarity.** The cosine of the embeddings (each L2-normalised here), from an
-  :data:`Encode` callable: the CLI passes the evaluation's ``Embedder`` (its cache, its
-  precision); this module imports no model.
+  :data:`Encode` callable: the CLI passes an :class:`vascl_scale.encode.Embedder` (the cache and
+  precision the evaluation uses too); this module imports no model.
 - **Not candidates of an anchor:** its gold positive and every text equal to a positive of a
   row with the same anchor text (sentence-transformers: "a dataset with duplicate queries has
   all their positives as positives"), and the anchor's own text when the pool holds it.
@@ -48,7 +48,6 @@ their anchor and each negative; the seconds spent encoding, searching and in all
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import math
 import time
@@ -61,27 +60,17 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from vascl_scale.data.columns import columns_of, written_fields
+from vascl_scale.data.columns import columns_of
 from vascl_scale.data.inputs import Drop, column_problem, open_input
-from vascl_scale.data.prepare import (
-    DROP_REASONS,
-    MAX_COLUMNS,
-    PrepareOptions,
-    PrepareResult,
-    _RowFilter,
-    _ShardSink,
-    dropped_summary,
-    write_shard_set,
-)
-from vascl_scale.data.prepare import (
-    summary_table as prepare_summary_table,
-)
-from vascl_scale.data.shards import MANIFEST_FORMAT, MANIFEST_NAME, MANIFEST_VERSION
+from vascl_scale.data.manifest import Manifest
+from vascl_scale.data.prepare import MAX_COLUMNS, PrepareOptions, PrepareResult
+from vascl_scale.data.prepare import summary_table as prepare_summary_table
+from vascl_scale.data.shard_writer import DROP_REASONS, RowFilter, ShardSink, dropped_summary, write_shard_set
 from vascl_scale.log import LoopProgress
 
 logger = logging.getLogger(__name__)
 
-# texts -> (len(texts), d) embeddings, row i for texts[i] (as eval's Embedder gives them)
+# texts -> (len(texts), d) embeddings, row i for texts[i] (as vascl_scale.encode.Embedder gives them)
 Encode = Callable[[list[str]], np.ndarray]
 SAMPLINGS = ("top", "random")
 SEARCHES = ("auto", "exact", "faiss")
@@ -450,9 +439,9 @@ def mine_shards(
     readers = [open_input(Path(path), options.fmt, reading.text_fields) for path in inputs]
     pool_readers = [open_input(Path(path), "auto", options.pool_fields) for path in pool_inputs]
 
-    def write(stage: Path) -> MineResult:
+    def write(stage: Path) -> tuple[MineResult, Manifest]:
         started = time.perf_counter()
-        row_filter = _RowFilter(reading)
+        row_filter = RowFilter()
         pairs: list[tuple[str, str]] = []
         lines_read = 0
         for reader in readers:
@@ -465,36 +454,33 @@ def mine_shards(
         pool, pool_records, pool_dropped = _read_pool(pool_readers)
         mined = mine_pairs(pairs, encode, options, pool)
         columns = columns_of(2 + options.negatives)
-        sink = _ShardSink(stage, columns, options.shard_size)
+        sink = ShardSink(stage, columns, options.shard_size)
         for row in mined.rows:
             sink.add(row)
         sink.close()
         dropped = {reason: row_filter.dropped.get(reason, 0) for reason in DROP_REASONS} | {TOO_FEW: mined.too_few}
         assert sum(dropped.values()) + len(mined.rows) == lines_read, (dropped, len(mined.rows), lines_read)
         summary = {**mined.summary, "seconds": round(time.perf_counter() - started, 3)}
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "version": MANIFEST_VERSION,
-            "columns": list(columns),
-            "fields": [text for text, _ in written_fields(columns)],
-            "token_ids": None,
-            "total_samples": len(mined.rows),
-            "lines_read": lines_read,
-            "dropped": dropped,
-            "sources": [_source(reader) for reader in readers],
-            "pool": {
+        manifest = Manifest(
+            columns=columns,
+            shards=sink.shards,
+            lines_read=lines_read,
+            dropped=dropped,
+            sources=[_source(reader) for reader in readers],
+            options=asdict(options),
+            pool={
                 "sources": [_source(reader) for reader in pool_readers],
                 "records_read": pool_records,
                 "skipped": pool_dropped,
                 "texts": mined.summary["pool_texts"],
             },
-            "options": asdict(options),
-            "miner": miner,
-            "summary": summary,
-            "shards": sink.shards,
-        }
-        (stage / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        return MineResult(output, columns, sink.shards, dropped, lines_read, None, summary["seconds"], summary=summary)
+            miner=miner,
+            summary=summary,
+        )
+        result = MineResult(
+            output, columns, sink.shards, dropped, lines_read, None, summary["seconds"], summary=summary
+        )
+        return result, manifest
 
     def nothing_mined(result: MineResult) -> str:
         """Why no row was mined and what to change (a pool too small for --negatives, mostly)."""

@@ -44,8 +44,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from vascl_scale.data.batch import Padding, concat_padded
 from vascl_scale.data.layout import seed_of
-from vascl_scale.data.loader import Padding, TrainStream, build_train_stream, widen
+from vascl_scale.data.loader import TrainStream, build_train_stream
 from vascl_scale.data.mix_plan import check_same_columns
 
 if TYPE_CHECKING:
@@ -67,13 +68,6 @@ def batch_source(seed: int, batch: int, weights: Sequence[float]) -> int:
         if target < cumulative:
             return source
     raise AssertionError("u < 1 falls below the last cumulative weight")
-
-
-def _joined(parts: list[dict[str, torch.Tensor]], padding: Padding) -> dict[str, torch.Tensor]:
-    """One column's row blocks (q_s, L_s), each padded to its own longest row, as (b, max L_s)."""
-    width = max(part["input_ids"].shape[1] for part in parts)
-    widened = [widen(part, width, padding) for part in parts]
-    return {key: torch.cat([part[key] for part in widened]) for key in widened[0]}
 
 
 class MixedStream:
@@ -188,7 +182,7 @@ class MixedStream:
                 batch = next_of(self.source_of(self.batches_yielded))
             else:
                 parts = [next_of(source) for source in range(len(self.names))]
-                batch = {column: _joined([part[column] for part in parts], self.padding) for column in parts[0]}
+                batch = {column: concat_padded([part[column] for part in parts], self.padding) for column in parts[0]}
             self.batches_yielded += 1
             yield batch
 

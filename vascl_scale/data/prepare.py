@@ -40,58 +40,42 @@ Output bytes depend only on the inputs and options (fixed tar metadata, seeded R
 sha256 values in the manifest are reproducible.
 
 The new set is written to a hidden staging directory inside ``--output`` and swapped in only
-once complete: a failing input, a full or read-only disk or an interrupt leaves the old set
-(``--overwrite``) as it was and nothing of the new one. ``--overwrite`` therefore needs room
-for both sets until the swap. A prepare killed outright (SIGKILL) cannot clean up: the next one
-into the same ``--output`` removes what it left (:func:`_staging_directory`).
+once complete (:func:`vascl_scale.data.shard_writer.write_shard_set`).
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
 import logging
-import os
 import random
-import shutil
 import struct
 import tempfile
 import time
 import zlib
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TypeVar
 
-import numpy as np
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from vascl_scale.data.columns import LABELLED_PAIR, LABELS, columns_of, written_fields
-from vascl_scale.data.inputs import MISSING, NEGATIVE, NLI_DROP_REASONS, Drop, column_problem, open_input
-from vascl_scale.data.shards import (
-    MANIFEST_FORMAT,
-    MANIFEST_NAME,
-    MANIFEST_VERSION,
-    SHARD_PATTERN,
-    file_sha256,
-    tokenizer_fingerprint,
-    write_shard,
+from vascl_scale.data.columns import LABELLED_PAIR, columns_of
+from vascl_scale.data.inputs import NLI_DROP_REASONS, open_input
+from vascl_scale.data.manifest import Manifest
+from vascl_scale.data.shard_writer import (
+    DROP_REASONS,
+    LABEL_DROP_REASONS,
+    RowFilter,
+    ShardSink,
+    dropped_summary,
+    write_shard_set,
 )
+from vascl_scale.data.shards import tokenizer_fingerprint
 from vascl_scale.log import console
 
 logger = logging.getLogger(__name__)
 
-# Why a row is dropped, every run; NLI JSONL inputs add inputs.NLI_DROP_REASONS.
-DROP_REASONS = ("empty", "invalid_utf8", "malformed", "missing_column", "too_short", "too_long", "duplicate")
-LABEL_DROP_REASONS = ("bad_label",)  # --label-field adds: a label that is neither 0 nor 1
 MAX_COLUMNS = 64  # an anchor, a positive and up to 62 hard negatives
 SHUFFLE_BUCKETS = 256
-STAGING_PREFIX = ".prepare-"  # the staging directories (and their locks) of runs writing into --output
-Written = TypeVar("Written")  # what the writer of a shard set returns
 _LENGTH = struct.Struct("<I")  # bucket file records: per text of a row, little-endian uint32 byte length + UTF-8
 
 
@@ -200,16 +184,6 @@ class PrepareResult:
         return sum(shard["samples"] for shard in self.shards)
 
 
-class NothingWrittenError(ValueError):
-    """Every row read was dropped: no shard set is written (an empty one would fail only later,
-    in the run that reads it) and ``--output`` is left as it was. ``result``: what was read and
-    why each row was dropped, for the command's summary table."""
-
-    def __init__(self, message: str, result: PrepareResult) -> None:
-        super().__init__(message)
-        self.result = result
-
-
 # What to change when the rows were dropped for a reason (data prepare's reasons; NLI records'
 # reasons share one piece of advice).
 _DROP_ADVICE = {
@@ -223,12 +197,6 @@ _DROP_ADVICE = {
     "bad_label": "give each pair a label of 0 or 1 in the --label-field",
 }
 _NLI_ADVICE = "give NLI records with an entailment and a contradiction for each premise"
-
-
-def dropped_summary(dropped: dict[str, int]) -> str:
-    """``reason count, ...`` for the reasons that dropped rows, most rows first."""
-    counted = sorted(((count, reason) for reason, count in dropped.items() if count), key=lambda item: -item[0])
-    return ", ".join(f"{reason} {count:,}" for count, reason in counted)
 
 
 def nothing_prepared(result: PrepareResult) -> str:
@@ -253,125 +221,6 @@ def _labelled_pairs(record: object) -> list[object]:
         return [record]
     anchor, positive, negative = record
     return [(anchor, positive, 1), (anchor, negative, 0)]
-
-
-class _RowFilter:
-    """Applies the options to one input record: returns the kept row (texts stripped) or counts why not.
-
-    ``--min-words`` and ``--max-chars`` hold for every text of a row; ``--dedup`` looks at the
-    anchor only (rows sharing an anchor are false negatives of each other in a batch), or, in
-    labelled pairs, at (anchor, paired): an anchor's rows with its positive and its negative stay.
-    A labelled pair's record ends with its label (:func:`~vascl_scale.data.inputs.label_value`),
-    kept as its digits.
-    """
-
-    def __init__(self, options: PrepareOptions) -> None:
-        self.options = options
-        self.dropped: Counter[str] = Counter()
-        self.negative_lines = 0
-        self._seen: set[int] | None = set() if options.dedup else None
-
-    def __call__(self, record: object) -> tuple[str, ...] | None:
-        if record is NEGATIVE:
-            self.negative_lines += 1
-            return None
-        if isinstance(record, Drop):
-            return self._drop(record.reason)
-        assert isinstance(record, tuple), record
-        texts, label = (record[:-1], record[-1]) if self.options.labelled else (record, None)
-        problem = column_problem(texts) or ("missing_column" if label is MISSING else None)
-        if problem is not None:
-            return self._drop(problem)
-        if self.options.labelled and label not in LABELS:
-            return self._drop("bad_label")
-        row = tuple(value.strip() for value in texts)  # type: ignore[union-attr]
-        if self.options.min_words and any(len(text.split()) < self.options.min_words for text in row):
-            return self._drop("too_short")
-        if self.options.max_chars is not None and any(len(text) > self.options.max_chars for text in row):
-            return self._drop("too_long")
-        if self._seen is not None:
-            digest = _digest(row[:2] if self.options.labelled else row[:1])
-            if digest in self._seen:
-                return self._drop("duplicate")
-            self._seen.add(digest)
-        return row if label is None else (*row, str(label))
-
-    def _drop(self, reason: str) -> None:
-        self.dropped[reason] += 1
-        return None
-
-
-class _ShardSink:
-    """Fills ``shard-NNNNNN.tar`` files of ``shard_size`` samples; keys are global sample indices."""
-
-    def __init__(
-        self, output: Path, columns: tuple[str, ...], shard_size: int, tokenizer=None, max_length: int = 32
-    ) -> None:
-        self.output = output
-        self.fields = written_fields(columns)
-        self.shard_size = shard_size
-        self.tokenizer = tokenizer
-        self.max_length = max_length
-        self.shards: list[dict] = []
-        self._pending: list[tuple[str, ...]] = []
-        self._written = 0
-
-    def add(self, row: tuple[str, ...]) -> None:
-        assert len(row) == len(self.fields), (row, self.fields)
-        self._pending.append(row)
-        if len(self._pending) == self.shard_size:
-            self._flush()
-
-    def close(self) -> None:
-        if self._pending:
-            self._flush()
-
-    def _flush(self) -> None:
-        name = SHARD_PATTERN.format(index=len(self.shards))
-        path = self.output / name
-        # token_ids[column][row]: each column tokenised as a list of its own
-        token_ids = None
-        if self.tokenizer is not None:
-            token_ids = [
-                None if ids_field is None else self._token_ids([row[column] for row in self._pending])
-                for column, (_, ids_field) in enumerate(self.fields)
-            ]
-
-        def samples() -> Iterator[tuple[str, dict[str, bytes]]]:
-            for offset, row in enumerate(self._pending):
-                fields = {}
-                for column, (value_field, ids_field) in enumerate(self.fields):
-                    fields[value_field] = row[column].encode("utf-8")  # a text, or a label's digits
-                    if token_ids is not None and ids_field is not None:
-                        fields[ids_field] = token_ids[column][offset]
-                yield f"{self._written + offset:012d}", fields
-
-        write_shard(path, samples())
-        entry = {"name": name, "samples": len(self._pending), "sha256": file_sha256(path), "bytes": path.stat().st_size}
-        self.shards.append(entry)
-        self._written += len(self._pending)
-        self._pending = []
-
-    def _token_ids(self, texts: list[str]) -> list[bytes]:
-        """Token ids per text as little-endian int32 bytes, truncated to ``max_length`` (with specials).
-
-        Tokenised 1024 texts at a time: a whole shard's encodings (offsets and all) would take
-        hundreds of MB.
-        """
-        token_ids = []
-        for start in range(0, len(texts), 1024):
-            encoded = self.tokenizer(texts[start : start + 1024], truncation=True, max_length=self.max_length)
-            token_ids.extend(np.asarray(ids, dtype="<i4").tobytes() for ids in encoded["input_ids"])
-        return token_ids
-
-
-def _digest(texts: tuple[str, ...]) -> int:
-    """A 64-bit blake2b digest of ``texts``, each prefixed by its length (no two tuples share an encoding)."""
-    digest = hashlib.blake2b(digest_size=8)
-    for text in texts:
-        payload = text.encode("utf-8")
-        digest.update(_LENGTH.pack(len(payload)) + payload)
-    return int.from_bytes(digest.digest(), "little")
 
 
 def _scatter(kept: Iterable[tuple[str, ...]], bucket_dir: Path, seed: int) -> list[Path]:
@@ -410,13 +259,6 @@ def _gather(paths: list[Path], columns: int, seed: int) -> Iterator[tuple[str, .
         yield from rows
 
 
-def _check_output(output: Path, overwrite: bool) -> None:
-    if output.exists() and not output.is_dir():
-        raise ValueError(f"--output {output} exists and is not a directory")
-    if (any(output.glob("shard-*.tar")) or (output / MANIFEST_NAME).exists()) and not overwrite:
-        raise ValueError(f"--output {output} already holds shards or a manifest; pass --overwrite or another directory")
-
-
 def _load_tokenizer(name: str):
     from vascl_scale.tokenizer import load_tokenizer
 
@@ -427,102 +269,6 @@ def _load_tokenizer(name: str):
     if tokenizer_fingerprint(tokenizer) is None:
         raise ValueError(f"--tokenizer {name} has no fast (Rust) tokenizer; stored ids need one")
     return tokenizer
-
-
-def _swap_in(stage: Path, output: Path) -> None:
-    """Replace the shard set in ``output`` by the complete one in ``stage`` (same file system).
-
-    The old manifest goes first and the new one lands last, so a manifest never describes
-    shards other than those beside it (a crash in between leaves no manifest, not a wrong one).
-    """
-    (output / MANIFEST_NAME).unlink(missing_ok=True)
-    new = {path.name for path in stage.glob("shard-*.tar")}
-    for path in output.glob("shard-*.tar"):
-        if path.name not in new:
-            path.unlink()
-    for name in sorted(new):
-        os.replace(stage / name, output / name)
-    os.replace(stage / MANIFEST_NAME, output / MANIFEST_NAME)
-
-
-def _lock_of(staging: Path) -> Path:
-    return staging.with_name(staging.name + ".lock")
-
-
-def _held(lock: Path, remove_if_free: bool = False) -> bool:
-    """Whether a live process holds the flock on ``lock`` (False when there is no such file).
-    ``remove_if_free``: a lock no process holds is removed while it is locked here, so a prepare
-    that created it and is about to lock it sees it gone (:func:`_new_lock`)."""
-    try:
-        descriptor = os.open(lock, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if remove_if_free:
-            lock.unlink(missing_ok=True)
-    except OSError:  # held; or a file system without flock, where nothing can be judged stale: keep it
-        return True
-    finally:
-        os.close(descriptor)
-    return False
-
-
-def _new_lock(output: Path) -> tuple[int, Path]:
-    """A new ``.prepare-XXXX.lock`` in ``output`` and its descriptor, flocked by this process.
-    Another prepare may remove the file as an orphan between its creation and the flock: then
-    the path no longer names the locked file, and another is made."""
-    while True:
-        descriptor, name = tempfile.mkstemp(prefix=STAGING_PREFIX, suffix=".lock", dir=output)
-        with suppress(OSError):  # no flock on this file system: then no staging is judged stale
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-        with suppress(FileNotFoundError):
-            if os.stat(name).st_ino == os.fstat(descriptor).st_ino:
-                return descriptor, Path(name)
-        os.close(descriptor)
-
-
-@contextmanager
-def _staging_directory(output: Path) -> Iterator[Path]:
-    """A new, empty ``.prepare-XXXX`` directory in ``output`` for this run; removed afterwards.
-
-    Beside it, ``.prepare-XXXX.lock`` is flocked by this process from before the directory
-    exists until after its lock file is gone, so a staging directory whose lock no process
-    holds (or that has none, as written before locks) was left by a prepare killed where no
-    cleanup could run (SIGKILL, a lost node), often with a whole shard set in it. Those are
-    removed here, each named, and so is a lock file that no process holds and whose directory
-    was never made (a prepare killed in between); a concurrent prepare's live ones never are.
-    """
-    descriptor, lock = _new_lock(output)
-    staging = lock.with_name(lock.name.removesuffix(".lock"))
-    try:
-        left = sorted(output.glob(STAGING_PREFIX + "*"))
-        orphans = [
-            path
-            for path in left
-            if path.name.endswith(".lock")
-            and path != lock
-            and not path.with_name(path.name.removesuffix(".lock")).exists()
-            and not _held(path, remove_if_free=True)
-        ]
-        stale = [path for path in left if path.is_dir() and not _held(_lock_of(path))]
-        for path in stale:
-            shutil.rmtree(path, ignore_errors=True)
-            _lock_of(path).unlink(missing_ok=True)
-        if stale or orphans:
-            removed = [f"{len(stale)} staging directories"] if stale else []
-            removed += [f"{len(orphans)} lock files without their directory"] if orphans else []
-            logger.info(
-                "removed %s left by interrupted `data prepare` runs: %s",
-                " and ".join(removed),
-                ", ".join(str(path) for path in stale + orphans),
-            )
-        staging.mkdir()
-        yield staging
-    finally:
-        lock.unlink(missing_ok=True)  # first: a staging directory without its lock is stale
-        shutil.rmtree(staging, ignore_errors=True)
-        os.close(descriptor)
 
 
 def prepare_shards(
@@ -541,7 +287,7 @@ def prepare_shards(
         raise ValueError("pass at least one input file or directory")
     readers = [open_input(Path(path), options.fmt, options.text_fields, options.label_field) for path in inputs]
 
-    def write(stage: Path) -> PrepareResult:
+    def write(stage: Path) -> tuple[PrepareResult, Manifest]:
         tokenizer = _load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
         return _write_set(readers, stage, options, tokenizer, show_progress)
 
@@ -550,37 +296,9 @@ def prepare_shards(
     return result
 
 
-def write_shard_set(
-    output: Path, overwrite: bool, write: Callable[[Path], Written], nothing_written: Callable[[Written], str]
-) -> Written:
-    """Check ``output`` (a shard set in it needs ``overwrite``), then ``write(stage)`` fills a
-    staging directory inside it with shards and ``manifest.json``; the complete set replaces the
-    one in ``output`` (:func:`_swap_in`) and ``write``'s result is returned, its ``output`` set.
-    A set of no sample is :class:`NothingWrittenError`, with ``nothing_written(result)`` as its
-    message. On any failure ``output`` is left as it was (removed when this call made it), and an
-    ``OSError`` of the output side becomes a ``ValueError`` naming ``--output``."""
-    _check_output(output, overwrite)
-    created = not output.exists()
-    try:
-        output.mkdir(parents=True, exist_ok=True)
-        with _staging_directory(output) as staging:
-            result = replace(write(staging), output=output)
-            if result.samples == 0:
-                raise NothingWrittenError(nothing_written(result), result)
-            _swap_in(staging, output)
-    except BaseException as err:
-        if created:  # made by this call: nothing of the user's is in it
-            shutil.rmtree(output, ignore_errors=True)
-        if isinstance(err, OSError):  # input read errors are ValueErrors already: this is the output side
-            raise ValueError(
-                f"cannot write shards to --output {output}: {err.strerror or err}; free disk space, make it "
-                "writable or pass another --output (nothing in it was changed)"
-            ) from err
-        raise
-    return result
-
-
-def _write_set(readers: list, stage: Path, options: PrepareOptions, tokenizer, show_progress: bool) -> PrepareResult:
+def _write_set(
+    readers: list, stage: Path, options: PrepareOptions, tokenizer, show_progress: bool
+) -> tuple[PrepareResult, Manifest]:
     """Write the shards and ``manifest.json`` of :func:`prepare_shards` into ``stage``."""
     counts = {reader.columns for reader in readers}
     assert len(counts) == 1, counts  # one --format and --text-field for every input; txt refuses several
@@ -589,8 +307,8 @@ def _write_set(readers: list, stage: Path, options: PrepareOptions, tokenizer, s
     reasons = (
         DROP_REASONS + (LABEL_DROP_REASONS if options.label_field else ()) + (NLI_DROP_REASONS if pairs_nli else ())
     )
-    row_filter = _RowFilter(options)
-    sink = _ShardSink(stage, columns, options.shard_size, tokenizer, options.max_length)
+    row_filter = RowFilter(options.labelled, options.dedup, options.min_words, options.max_chars)
+    sink = ShardSink(stage, columns, options.shard_size, tokenizer, options.max_length)
     lines_read = rows_read = 0
     start = time.perf_counter()
     progress = Progress(
@@ -639,28 +357,21 @@ def _write_set(readers: list, stage: Path, options: PrepareOptions, tokenizer, s
     assert sum(dropped.values()) + samples + row_filter.negative_lines == rows_read
     assert options.labelled_pairs or rows_read == lines_read
     negative_lines = row_filter.negative_lines if pairs_nli else None
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "version": MANIFEST_VERSION,
-        "columns": list(columns),
-        "fields": [
-            name for pair in sink.fields for name in (pair if tokenizer is not None else pair[:1]) if name is not None
-        ],
-        "token_ids": None
+    manifest = Manifest(
+        columns=columns,
+        shards=sink.shards,
+        lines_read=lines_read,
+        dropped=dropped,
+        sources=[{"path": str(r.path), "format": r.fmt, "text_field": ",".join(r.fields)} for r in readers],
+        options=asdict(options),
+        token_ids=None
         if tokenizer is None
         else {"fingerprint": tokenizer_fingerprint(tokenizer), "max_length": options.max_length, "dtype": "<i4"},
-        "total_samples": samples,
-        "lines_read": lines_read,
-        **({"rows_read": rows_read} if options.labelled_pairs else {}),
-        "dropped": dropped,
-        **({} if negative_lines is None else {"negative_lines": negative_lines}),
-        "sources": [{"path": str(r.path), "format": r.fmt, "text_field": ",".join(r.fields)} for r in readers],
-        "options": asdict(options),
-        "shards": sink.shards,
-    }
-    (stage / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        rows_read=rows_read if options.labelled_pairs else None,
+        negative_lines=negative_lines,
+    )
     rows = rows_read if options.labelled_pairs else None
-    return PrepareResult(stage, columns, sink.shards, dropped, lines_read, negative_lines, seconds, rows)
+    return PrepareResult(stage, columns, sink.shards, dropped, lines_read, negative_lines, seconds, rows), manifest
 
 
 def summary_table(result: PrepareResult) -> Table:

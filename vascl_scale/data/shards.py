@@ -1,4 +1,4 @@
-"""WebDataset shard files: writing, streaming reading, manifests, source lists.
+"""WebDataset shard files: writing, streaming reading, source lists.
 
 A shard is a plain POSIX tar file written by webdataset's ``TarWriter`` (:func:`write_shard`).
 Each sample is one member ``<key>.txt`` holding the UTF-8 sentence (plus ``<key>.ids``, int32
@@ -15,10 +15,8 @@ reader stops early; :class:`ShardStream` bounds both and checks the bytes agains
 manifest as they stream in. Its bytes are parsed by :func:`iter_tar_samples` (why not
 webdataset's parser: see there).
 
-The manifest (``manifest.json`` next to the shards) records the columns of the samples
-(``["anchor"]`` for single text) and every shard's file name, sample count, sha256 and byte
-size. Readers take only plain file names from it, resolved inside the
-manifest's directory: a manifest can never name a ``pipe:`` command or a path elsewhere. A
+The manifest (``manifest.json`` next to the shards, :mod:`vascl_scale.data.manifest`) records
+the columns of the samples and every shard's file name, sample count, sha256 and byte size. A
 :class:`ShardStream` opened with the shard's :class:`ShardCheck` hashes the bytes as they
 stream in and, once the shard is read to its end, raises :class:`ShardMismatchError` when they
 are not the bytes the manifest describes (a shard rewritten or damaged after ``data prepare``).
@@ -32,7 +30,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import selectors
 import signal
 import subprocess
@@ -44,12 +41,10 @@ from typing import IO
 import webdataset as wds
 
 from vascl_scale.data.columns import SINGLE_TEXT, manifest_columns
+from vascl_scale.data.manifest import MANIFEST_NAME, read_manifest
 
 logger = logging.getLogger(__name__)
 
-MANIFEST_NAME = "manifest.json"
-MANIFEST_FORMAT = "vascl-scale-shards"
-MANIFEST_VERSION = 1
 SHARD_PATTERN = "shard-{index:06d}.tar"
 PIPE_PREFIX = "pipe:"
 TEXT_SUFFIXES = (".txt", ".txt.gz")
@@ -57,7 +52,6 @@ TEXT_SUFFIXES = (".txt", ".txt.gz")
 # Below torch.distributed's default 10-minute collective timeout, so a stalled download names
 # its command instead of surfacing as a collective timeout on the other ranks.
 PIPE_TIMEOUT = 300.0
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class ShardMismatchError(ValueError):
@@ -92,14 +86,6 @@ def write_shard(path: Path, samples: Iterable[tuple[str, dict[str, bytes]]]) -> 
                 writer.close()
             raise
         writer.close()
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 _BLOCK = 512
@@ -389,34 +375,6 @@ class ShardSource:
             names = [Path(self.text_file).name]
         digest = hashlib.sha256(json.dumps([names, list(self.counts)]).encode())
         return digest.hexdigest()[:16]
-
-
-def read_manifest(directory: Path) -> dict:
-    path = directory / MANIFEST_NAME
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"cannot read the shard manifest {path}: {err}") from err
-    if manifest.get("format") != MANIFEST_FORMAT or not isinstance(manifest.get("shards"), list):
-        raise ValueError(f"{path} is not a vascl-scale shard manifest; write shards with `vascl-scale data prepare`")
-    for shard in manifest["shards"]:
-        name = shard.get("name")
-        # Only plain file names: a manifest must never smuggle a pipe: command or another path.
-        if not isinstance(name, str) or "/" in name or "\\" in name or ":" in name or name in ("", ".", ".."):
-            raise ValueError(f"{path}: shard name {name!r} is not a plain file name")
-        samples, sha256, size = shard.get("samples"), shard.get("sha256"), shard.get("bytes")
-        for key, value, valid in (
-            ("samples", samples, isinstance(samples, int) and samples >= 0),
-            ("sha256", sha256, sha256 is None or isinstance(sha256, str) and _SHA256.fullmatch(sha256)),
-            ("bytes", size, size is None or isinstance(size, int) and size >= 0),
-        ):
-            if not valid:
-                raise ValueError(
-                    f"{path}: shard {name} has {key} {value!r} (expected "
-                    f"{'64 hex digits' if key == 'sha256' else 'an integer >= 0'}); write the shards again "
-                    "with `vascl-scale data prepare`"
-                )
-    return manifest
 
 
 def _shard_check(entry: dict) -> ShardCheck | None:

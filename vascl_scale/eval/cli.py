@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from vascl_scale.cli_options import BATCH, CACHE, DEVICE, MAX_LENGTH, NO_CACHE, POOLING, PRECISION, embedding_cache
 from vascl_scale.data.augment import DEFAULT_WORDNET
 from vascl_scale.log import fail, print_table
 
@@ -36,17 +37,6 @@ STS_SOURCE = typer.Option(
     "tokenised, lower-cased copies under sts_senteval/, as SentEval-based papers did; SICK-R stays untokenised).",
 )
 TASK = typer.Option(None, "--task", help="Run only these tasks (repeatable), e.g. --task stsb --task sickr-full.")
-BATCH = typer.Option(64, "--batch-size", min=1, help="Texts per encoder forward.")
-MAX_LENGTH = typer.Option(None, "--max-length", min=1, help="Tokens per text; default: the model's, else 256.")
-POOLING = typer.Option(None, "--pooling", help="mean or cls; default: the model's, else mean.")
-DEVICE = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ...; default: cuda when available.")
-CACHE = typer.Option(
-    None, "--cache-dir", help="Embedding cache; default $VASCL_CACHE/embeddings or ~/.cache/vascl-scale."
-)
-PRECISION = typer.Option(
-    "auto", "--precision", help="auto (bf16 where native, else float32), no (float32) or bf16; see docs/speed.md."
-)
-NO_CACHE = typer.Option(False, "--no-cache", help="Encode everything afresh and store nothing.")
 SHOTS = typer.Option(None, "--shots", min=1, help="Few-shot sizes K of the intent tasks (repeatable); default 5 10 20.")
 FIGURE_JSON = typer.Option(None, "--output", help="The numbers as JSON; default: the --plot path with .json.")
 CLUSTERING_MAX_TEXTS = typer.Option(
@@ -72,14 +62,6 @@ def _tasks_by_family(tasks: list[str] | None, families: list[str]) -> dict[str, 
         choices = ", ".join(t for f in families for t in known[f])
         raise ValueError(f"unknown task(s) {unknown} for eval {'/'.join(families)}; choose from {choices}")
     return {family: names for family, names in routed.items() if names}
-
-
-def embedding_cache(cache_dir: Path | None, no_cache: bool) -> Path | None:
-    """The embedding cache folder (checked writable), or None with ``--no-cache``."""
-    from vascl_scale.eval.embed import default_cache_dir
-    from vascl_scale.paths import check_output_dir
-
-    return None if no_cache else check_output_dir(cache_dir or default_cache_dir(), "--cache-dir")
 
 
 def default_output(models: list[Path], command: str) -> Path:
@@ -110,7 +92,7 @@ def _run(
     sts_source: str,
     shots: list[int] | None,
 ) -> None:
-    from vascl_scale.eval.embed import resolve_device, resolve_model
+    from vascl_scale.encode import resolve_device, resolve_model
     from vascl_scale.eval.intent import FewShotProtocol
     from vascl_scale.eval.runner import build_evaluators, resolve_data_dir, run_evaluation
     from vascl_scale.paths import check_output_file
@@ -296,7 +278,7 @@ def mteb_command(
     """MTEB tasks scored by mteb's own evaluators on this project's embeddings (as eval sts embeds).
     Needs the mteb extra: pip install 'vascl-scale\\[mteb]'. Datasets come from the Hugging Face hub
     (its cache; HF_HUB_OFFLINE=1 uses the cache alone)."""
-    from vascl_scale.eval.embed import resolve_device, resolve_model
+    from vascl_scale.encode import resolve_device, resolve_model
     from vascl_scale.eval.report import EvalReport
     from vascl_scale.paths import check_output_dir, check_output_file
 
@@ -353,8 +335,8 @@ def neighbours(
     uniformity on STS-B dev (positives: gold >= 4)."""
     from rich.table import Table
 
+    from vascl_scale.encode import Embedder, resolve_device, resolve_model
     from vascl_scale.eval.clustering import CLUSTERING_TASKS, load_labelled_texts
-    from vascl_scale.eval.embed import Embedder, resolve_device, resolve_model
     from vascl_scale.eval.neighbours import NEIGHBOUR_KS, alignment_uniformity, neighbour_statistics, plot_neighbours
     from vascl_scale.eval.report import short_label, write_json
     from vascl_scale.eval.runner import resolve_data_dir
@@ -428,13 +410,13 @@ def augmentation(
     from rich.table import Table
 
     from vascl_scale.data.augment import AUGMENTATIONS, AugmentSpec, at_fraction, build_augmenter
+    from vascl_scale.encode import Embedder, resolve_device, resolve_model
     from vascl_scale.eval.augmentation import (
         augmentation_cosines,
         augmented_texts,
         plot_augmentation_cosines,
         sample_sentences,
     )
-    from vascl_scale.eval.embed import Embedder, resolve_device, resolve_model
     from vascl_scale.eval.report import short_label, write_json
     from vascl_scale.eval.runner import resolve_data_dir
     from vascl_scale.hub import locate_model

@@ -5,7 +5,7 @@ the embeddings ``eval sts`` scores (pooling, normalisation, maximum length, prec
 own evaluators score them. mteb keeps every task's result in its result cache under a model name
 and revision and returns them instead of evaluating again; here the name is the run (or model
 directory) and the revision the step with the fingerprint of the weights and of everything else
-that decides the embeddings (:func:`vascl_scale.eval.embed.embedding_fingerprint`), so another
+that decides the embeddings (:func:`vascl_scale.encode.embedding_fingerprint`), so another
 checkpoint, or the same one under another pooling, length or precision, is never given cached scores.
 
 Needs the ``mteb`` extra (``pip install 'vascl-scale[mteb]'``); this module imports mteb.
@@ -29,7 +29,7 @@ from mteb.abstasks import AbsTask
 from mteb.models import ModelMeta
 from mteb.models.abs_encoder import AbsEncoder
 
-from vascl_scale.eval.embed import Embedder, ModelSpec, embedding_fingerprint, embedding_width
+from vascl_scale.encode import Embedder, ModelSpec, embedding_fingerprint, embedding_width
 from vascl_scale.eval.report import ModelReport, short_label
 from vascl_scale.eval.results import MTEB_FAMILY, TaskResult
 from vascl_scale.log import LoopProgress

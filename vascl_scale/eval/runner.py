@@ -9,8 +9,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from vascl_scale.encode import Embedder, ModelSpec
 from vascl_scale.eval.clustering import CLUSTERING_TASKS, ClusteringEvaluator
-from vascl_scale.eval.embed import Embedder, ModelSpec
 from vascl_scale.eval.intent import INTENT_TASKS, FewShotProtocol, IntentEvaluator
 from vascl_scale.eval.report import EvalReport, ModelReport
 from vascl_scale.eval.results import FAMILIES

@@ -7,8 +7,8 @@ report Spearman's rank correlation with the gold scores (x 100). For STS12-16 th
 per-subset values, their plain mean and their size-weighted mean ("wmean", SentEval) go to the
 JSON.
 
-Loaders read the TSV layout of the data directory and the original formats: SentEval's STS
-folders, the STS Benchmark csv files and SICK's txt files.
+The pairs are read from the TSV layout of the data directory (docs/data.md), which ``data
+download`` writes from the original formats (:mod:`vascl_scale.data.converters`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import spearmanr
 
+from vascl_scale.data.converters import parse_score
 from vascl_scale.eval.results import TaskResult, in_task_order
-from vascl_scale.eval.tables import MissingDataError, parse_float, read_tsv, require_file
+from vascl_scale.eval.tables import MissingDataError, read_tsv
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def load_sts_tsv(path: str | Path) -> list[StsPair]:
     rows = read_tsv(path, ("sentence1", "sentence2", "score"), ("sentence1", "sentence2"), optional=("subset",))
     pairs = []
     for line, row in rows:
-        score = parse_float(row["score"], path, line, "score")
+        score = parse_score(row["score"], f"{path}:{line}")
         pairs.append(StsPair(row["sentence1"], row["sentence2"], score, row.get("subset", "")))
     return pairs
 
@@ -102,82 +103,6 @@ def check_gold_scores(pairs: Sequence[StsPair], files: str) -> None:
                 f"{where}: every gold score is {members[0].score:g}, so Spearman's rho is undefined; "
                 "check that this is the right file (scores in the score column)"
             )
-
-
-def _lines(path: Path) -> list[str]:
-    """A text file's lines, split at line ends only: ``str.splitlines`` also splits at U+0085,
-    U+2028 and form feeds, which a sentence (or mojibake in it) can hold."""
-    with path.open(encoding="utf-8", newline="") as handle:
-        return [line.rstrip("\r\n") for line in handle]
-
-
-def load_senteval_sts_dir(directory: str | Path) -> list[StsPair]:
-    """SentEval's layout: ``STS.input.<subset>.txt`` (two tab-separated sentences a line) with
-    ``STS.gs.<subset>.txt`` (one score a line). An empty gold line means the pair has no gold
-    score, and the pair is dropped, as SentEval does."""
-    directory = Path(directory)
-    inputs = sorted(directory.glob("STS.input.*.txt"))
-    if not inputs:
-        raise MissingDataError(
-            directory / "STS.input.<subset>.txt",
-            "expected SentEval's STS layout: STS.input.<subset>.txt beside STS.gs.<subset>.txt",
-        )
-    pairs = []
-    for input_path in inputs:
-        subset = input_path.name[len("STS.input.") : -len(".txt")]
-        gold_path = require_file(
-            directory / f"STS.gs.{subset}.txt", f"every STS.input.{subset}.txt needs its STS.gs.{subset}.txt"
-        )
-        sentences, gold = _lines(input_path), _lines(gold_path)
-        if len(sentences) != len(gold):
-            raise ValueError(
-                f"{input_path} has {len(sentences)} lines but {gold_path} has {len(gold)}; they must align line by line"
-            )
-        for number, (line, score) in enumerate(zip(sentences, gold), start=1):
-            if not score.strip():
-                continue
-            fields = line.split("\t")
-            if len(fields) != 2:
-                raise ValueError(
-                    f"{input_path}:{number}: expected 2 tab-separated sentences, found {len(fields)} fields"
-                )
-            if not fields[0].strip() or not fields[1].strip():
-                raise ValueError(f"{input_path}:{number}: empty sentence")
-            pairs.append(StsPair(fields[0], fields[1], parse_float(score, gold_path, number, "score"), subset))
-    return pairs
-
-
-def load_stsb_csv(path: str | Path) -> list[StsPair]:
-    """An STS Benchmark ``sts-{train,dev,test}.csv``: tab-separated, unquoted, no header; fields
-    genre, file, year, id, score, sentence1, sentence2 and sometimes two source columns.
-    The genre becomes the subset. Quotes are literal text here, so no CSV parser is used."""
-    path = require_file(Path(path), "expected an STS Benchmark sts-<split>.csv file")
-    pairs = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            line = line.rstrip("\r\n")
-            if not line:
-                continue
-            fields = line.split("\t")
-            if len(fields) not in (7, 9):
-                raise ValueError(f"{path}:{number}: expected 7 or 9 tab-separated fields, found {len(fields)}")
-            if not fields[5].strip() or not fields[6].strip():
-                raise ValueError(f"{path}:{number}: empty sentence")
-            pairs.append(StsPair(fields[5], fields[6], parse_float(fields[4], path, number, "score"), fields[0]))
-    return pairs
-
-
-def load_sick_txt(path: str | Path) -> list[StsPair]:
-    """A SICK release file with a header: ``SICK.txt`` (whose ``SemEval_set`` column becomes the
-    subset) or the SemEval-2014 ``SICK_train.txt`` / ``SICK_trial.txt`` / ``SICK_test_annotated.txt``.
-    Columns are found by name: sentence_A, sentence_B, relatedness_score."""
-    path = require_file(Path(path), "expected a SICK txt file with a header row")
-    columns = ("sentence_A", "sentence_B", "relatedness_score")
-    pairs = []
-    for line, row in read_tsv(path, columns, ("sentence_A", "sentence_B"), optional=("SemEval_set",)):
-        score = parse_float(row["relatedness_score"], path, line, "relatedness_score")
-        pairs.append(StsPair(row["sentence_A"], row["sentence_B"], score, row.get("SemEval_set", "")))
-    return pairs
 
 
 def sts_task_paths(data_dir: str | Path, task: str, source: str = "mteb") -> list[Path]:

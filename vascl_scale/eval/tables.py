@@ -2,16 +2,14 @@
 
 Every ``.tsv`` under the data directory has a header row and is written by a CSV writer with
 minimal quoting, so it is parsed with :mod:`csv` (never ``line.split("\\t")``), by
-:func:`read_tsv` alone: the STS, SICK, clustering and intent loaders all go through it, so each
-gets its checks (a quote that merges lines, row widths, empty texts) and :func:`parse_float`'s
-refusal of non-finite gold scores.
+:func:`read_tsv` alone: the STS, clustering and intent loaders all go through it, so each gets
+its checks (a quote that merges lines, row widths, empty texts).
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
@@ -140,17 +138,3 @@ def read_tsv(
     if not rows:
         raise ValueError(f"{path} has a header but no rows; expected rows of {list(columns)}")
     return rows
-
-
-def parse_float(value: str, path: Path, line: int, column: str) -> float:
-    """A gold score; non-finite values (``nan``, ``inf``, ``1e999``) are refused, since one of
-    them turns a Spearman correlation into NaN or silently ranks as the largest score."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise ValueError(f"{path}:{line}: {column} {value!r} is not a number") from None
-    if not math.isfinite(number):
-        raise ValueError(
-            f"{path}:{line}: {column} {value!r} is not a finite number; give a real score or remove the row"
-        )
-    return number

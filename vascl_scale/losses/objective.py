@@ -9,6 +9,11 @@ also called with ``labels=``, this rank's (b,) labels, and one that declares the
 (``spec.classifier``) with ``classifier=``, the model's pairwise classifier; no other is. Another objective is a class with the same call, its
 declaration in :data:`vascl_scale.losses.spec.OBJECTIVES` and one entry in
 :data:`IMPLEMENTATIONS`.
+
+Objectives are the training step's: they call the loss functions with ``check_rows=False``, so a
+loss call costs no collective beyond the gathers (every rank's batch is the run plan's per-device
+batch, checked on each rank by the step). A researcher calling the functions directly keeps
+their check that every rank holds the same rows (``check_rows=True``, one tiny all-gather).
 """
 
 from __future__ import annotations
@@ -87,7 +92,7 @@ class SimCSEObjective:
     ) -> ObjectiveOutput:
         anchor, positive = views  # (b, d) each
         loss = simcse_loss(
-            project(head, anchor), project(head, positive), temperature=self.temperature
+            project(head, anchor), project(head, positive), temperature=self.temperature, check_rows=False
         )  # z: (b, D) each
         return _one_term(loss, "simcse", with_stats)
 
@@ -118,7 +123,9 @@ class SupervisedSimCSEObjective:
     ) -> ObjectiveOutput:
         # (b, d) each: h_i, h_i^+, h_i^{-,1}, ..., h_i^{-,N} before the head -> (b, D) each
         z = [project(head, view) for view in views]
-        loss = simcse_sup_loss(*z, temperature=self.temperature, hard_negative_weight=self.hard_negative_weight)
+        loss = simcse_sup_loss(
+            *z, temperature=self.temperature, hard_negative_weight=self.hard_negative_weight, check_rows=False
+        )
         return _one_term(loss, "simcse_sup", with_stats)
 
     def model_flops(self, views: int, rows: int, global_rows: int, hidden: int, out_dim: int) -> int:
@@ -144,7 +151,9 @@ class VaSCLObjective:
         with_stats: bool = False,
     ) -> ObjectiveOutput:
         anchor, positive = views  # (b, d) each: e1, e2 of the paper
-        out = vascl_objective(anchor, positive, head, generator=generator, with_stats=with_stats, **self.settings)
+        out = vascl_objective(
+            anchor, positive, head, generator=generator, with_stats=with_stats, check_rows=False, **self.settings
+        )
         terms = {"simcse": out.simcse.detach(), "neighbourhood": out.neighbourhood.detach()}
         return ObjectiveOutput(out.loss, terms, out.stats)
 
@@ -183,7 +192,9 @@ class PairSupConObjective:
     ) -> ObjectiveOutput:
         first, second = views  # (b, d) each: e1, e2 of the pairs, before the head
         z1, z2 = project(head, first), project(head, second)  # (b, D) each
-        instdisc = hard_contrastive_loss(z1, z2, labels, temperature=self.temperature, contrast_type=self.contrast_type)
+        instdisc = hard_contrastive_loss(
+            z1, z2, labels, temperature=self.temperature, contrast_type=self.contrast_type, check_rows=False
+        )
         logits = classifier(first, second)  # (b, 2): the classifier on [e1, e2, |e1 - e2|]
         classification = pair_classification_loss(logits, labels)
         loss = self.beta * instdisc + classification  # training.py: beta on the instance loss only

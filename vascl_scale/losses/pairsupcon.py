@@ -58,7 +58,13 @@ def check_labels(labels: Tensor, rows: int) -> None:
 
 
 def hard_contrastive_loss(
-    z1: Tensor, z2: Tensor, labels: Tensor, temperature: float = 0.05, contrast_type: str = "hardneg"
+    z1: Tensor,
+    z2: Tensor,
+    labels: Tensor,
+    temperature: float = 0.05,
+    contrast_type: str = "hardneg",
+    *,
+    check_rows: bool = True,
 ) -> Tensor:
     """The authors' ``HardConLoss`` over the global batch (module docstring), this rank's value.
 
@@ -72,7 +78,8 @@ def hard_contrastive_loss(
     rows = z1.shape[0]
     check_labels(labels, rows)
     rank, world_size = distributed.world()
-    distributed.require_equal_rows(rows)
+    if check_rows:
+        distributed.require_equal_rows(rows)
     local = torch.cat([z1, z2])  # (2b, D): this rank's anchors, [z1; z2]
     candidates = distributed.all_gather_with_grad(local)  # (W 2b, D), laid out as distributed.block_row says
     if candidates.shape[0] <= 2:

@@ -33,7 +33,7 @@ def simcse_from_gathered(local: Tensor, gathered: Tensor, rank: int, temperature
     return nt_xent(local, gathered, positive_index, self_index, temperature)
 
 
-def simcse_loss(z1: Tensor, z2: Tensor, temperature: float = 0.05) -> Tensor:
+def simcse_loss(z1: Tensor, z2: Tensor, temperature: float = 0.05, *, check_rows: bool = True) -> Tensor:
     """SimCSE / NT-Xent loss of the two dropout views, mean over the 2B anchors.
 
     z1, z2: (b, D) L2-normalised features of the same b sentences on this rank. Every
@@ -46,7 +46,8 @@ def simcse_loss(z1: Tensor, z2: Tensor, temperature: float = 0.05) -> Tensor:
     check_features("z1", z1, "z2", z2)
     check_temperature(temperature)
     rank, _ = distributed.world()
-    distributed.require_equal_rows(z1.shape[0])
+    if check_rows:
+        distributed.require_equal_rows(z1.shape[0])
     local = torch.cat([z1, z2], dim=0)  # (2b, D)
     gathered = distributed.all_gather_with_grad(local)  # (W * 2b, D)
     return simcse_from_gathered(local, gathered, rank, temperature)
@@ -76,6 +77,7 @@ def simcse_sup_loss(
     *z_negatives: Tensor,
     temperature: float = 0.05,
     hard_negative_weight: float = 0.0,
+    check_rows: bool = True,
 ) -> Tensor:
     """Supervised SimCSE (Gao et al. 2021, Eq. 5) with N >= 1 hard negatives per anchor, mean
     over the B anchors of the global batch.
@@ -106,7 +108,8 @@ def simcse_sup_loss(
     check_hard_negative_weight(hard_negative_weight)
     rank, _ = distributed.world()
     rows = z_anchor.shape[0]
-    distributed.require_equal_rows(rows)
+    if check_rows:
+        distributed.require_equal_rows(rows)
     local = torch.cat([z_positive, *z_negatives], dim=0)  # ((1 + N) b, D), view-major as block_row reads it
     candidates = distributed.all_gather_with_grad(local)  # (W (1 + N) b, D)
     positive_index, hard_negative_index = simcse_sup_indices(rows, len(z_negatives), rank, z_anchor.device)

@@ -21,8 +21,6 @@ cell as "interrupted" and raises :class:`Interrupted` (see :func:`_run_logged`).
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import logging
 import os
@@ -36,6 +34,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from vascl_scale.fs import FolderLock, replace_file
 from vascl_scale.sweep.grid import Cell, SweepPlan
 
 logger = logging.getLogger(__name__)
@@ -105,37 +104,24 @@ def read_status(sweep_dir: Path, cell: Cell) -> dict[str, Any]:
 
 
 def _write_status(directory: Path, status: dict[str, Any]) -> None:
-    tmp = directory / "status.json.tmp"
-    tmp.write_text(json.dumps(status, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(directory / "status.json")
+    replace_file(directory / "status.json", json.dumps(status, indent=1) + "\n")
 
 
-@contextmanager
-def _cell_lock(directory: Path) -> Iterator[int]:
-    """Hold an exclusive flock on ``<cell directory>.lock``; yield its descriptor.
+def _cell_lock(directory: Path) -> FolderLock:
+    """The exclusive lock on ``<cell directory>.lock``, to be taken with ``with``.
 
     The lock sits beside the directory, which a run deletes and recreates. Its descriptor is
     also handed to the cell's commands, so the lock lasts as long as the last of them even
     when the sweep itself is killed (SIGKILL, a lost node) and cannot stop them.
     """
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    path = directory.with_name(directory.name + ".lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ValueError(
-                f"cell {directory.name} is still being run by another sweep or by the training it "
-                f"started; let it finish or stop it (see {directory / 'train.log'}), then rerun"
-            ) from None
-        except OSError as err:  # no flock on this file system (e.g. Lustre mounted without it)
-            if err.errno not in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK):
-                raise
-            logger.warning("cannot lock %s (%s): nothing stops a second sweep from rerunning this cell", path, err)
-        yield fd
-    finally:
-        os.close(fd)
+    return FolderLock(
+        directory.with_name(directory.name + ".lock"),
+        lambda owner: (
+            f"cell {directory.name} is still being run by another sweep or by the training it "
+            f"started; let it finish or stop it (see {directory / 'train.log'}), then rerun"
+        ),
+        if_unsupported="nothing stops a second sweep from rerunning this cell",
+    )
 
 
 def _stop_group(proc: subprocess.Popen, signum: int) -> None:
@@ -221,7 +207,7 @@ def run_cell(sweep_dir: Path, plan: SweepPlan, cell: Cell) -> dict[str, Any]:
     """
     directory = cell_dir(sweep_dir, cell)
     run_dir, log_path = directory / "run", directory / "train.log"
-    with _stop_signals(), _cell_lock(directory) as lock_fd:
+    with _stop_signals(), _cell_lock(directory) as lock:
         if directory.exists():
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
@@ -229,7 +215,7 @@ def run_cell(sweep_dir: Path, plan: SweepPlan, cell: Cell) -> dict[str, Any]:
         started = time.perf_counter()
         status: dict[str, Any] = {"cell": cell.name, "variant": cell.variant, "values": cell.values, "seed": cell.seed}
         try:
-            code, peak_rss_mb = _run_logged(train_command(plan, cell, run_dir), log_path, env, lock_fd)
+            code, peak_rss_mb = _run_logged(train_command(plan, cell, run_dir), log_path, env, lock.fileno())
             status["train_seconds"] = time.perf_counter() - started
             status["peak_rss_mb"] = peak_rss_mb
             if code != 0:
@@ -237,7 +223,9 @@ def run_cell(sweep_dir: Path, plan: SweepPlan, cell: Cell) -> dict[str, Any]:
             elif plan.eval_tasks != "none":
                 eval_started = time.perf_counter()
                 eval_log = directory / "eval.log"
-                code, _ = _run_logged(eval_command(plan, run_dir, directory / "eval.json"), eval_log, env, lock_fd)
+                code, _ = _run_logged(
+                    eval_command(plan, run_dir, directory / "eval.json"), eval_log, env, lock.fileno()
+                )
                 status["eval_seconds"] = time.perf_counter() - eval_started
                 if code != 0:
                     status.update(state=FAILED, error=f"evaluation exited with {code}:\n{_last_lines(eval_log)}")

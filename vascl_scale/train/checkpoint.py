@@ -38,8 +38,8 @@ from typing import Any
 import torch
 import yaml
 
-from vascl_scale.config import RunConfig, check_data_columns, save_config
-from vascl_scale.train.atomic import remove_directory, replace_directory, staging_directory
+from vascl_scale.config import RunConfig, save_config
+from vascl_scale.fs import remove_directory, replace_directory, staging_directory
 
 logger = logging.getLogger(__name__)
 
@@ -150,10 +150,13 @@ def resolve_resume(target: str, run_dir: Path) -> Path:
     )
 
 
-def check_resume_compatible(checkpoint: Path, config: RunConfig, world_size: int) -> TrainerState:
+def check_resume_compatible(
+    checkpoint: Path, config: RunConfig, world_size: int, columns: tuple[str, ...]
+) -> TrainerState:
     """The saved state, after checking that this run can continue it, before anything is loaded:
     the same objective, model (backbone, pooling, head, adapter: every ``model`` key), global
-    batch, columns of the data and world size. Each change is named, saved value against asked."""
+    batch, ``columns`` of the data's batches and world size. Each change is named, saved value
+    against asked."""
     state = TrainerState.from_file(checkpoint / STATE_FILE)
     saved = _saved_config(checkpoint)
     # config.yaml holds the paths as written (expanded in files saved before that): compare
@@ -171,7 +174,6 @@ def check_resume_compatible(checkpoint: Path, config: RunConfig, world_size: int
     details = [f"{key}: {_lookup(saved, key)!r} -> {_lookup(current, key)!r}" for key in changed]
     problems = [f"the config changes {', '.join(details)}"] if details else []
     if state.columns is not None:  # what the stream's saved position and the objective's views refer to
-        columns = check_data_columns(config)
         if set(columns) != set(state.columns):
             problems.append(f"data.train's columns change: {', '.join(state.columns)} -> {', '.join(columns)}")
     if problems:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
+import sys
 from pathlib import Path
 
 import typer
@@ -14,9 +14,6 @@ from vascl_scale.log import process_rank
 from vascl_scale.losses.spec import OBJECTIVES
 
 logger = logging.getLogger(__name__)
-
-# The paths the launcher expanded (JSON, by dotted key), for its workers: they expand nothing.
-RESOLVED_PATHS_ENV = "VASCL_RESOLVED_PATHS"
 
 
 def train_command(
@@ -41,6 +38,9 @@ def train_command(
     resume_from: Path | None = typer.Option(
         None, "--resume-from", help="Continue from DIR: a checkpoint, or a run directory (its latest checkpoint)."
     ),
+    plan_file: Path | None = typer.Option(
+        None, "--plan", hidden=True, help="A worker of our launcher: the run plan it made (<run>/plan.json)."
+    ),
 ) -> None:
     """Train a sentence encoder with VaSCL or SimCSE over the global batch."""
     # Typer options cannot take an optional value, so `--resume [DIR]` is two options.
@@ -54,85 +54,75 @@ def train_command(
     if objective is not None:
         assignments.append(f"objective={json.dumps(objective)}")
     # Imported here, not at the top: `vascl-scale --help` must not load torch (test_cli_import).
-    from vascl_scale.config import load_config, path_values, resolve_paths
-    from vascl_scale.precision import train_precision
-    from vascl_scale.train.checkpoint import check_resume_compatible, prepare_run_dir, resolve_resume
+    from vascl_scale.config import load_config
     from vascl_scale.train.launch import (
         LaunchPlan,
         StoppedBySignal,
-        become_single_rank,
-        check_writable,
-        exit_with_parent,
         in_distributed_worker,
-        launch_workers,
+        run_here_or_launch,
+        worker_world_size,
     )
-    from vascl_scale.train.run_lock import HELD_ENV, RunDirectoryLock
-    from vascl_scale.train.tracking import resolve_trackers
+    from vascl_scale.train.plan import make_plan, plan_path, read_plan, write_plan
 
-    run_lock: RunDirectoryLock | None = None
+    run_plan = None
     try:
         run_config = load_config(config, assignments)
-        deepspeed_path = str(deepspeed) if deepspeed is not None else None
-        if in_distributed_worker():
-            exit_with_parent()  # never train on as an orphan of a killed launcher
-            # A worker of another launcher (torchrun, srun) resolves the paths itself.
-            given = os.environ.get(RESOLVED_PATHS_ENV)
-            run_config = resolve_paths(run_config, json.loads(given) if given else None)
-            return _train(run_config, deepspeed_path, resume_target)
-        plan = LaunchPlan(
-            processes_per_machine=num_processes,
-            num_machines=num_machines,
-            machine_rank=machine_rank,
-            main_process_ip=main_process_ip,
-            main_process_port=main_process_port,
-            deepspeed=deepspeed is not None,
-        )
-        # Fail here, once, rather than in every worker.
-        run_config = resolve_paths(run_config)
-        run_config.per_device_batch_size(plan.world_size)
-        train_precision(run_config.train.precision)
-        resolve_trackers(run_config.train.report_to)  # a tracker asked for but not installed
-        run_dir = Path(run_config.train.output_dir)
-        check_writable(run_dir)
-        if deepspeed is not None and not deepspeed.is_file():
-            raise ValueError(f"--deepspeed {deepspeed}: no such file")
-        if plan.needs_launcher:  # checked here once, before any worker starts (in place: by the trainer)
-            if plan.machine_rank == 0:  # machine 0 holds the shared run directory
-                run_lock = RunDirectoryLock(run_dir).acquire()
-            prepare_run_dir(run_dir, resume_target)
-            if resume_target is not None:
-                check_resume_compatible(resolve_resume(resume_target, run_dir), run_config, plan.world_size)
+        if plan_file is not None:  # a worker of our launcher: it runs the launcher's plan
+            run_plan = read_plan(plan_file)
+            run_plan.check_worker(run_config, worker_world_size(), plan_file)
+            run_here_or_launch(LaunchPlan())  # watch the launcher
+        elif in_distributed_worker():  # a worker of another launcher (torchrun, srun) plans for itself
+            run_plan = make_plan(
+                run_config, world_size=worker_world_size(), deepspeed=deepspeed, resume=resume_target, lock="workers"
+            )
+            if process_rank() == 0:
+                write_plan(run_plan, plan_path(run_plan.run_dir))
+            run_here_or_launch(LaunchPlan())  # watch the launcher
+        else:
+            launch = LaunchPlan(
+                processes_per_machine=num_processes,
+                num_machines=num_machines,
+                machine_rank=machine_rank,
+                main_process_ip=main_process_ip,
+                main_process_port=main_process_port,
+                deepspeed=deepspeed is not None,
+            )
+            # Machine 0 holds the shared run directory for the workers of every machine.
+            holder = "here" if launch.machine_rank == 0 else "launcher"
+            run_plan = make_plan(
+                run_config, world_size=launch.world_size, deepspeed=deepspeed, resume=resume_target, lock=holder
+            )
+            written = write_plan(run_plan, plan_path(run_plan.run_dir, launch.machine_rank))
+            logger.info("run plan: %s (the workers read it)", written)
+            try:
+                code = run_here_or_launch(launch, sys.argv[1:] + ["--plan", str(written)])
+            except StoppedBySignal as err:
+                raise _stopped(run_plan.run_dir, err.signum) from None
+            except KeyboardInterrupt:  # Ctrl-C before the agent took over the signals
+                raise _stopped(run_plan.run_dir, signal.SIGINT) from None
+            if code is not None:
+                if run_plan.run_lock is not None:
+                    run_plan.run_lock.release()
+                raise typer.Exit(code)
     except ValueError as err:
+        if run_plan is not None and run_plan.run_lock is not None:
+            run_plan.run_lock.release()
         logger.error("%s", err)
         raise typer.Exit(2) from err
-    if plan.needs_launcher:
-        # The workers see that the run directory is held and checked for them, and its paths.
-        worker_env = {HELD_ENV: "1", RESOLVED_PATHS_ENV: json.dumps(path_values(run_config))}
-        try:
-            raise typer.Exit(launch_workers(plan, worker_env=worker_env))
-        except StoppedBySignal as err:
-            raise _stopped(run_dir, err.signum) from None
-        except KeyboardInterrupt:  # Ctrl-C before the agent took over the signals
-            raise _stopped(run_dir, signal.SIGINT) from None
-        finally:
-            if run_lock is not None:
-                run_lock.release()
-    if plan.deepspeed:
-        become_single_rank()
-    _train(run_config, deepspeed_path, resume_target)  # the Trainer locks the run directory itself
+    _train(run_plan, launched=plan_file is not None)
 
 
-def _train(run_config, deepspeed_path: str | None, resume: str | None) -> None:
-    """Train in this process; configuration and data errors exit with 2, a non-finite loss with 3."""
+def _train(run_plan, launched: bool) -> None:
+    """Train in this process; configuration and data errors exit with 2, a non-finite loss with 3.
+    ``launched``: this is a worker of our launcher, which reports a stop itself."""
     from vascl_scale.data.loader import CorruptShardError
     from vascl_scale.train.launch import StoppedBySignal, sigterm_stops_training
-    from vascl_scale.train.run_lock import HELD_ENV
     from vascl_scale.train.step import NonFiniteLossError
-    from vascl_scale.train.trainer import build_trainer, deepspeed_path_from_environment
+    from vascl_scale.train.trainer import build_trainer
 
     try:
         with sigterm_stops_training():
-            trainer = build_trainer(run_config, deepspeed_path or deepspeed_path_from_environment(), resume)
+            trainer = build_trainer(run_plan)
             trainer.fit()
             trainer.end_process_group()
     except ValueError as err:
@@ -148,9 +138,9 @@ def _train(run_config, deepspeed_path: str | None, resume: str | None) -> None:
         raise typer.Exit(3) from err
     except (KeyboardInterrupt, StoppedBySignal) as err:  # Ctrl-C or SIGTERM here, or a launcher's stop
         signum = err.signum if isinstance(err, StoppedBySignal) else signal.SIGINT
-        if os.environ.get(HELD_ENV) == "1" or process_rank() != 0:  # the launcher / rank 0 reports it
+        if launched or process_rank() != 0:  # the launcher / rank 0 reports it
             raise typer.Exit(128 + signum) from None
-        raise _stopped(Path(run_config.train.output_dir), signum) from None
+        raise _stopped(run_plan.run_dir, signum) from None
 
 
 def _stopped(run_dir: Path, signum: int) -> typer.Exit:

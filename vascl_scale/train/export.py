@@ -19,10 +19,10 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
+from vascl_scale.fs import replace_directory, staging_directory
 from vascl_scale.model import CLASSIFIER_FILE
 from vascl_scale.model_card import CardFacts, write_model_card
 from vascl_scale.sentence_transformers_format import write_sentence_transformers_files
-from vascl_scale.train.atomic import replace_directory, staging_directory
 
 logger = logging.getLogger(__name__)
 

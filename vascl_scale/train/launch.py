@@ -27,11 +27,9 @@ import socket
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
@@ -41,22 +39,16 @@ def in_distributed_worker() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def worker_world_size() -> int:
+    """The number of ranks of the launch this worker belongs to (its launcher's ``WORLD_SIZE``)."""
+    return int(os.environ["WORLD_SIZE"])
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free right now on ``host`` (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def check_writable(directory: Path) -> None:
-    """Create ``directory`` and prove a file can be written there; a clear error otherwise."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f".write-test-{uuid.uuid4().hex}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise ValueError(f"output directory {directory} is not writable ({err.strerror}); pass --output DIR") from err
 
 
 @dataclass(frozen=True)
@@ -184,14 +176,13 @@ def _signal_of_exit_status(code: object) -> int | None:
     return None
 
 
-def launch_workers(
-    plan: LaunchPlan, worker_argv: list[str] | None = None, worker_env: dict[str, str] | None = None
-) -> int:
+def launch_workers(plan: LaunchPlan, worker_argv: list[str] | None = None) -> int:
     """Run this command line on ``plan.world_size`` ranks through accelerate; the exit status.
 
     ``worker_argv`` defaults to this process's own arguments: the workers parse the same
-    command and, seeing the launcher's environment, train. ``worker_env`` is added to the
-    workers' environment only (this process's is restored afterwards).
+    command and, seeing the launcher's environment, train. What the workers need beyond their
+    command line is in files they are pointed to (``train``: ``--plan <run>/plan.json``); this
+    process's environment is restored afterwards.
     """
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -209,7 +200,6 @@ def launch_workers(
     saved_env = dict(os.environ)
     # One thread per rank unless the user chose otherwise: ranks share the machine's cores.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.update(worker_env or {})  # the elastic agent copies this environment to the workers
     # The agent's warnings on a stop (the signal, each worker's closing signal) say what the
     # caller's one line on StoppedBySignal says; its errors (a failed rank) still show. Its
     # modules' loggers set their own levels when they load, so they are loaded first.
@@ -237,3 +227,23 @@ def launch_workers(
         os.environ.clear()
         os.environ.update(saved_env)
     return 0
+
+
+def run_here_or_launch(launch: LaunchPlan, worker_argv: list[str] | None = None) -> int | None:
+    """The one way a command (``train``, ``bench step``) runs on its ranks.
+
+    None when this process is to do the work itself: it is a worker of a launcher (it then
+    watches its parent, :func:`exit_with_parent`), or the only process (under DeepSpeed, in a
+    one-rank group, :func:`become_single_rank`). Otherwise the exit status of the workers
+    :func:`launch_workers` started with ``worker_argv`` (default: this command line).
+    ``sweep`` runs each cell as a ``vascl-scale train`` command, so its cells start the same way;
+    ``bench comm`` always measures on workers it launches (:func:`launch_workers`), one included.
+    """
+    if in_distributed_worker():
+        exit_with_parent()  # never run on as an orphan of a killed launcher
+        return None
+    if launch.needs_launcher:
+        return launch_workers(launch, worker_argv)
+    if launch.deepspeed:
+        become_single_rank()
+    return None

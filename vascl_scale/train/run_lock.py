@@ -4,10 +4,9 @@ Two runs writing checkpoints into one directory corrupt each other (one deletes 
 staging directory). The process that starts a run (the launcher, or the one process that
 trains in place) takes an exclusive ``flock`` on ``<run>/.run.lock`` and keeps it until it
 exits; the kernel releases it however the process ends, SIGKILL included, so a dead run
-never holds a directory. A launcher also checks the directory once (reuse, resume
-compatibility) before its workers start; they find ``VASCL_RUN_HELD`` in their environment
-and neither lock nor check again. Workers started by another launcher (torchrun, srun) take
-the lock on global rank 0 and check the directory themselves (see
+never holds a directory. The process that makes the run plan takes it, before it checks the
+directory (reuse, resume compatibility; :func:`vascl_scale.train.plan.make_plan`); workers
+started by another launcher (torchrun, srun) take it on global rank 0 (see
 :func:`vascl_scale.train.trainer.build_trainer`).
 """
 
@@ -15,10 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vascl_scale.locks import FolderLock
+from vascl_scale.fs import FolderLock
 
 LOCK_FILE = ".run.lock"
-HELD_ENV = "VASCL_RUN_HELD"  # set for the workers of a launcher that holds and checked the run directory
 
 
 class RunDirectoryLock(FolderLock):

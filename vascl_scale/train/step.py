@@ -1,7 +1,7 @@
 """One training step, written once: what ``vascl-scale train`` runs and every benchmark measures.
 
 A loss call: the configured objective (:func:`vascl_scale.losses.build_objective`) declares the
-n data columns it encodes (``spec.encoded_columns(batch)``, :mod:`vascl_scale.losses.spec`: its
+n data columns it encodes (``spec.encoded_columns(batch)``, checked once per run, :mod:`vascl_scale.losses.spec`: its
 inputs, then with supervised SimCSE every hard negative of the batch); the batch holds this
 rank's b rows of each column (:mod:`vascl_scale.data.columns`), and an input the data lacks is
 encoded from its stand-in (SimCSE's and VaSCL's positive: the anchor again, so that dropout
@@ -57,8 +57,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from vascl_scale.data.batch import Batch, Padding, widen
 from vascl_scale.data.columns import TOKEN_KEYS
-from vascl_scale.data.loader import Batch, Padding, widen
 from vascl_scale.flops import EncoderShape
 from vascl_scale.losses import Objective, ObjectiveOutput
 from vascl_scale.precision import autocast
@@ -151,6 +151,7 @@ class TrainingStep:
         # Views of different widths are padded to one as the tokenizer pads; a model without a
         # tokenizer (the benchmarks', the tests') is right-padded with id 0.
         self.padding = Padding.of(module.tokenizer) if module.tokenizer is not None else Padding()
+        self._encoded_columns: dict[tuple[str, ...], tuple[str, ...]] = {}  # a batch's keys -> encoded_columns
 
     def loss_call_flops(self, views: int, tokens: int) -> int:
         """Model FLOPs of one loss call on this device, each of its n = ``views`` views (b, tokens):
@@ -189,9 +190,17 @@ class TrainingStep:
             return autocast("cpu", self.precision)
         return self.accelerator.autocast()
 
+    def encoded_columns(self, batch: Batch) -> tuple[str, ...]:
+        """The columns encoded for each view of ``batch`` (``spec.encoded_columns``), checked once per
+        set of columns: a stream gives every batch the same ones, so a loss call checks nothing again."""
+        key = tuple(batch)
+        if key not in self._encoded_columns:
+            self._encoded_columns[key] = self.objective.spec.encoded_columns(batch)
+        return self._encoded_columns[key]
+
     def view_width(self, batch: Batch) -> int:
         """L, the width every view of ``batch`` is encoded at: the longest of its columns encoded."""
-        return max(batch[column]["input_ids"].shape[1] for column in self.objective.spec.encoded_columns(batch))
+        return max(batch[column]["input_ids"].shape[1] for column in self.encoded_columns(batch))
 
     def _inputs(self, batch: Batch, loss_call: int) -> tuple[list[dict[str, Tensor]], torch.Generator]:
         """This rank's model inputs of each of the objective's inputs, in order, on the device and
@@ -199,7 +208,7 @@ class TrainingStep:
         the global RNG seeded for the loss call's dropout masks, and the generator of its
         initial directions."""
         acc = self.accelerator
-        columns = self.objective.spec.encoded_columns(batch)
+        columns = self.encoded_columns(batch)
         width = self.view_width(batch)
         on_device = {}
         for column in dict.fromkeys(columns):
@@ -325,7 +334,7 @@ class TrainingStep:
             ):
                 call = step * accum + micro
                 batch = next(batches)
-                flops += self.loss_call_flops(len(self.objective.spec.encoded_columns(batch)), self.view_width(batch))
+                flops += self.loss_call_flops(len(self.encoded_columns(batch)), self.view_width(batch))
                 if self.chunk_size:
                     out = self.cached_loss_call(batch, call, step, with_stats)
                 else:

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from vascl_scale.config import ALL_TRACKERS, NO_TRACKER, TRACKERS
+from vascl_scale.fs import replace_file
 from vascl_scale.log import LoopProgress
-from vascl_scale.train.atomic import replace_file
 
 logger = logging.getLogger(__name__)
 

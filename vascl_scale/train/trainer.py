@@ -12,6 +12,7 @@ batch (see :mod:`vascl_scale.distributed` and :mod:`vascl_scale.train.step`).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -29,30 +30,29 @@ import transformers
 from torch import Tensor
 
 from vascl_scale import __version__
-from vascl_scale.config import RunConfig, save_config
+from vascl_scale.config import RunConfig, TrainConfig, save_config
 from vascl_scale.flops import tflops_and_mfu
+from vascl_scale.fs import replace_directory, replace_file, staging_directory
 from vascl_scale.losses import build_objective
-from vascl_scale.losses.spec import ObjectiveSpec, objective_spec, objectives_reading_all
+from vascl_scale.losses.spec import objective_spec
 from vascl_scale.model import SentenceEncoder
 from vascl_scale.model_card import CardFacts
-from vascl_scale.precision import local_device_type, precision_reason, train_precision
-from vascl_scale.train.atomic import replace_directory, staging_directory
 from vascl_scale.train.checkpoint import (
     STATE_FILE,
     TrainerState,
-    check_resume_compatible,
     complete_checkpoints,
     load_checkpoint,
-    prepare_run_dir,
-    resolve_resume,
     save_checkpoint,
 )
 from vascl_scale.train.export import export_model
-from vascl_scale.train.run_lock import HELD_ENV, RunDirectoryLock
+from vascl_scale.train.plan import RunPlan
+from vascl_scale.train.run_lock import RunDirectoryLock
 from vascl_scale.train.step import MODEL_INPUTS, NonFiniteLossError, TrainingStep, chunk_spans, rows_per_forward
-from vascl_scale.train.tracking import MetricsSink, NullMetricsSink, resolve_trackers
+from vascl_scale.train.tracking import MetricsSink, NullMetricsSink
 
 logger = logging.getLogger(__name__)
+
+SUMMARY_FILE = "run_summary.json"  # what the last invocation did: Trainer._write_summary
 
 
 @dataclass
@@ -64,24 +64,17 @@ class TrainResult:
     steady_sentences_per_second: float  # the same without the first step (data workers starting)
 
 
-def deepspeed_path_from_environment() -> str | None:
-    """The DeepSpeed config an ``accelerate launch --config_file`` (DeepSpeed type) passed down."""
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
-        return os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
-    return None
-
-
-def build_accelerator(config: RunConfig, deepspeed_config: str | None):
-    """An Accelerator for this run: DDP (gloo on CPU, NCCL on GPU) or DeepSpeed ZeRO."""
+def build_accelerator(config: RunConfig, deepspeed_config: str | None, precision: str):
+    """An Accelerator for this run: DDP (gloo on CPU, NCCL on GPU) or DeepSpeed ZeRO, in the
+    resolved ``precision`` (:attr:`vascl_scale.train.plan.RunPlan.precision`)."""
     from accelerate import Accelerator, DeepSpeedPlugin
     from accelerate.utils import InitProcessGroupKwargs
 
     cuda = torch.cuda.is_available()
     # On a CPU the training step autocasts itself (TrainingStep): the accelerator stays float32
     # there, so that DeepSpeed keeps float32 weights as DDP does (its bf16 mode would cast them).
-    precision = train_precision(config.train.precision) if cuda else "no"
     kwargs: dict[str, Any] = {
-        "mixed_precision": precision,
+        "mixed_precision": precision if cuda else "no",
         "gradient_accumulation_steps": config.train.grad_accum_steps,
     }
     if "RANK" in os.environ:  # started by a distributed launcher
@@ -98,8 +91,6 @@ def build_accelerator(config: RunConfig, deepspeed_config: str | None):
         # detection falls back to, without the warning; a user's own DS_ACCELERATOR is kept.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if deepspeed_config is not None:
-        if not Path(deepspeed_config).is_file():
-            raise ValueError(f"--deepspeed {deepspeed_config}: no such file")
         # DeepSpeed's ZeRO partitioning calls torch.distributed's old names for these two
         # collectives, which torch now warns about on every rank; only DeepSpeed can change
         # that. Our own collectives (vascl_scale.distributed) use the current names, and the gloo
@@ -169,57 +160,38 @@ def build_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torc
     )
 
 
-def prepare_for_training(accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: RunConfig):
+def prepare_for_training(
+    accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train: TrainConfig, per_device_batch: int
+):
     """``accelerator.prepare`` of the model and optimiser; under DeepSpeed, its "auto" batch
-    sizes are filled first from the training config (our stream is no accelerate DataLoader).
-    With ``train.compile`` the encoder is compiled first (:func:`compile_encoder`)."""
+    sizes are filled first from the ``train`` section and the per-device batch (our stream is no
+    accelerate DataLoader). With ``train.compile`` the encoder is compiled first
+    (:func:`compile_encoder`)."""
     plugin = accelerator.state.deepspeed_plugin
     if plugin is not None:
-        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = config.per_device_batch_size(
-            accelerator.num_processes
-        )
-        plugin.deepspeed_config["train_batch_size"] = config.train.global_batch_size * config.train.grad_accum_steps
-    if config.train.compile:
-        compile_encoder(model, 0 if plugin is None else int(plugin.zero_stage))
+        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = per_device_batch
+        plugin.deepspeed_config["train_batch_size"] = train.global_batch_size * train.grad_accum_steps
+    if train.compile:
+        compile_encoder(model)
     return accelerator.prepare(model, optimizer)
 
 
-def compile_encoder(model: SentenceEncoder, zero_stage: int) -> None:
+def compile_encoder(model: SentenceEncoder) -> None:
     """``train.compile``: the Hugging Face encoder's forward through ``torch.compile``, in place.
 
     ``nn.Module.compile`` keeps the module and its parameter names (no ``_orig_mod.`` prefix),
     so checkpoints, exports and resumes are those of an eager run; pooling and the heads stay
     eager (small, and the objectives call the head on views they build). DDP's and ZeRO-2's
     gradient hooks sit on the parameters, outside the compiled graph. ZeRO-3 gathers each
-    layer's parameters in hooks around its forward, which would break the graph at every layer.
-    Dropout under inductor draws its masks from seeds it takes of the global RNG, so the cached
-    step's replay (restoring that RNG) gives the first pass's masks again (tests/test_compile.py).
+    layer's parameters in hooks around its forward, which would break the graph at every layer:
+    the run plan refuses it (:func:`vascl_scale.train.plan.make_plan`). Dropout under inductor
+    draws its masks from seeds it takes of the global RNG, so the cached step's replay
+    (restoring that RNG) gives the first pass's masks again (tests/test_compile.py).
     """
-    if zero_stage == 3:
-        raise ValueError(
-            "train.compile: true does not run under ZeRO-3 (its per-layer parameter gathering breaks the compiled graph); "
-            "use configs/deepspeed/zero2.json or set train.compile: false"
-        )
     model.encoder.compile()
     logger.info(
         "train.compile: the encoder runs through torch.compile; each new input shape compiles once, in the step that meets it"
     )
-
-
-def stsb_dev_pairs(config: RunConfig):
-    """STS-B dev pairs for model selection, or None when off: evaluation off, or no dev set
-    (:func:`vascl_scale.config.resolve_paths` warned, once, and left eval.stsb_dev empty)."""
-    if config.eval.every_steps == 0 or not config.eval.stsb_dev:
-        return None
-    path = Path(config.eval.stsb_dev)
-    if not path.is_file():
-        logger.warning("model selection on STS-B dev is off: %s does not exist (set eval.stsb_dev)", path)
-        return None
-    from vascl_scale.eval.sts import check_gold_scores, load_sts_tsv
-
-    pairs = load_sts_tsv(path)
-    check_gold_scores(pairs, f"eval.stsb_dev {path}")
-    return pairs
 
 
 def lock_run_dir(accelerator, run_dir: Path) -> RunDirectoryLock | None:
@@ -239,62 +211,31 @@ def lock_run_dir(accelerator, run_dir: Path) -> RunDirectoryLock | None:
     return lock
 
 
-def build_stream(config: RunConfig, tokenizer, rank: int, world_size: int, per_device_batch: int):
+def build_stream(plan: RunPlan, tokenizer, rank: int):
     """This rank's training stream, from the ``data`` section (one source, or a mix of several):
-    the columns the objective reads (the data's other columns are named in the log)."""
+    the columns of the data the objective reads (:attr:`RunPlan.read_columns`)."""
     from vascl_scale.data.loader import build_train_stream
     from vascl_scale.data.mix import build_mixed_stream
-    from vascl_scale.data.shards import source_columns
 
-    spec = objective_spec(config.objective)
-    data = config.data
-    sources = (
-        {f"data.train[{i}] ({name})": s.source for i, (s, name) in enumerate(zip(data.train, data.source_names()))}
-        if data.mixed
-        else {"data.train": data.train}
-    )
-    # The launcher checked that every source gives the objective the same columns.
-    available_by_source = {where: source_columns(source) for where, source in sources.items()}
-    for where, available in available_by_source.items():
-        _log_unread_columns(spec, available, where)
-    available = next(iter(available_by_source.values()))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    config = plan.config
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", plan.world_size))
     build = build_mixed_stream if config.data.mixed else build_train_stream
     return build(
         config.data,
         tokenizer=tokenizer,
-        per_device_batch_size=per_device_batch,
+        per_device_batch_size=plan.per_device_batch,
         rank=rank,
-        world_size=world_size,
+        world_size=plan.world_size,
         seed=config.train.seed,
-        num_nodes=max(1, world_size // local_world),
-        columns=spec.columns_read(available),
+        num_nodes=max(1, plan.world_size // local_world),
+        columns=plan.read_columns,
     )
 
 
-def _log_unread_columns(spec: ObjectiveSpec, available: tuple[str, ...], where: str) -> None:
-    """One line naming the columns of the data ``where`` (``available``) that the objective does not read,
-    if any: hard negatives that a user may believe are trained on are ignored by SimCSE and VaSCL."""
-    unread = spec.unread_columns(available)
-    if not unread:
-        return
-    readers = [name for name in objectives_reading_all(available) if name != spec.name]
-    logger.info(
-        "data: %s has the column(s) %s, which objective %r does not read: they are ignored (it reads %s)%s",
-        where,
-        ", ".join(unread),
-        spec.name,
-        ", ".join(spec.columns_read(available)),
-        f"; every column is read by {' or '.join(repr(name) for name in readers)}" if readers else "",
-    )
-
-
-def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume: str | None = None) -> Trainer:
-    """Assemble a run from its config (on every rank); resume from ``resume`` when given.
-
-    Paths are used as they are in ``config``: pass it through
-    :func:`vascl_scale.config.resolve_paths` first (the launcher does, once for all workers).
-    """
+def build_trainer(plan: RunPlan) -> Trainer:
+    """Assemble the run of ``plan`` (:func:`vascl_scale.train.plan.make_plan`) on every rank;
+    resume from its checkpoint when it names one. Everything was checked when the plan was made."""
+    config = plan.config
     transformers.utils.logging.disable_progress_bar()
     # Load before the Accelerator exists: once it does, transformers sees the ZeRO-3 config
     # and would build the encoder already partitioned (zero.Init), without the head. ZeRO-3
@@ -309,21 +250,15 @@ def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume
     )
     frozen = freeze_unreached_parameters(model)
     model.train()
-    acc = build_accelerator(config, deepspeed_config)
-    world_size = acc.num_processes
-    per_device_batch = config.per_device_batch_size(world_size)
-    run_dir = Path(config.train.output_dir)
-    # Our launcher holds and checked the run directory already; any other start does it here.
-    checked = os.environ.get(HELD_ENV) == "1"
-    run_lock = None if checked else lock_run_dir(acc, run_dir)
-    if not checked:
-        prepare_run_dir(run_dir, resume)
-    resume_from = resolve_resume(resume, run_dir) if resume is not None else None
-    state = TrainerState(step=0, world_size=world_size, scheduler={})
-    if resume_from is not None and checked:
+    acc = build_accelerator(config, plan.deepspeed_config, plan.precision)
+    assert acc.num_processes == plan.world_size, (acc.num_processes, plan.world_size)
+    run_dir = plan.run_dir
+    # A launcher (or this process, in place) holds the run directory; workers of another launcher take it here.
+    run_lock = lock_run_dir(acc, run_dir) if plan.lock_in_workers else plan.run_lock
+    resume_from = Path(plan.resume_from) if plan.resume_from is not None else None
+    state = TrainerState(step=0, world_size=plan.world_size, scheduler={})
+    if resume_from is not None:
         state = TrainerState.from_file(resume_from / STATE_FILE)
-    elif resume_from is not None:
-        state = check_resume_compatible(resume_from, config, world_size)
     acc.wait_for_everyone()
     if acc.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -335,33 +270,38 @@ def build_trainer(config: RunConfig, deepspeed_config: str | None = None, resume
     scheduler = build_scheduler(optimizer, config.optim.warmup_steps)
     # The scheduler stays outside prepare(): the loop steps it once per optimiser step and
     # saves it in trainer_state.json.
-    prepared_model, prepared_optimizer = prepare_for_training(acc, model, optimizer, config)
-    precision = train_precision(config.train.precision)
-    logger.info(
-        "training in %s", precision_reason(config.train.precision, precision, local_device_type(), "train.precision")
+    prepared_model, prepared_optimizer = prepare_for_training(
+        acc, model, optimizer, config.train, plan.per_device_batch
     )
+    logger.info("training in %s", plan.precision_reason)
     step = TrainingStep(
         acc,
         prepared_model,
         prepared_optimizer,
         build_objective(config.objective, config.loss.model_dump()),
         seed=config.train.seed,
-        per_device_batch=per_device_batch,
+        per_device_batch=plan.per_device_batch,
         grad_accum_steps=config.train.grad_accum_steps,
         max_grad_norm=config.optim.max_grad_norm,
         chunk_size=config.train.chunk_size,
-        precision=precision,
+        precision=plan.precision,
     )
-    stream = build_stream(config, model.tokenizer, acc.process_index, world_size, per_device_batch)
-    state.columns = list(stream.columns)  # saved with each checkpoint: a resume on other columns is refused
+    stream = build_stream(plan, model.tokenizer, acc.process_index)
+    assert set(stream.columns) == set(plan.columns), (stream.columns, plan.columns)
+    state.columns = list(plan.columns)  # saved with each checkpoint: a resume on other columns is refused
     _log_batch_arithmetic(
-        config, world_size, per_device_batch, len(step.objective.spec.encoded_columns(stream.columns))
+        config, plan.world_size, plan.per_device_batch, len(step.objective.spec.encoded_columns(plan.columns))
     )
     if resume_from is not None:
         stream.load_state_dict(load_checkpoint(acc, resume_from))
         scheduler.load_state_dict(state.scheduler)
         logger.info("resumed from %s at step %d", resume_from, state.step)
-    return Trainer(config, step, scheduler, stream, state, run_dir, stsb_dev_pairs(config), run_lock)
+    dev_pairs = None
+    if plan.dev_set is not None:
+        from vascl_scale.eval.sts import load_sts_tsv
+
+        dev_pairs = load_sts_tsv(plan.dev_set)
+    return Trainer(plan, step, scheduler, stream, state, dev_pairs, run_lock)
 
 
 def _log_batch_arithmetic(config: RunConfig, world_size: int, per_device_batch: int, views: int) -> None:
@@ -409,23 +349,23 @@ class Trainer:
 
     def __init__(
         self,
-        config: RunConfig,
+        plan: RunPlan,
         step: TrainingStep,
         scheduler: torch.optim.lr_scheduler.LRScheduler,
         stream,
         state: TrainerState,
-        run_dir: Path,
         dev_pairs=None,
         run_lock: RunDirectoryLock | None = None,
     ) -> None:
-        self.config = config
+        self.plan = plan
+        self.config = plan.config
         self.step = step
         self.accelerator = step.accelerator
-        self.world_size = self.accelerator.num_processes
+        self.world_size = plan.world_size
         self.scheduler = scheduler
         self.stream = stream
         self.state = state
-        self.run_dir = Path(run_dir)
+        self.run_dir = plan.run_dir
         self.dev_pairs = dev_pairs
         self.run_lock = run_lock  # held for the life of the trainer
         self.drop_logged = False  # the stream's dropped partial batches are logged once
@@ -449,14 +389,10 @@ class Trainer:
 
         score = None
         # ZeRO-3 gathers each submodule's shards in its forward: every rank must encode.
-        if self.accelerator.is_main_process or self._zero_stage() == 3:
+        if self.accelerator.is_main_process or self.plan.zero_stage == 3:
             score = spearman_score(encode, self.dev_pairs)
         self.accelerator.wait_for_everyone()
         return score
-
-    def _zero_stage(self) -> int:
-        plugin = self.accelerator.state.deepspeed_plugin
-        return 0 if plugin is None else int(plugin.zero_stage)
 
     def _save(self) -> None:
         self.state.scheduler = self.scheduler.state_dict()
@@ -475,7 +411,7 @@ class Trainer:
             config=self.config.as_written().to_dict(),
             step=self.state.step,
             world_size=self.world_size,
-            zero_stage=self._zero_stage(),
+            zero_stage=self.plan.zero_stage,
             device_type=self.accelerator.device.type,
             precision=self.step.precision,
             embedding_dimension=self.accelerator.unwrap_model(self.step.model).hidden_size,
@@ -544,7 +480,7 @@ class Trainer:
                 self.run_dir,
                 self.state.step,
                 cfg.train.max_steps,
-                resolve_trackers(cfg.train.report_to),
+                self.plan.trackers,
                 cfg.as_written().to_dict(),
             )
             if acc.is_main_process
@@ -601,7 +537,44 @@ class Trainer:
             steady,
             self.run_dir / "final",
         )
+        if acc.is_main_process:
+            self._write_summary(start_step, step_seconds, rate, steady)
         return TrainResult(self.run_dir, self.state.step, self.state.best_score, rate, steady)
+
+    def _write_summary(self, start_step: int, step_seconds: list[float], rate: float, steady: float) -> None:
+        """``<run>/run_summary.json``: what this invocation did, for the GPU proof, sweeps and
+        benchmarks to read instead of the log's wording (replaced whole by each invocation)."""
+
+        def number(value: float) -> float | None:  # JSON has no NaN
+            return value if math.isfinite(value) else None
+
+        plan, steps_run = self.plan, len(step_seconds)
+        device = self.accelerator.device
+        exports = {
+            name: str(self.run_dir / name) for name in ("final", "best", "last") if (self.run_dir / name).is_dir()
+        }
+        summary = {
+            "steps": self.state.step,
+            "steps_this_invocation": steps_run,
+            "resumed_from": plan.resume_from,
+            "resumed_at_step": start_step if plan.resume_from is not None else None,
+            "seconds_of_steps": sum(step_seconds),
+            "seconds_per_step": sum(step_seconds) / steps_run if steps_run else None,
+            "sentences_per_second": number(rate),
+            "steady_sentences_per_second": number(steady),
+            "peak_memory_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+            "best_dev": (
+                {"score": self.state.best_score, "step": self.state.best_step}
+                if self.state.best_score is not None
+                else None
+            ),
+            "exports": exports,
+            "world_size": plan.world_size,
+            "precision": plan.precision,
+            "engine": "deepspeed" if plan.deepspeed_config is not None else "ddp",
+            "zero_stage": plan.zero_stage,
+        }
+        replace_file(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2, allow_nan=False))
 
     def end_process_group(self) -> None:
         """After :meth:`fit`, in a process about to exit: once every rank is done, end the process

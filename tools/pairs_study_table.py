@@ -1,6 +1,6 @@
 """The table of the pairs study (docs/findings/pairs-study.md) from its ``eval all`` results.
 
-Usage: python launchers/pairs_study_table.py EVAL_JSON LABEL=PART_OF_MODEL_NAME ...
+Usage: python tools/pairs_study_table.py EVAL_JSON LABEL=PART_OF_MODEL_NAME ...
 
 STS-B train pairs made the paired data, so STS-B is reported apart and left out of the STS
 average (the other six tasks of Table 1); clustering and few-shot intent are the families'

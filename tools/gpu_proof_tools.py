@@ -1,7 +1,7 @@
 """Helpers of launchers/gpu_carry.sh (packing, on the CPU machine) and launchers/gpu_proof.sh
 (the proof, on the GPU machine or as a CPU dry run): everything those scripts do in Python.
 
-    python launchers/gpu_proof_tools.py <command> [arguments]
+    python tools/gpu_proof_tools.py <command> [arguments]
 
 Packing: ``pack-model`` (the packaged MiniLM's weights as bf16: half the bytes),
 ``pack-data`` (the STS files ``eval sts`` reads and a sample of the training corpus),
@@ -11,8 +11,12 @@ installed), ``missing-wheels``, ``environment``, ``peak`` (the peak for MFU), ``
 (bf16 back to float32 on disk), ``train-report``, ``summary``; ``dry-fixtures`` builds a carry of
 tiny stand-ins for the dry run.
 
-Only the standard library at the top: ``summary`` and ``verify`` must run even where torch or
-the project cannot be imported.
+Only the standard library at the top: ``summary`` must run even where torch or the project
+cannot be imported, and ``verify`` before the wheelhouse is installed. File digests are the
+package's (:func:`vascl_scale.fs.file_sha256`, whose module needs only the standard library),
+the matmul timing ``bench matmul``'s (:func:`vascl_scale.bench.matmul.run_matmul_bench`); what
+a training run did is read from the ``run_summary.json`` its last invocation wrote, never from
+its log lines.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
-import hashlib
 import importlib.metadata
 import json
 import math
@@ -50,14 +53,6 @@ STS_FILES = (
 TRAIN_TEXT = "corpus/train.txt.gz"
 # Installed packages the wheelhouse must never replace (a CUDA torch is not on any carry).
 KEEP_AS_INSTALLED = ("torch", "numpy", "transformers", "accelerate", "tokenizers", "safetensors", "triton")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_json(path: Path, value: Any) -> None:
@@ -118,8 +113,10 @@ def pack_data(data_dir: Path, target: Path, lines: int, seed: int = 0) -> None:
 
 def write_manifest(carry: Path, commit: str) -> dict[str, Any]:
     """MANIFEST.json: every file's size and sha256, their total, where and when it was packed."""
+    from vascl_scale.fs import file_sha256
+
     files = {
-        str(path.relative_to(carry)): {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+        str(path.relative_to(carry)): {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
         for path in sorted(carry.rglob("*"))
         if path.is_file() and path.name != MANIFEST
     }
@@ -149,6 +146,8 @@ def run_record(output: Path, dry_run: bool, carry: Path, budget_s: int, only: st
 
 def verify(carry: Path) -> None:
     """Every file of the manifest present with its size and sha256 (a carry cut short fails here)."""
+    from vascl_scale.fs import file_sha256
+
     manifest = _read_json(carry / MANIFEST)
     if not isinstance(manifest, dict) or "files" not in manifest:
         raise SystemExit(f"{carry / MANIFEST} is missing or unreadable: pack with `bash launchers/gpu_carry.sh`")
@@ -157,7 +156,7 @@ def verify(carry: Path) -> None:
         for name, entry in manifest["files"].items()
         if not (carry / name).is_file()
         or (carry / name).stat().st_size != entry["bytes"]
-        or _sha256(carry / name) != entry["sha256"]
+        or file_sha256(carry / name) != entry["sha256"]
     ]
     if bad:
         raise SystemExit(f"{len(bad)} carried file(s) missing or changed since packing: {', '.join(bad[:5])}")
@@ -216,26 +215,6 @@ def _nccl_version() -> str:
     return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
-def _matmul_tflops(device: str, dtype_name: str, size: int, seconds: float = 2.0) -> float:
-    """Achieved TFLOP/s of repeated (size x size) products: what this device really reaches."""
-    import torch
-
-    dtype = getattr(torch, dtype_name)
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    for _ in range(3):
-        a @ b
-    sync()
-    runs, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        for _ in range(10):
-            a @ b
-        runs += 10
-        sync()
-    return 2 * size**3 * runs / (time.perf_counter() - started) / 1e12
-
-
 def machine_peak(dry_run: bool) -> dict[str, Any]:
     """The peak for MFU on this machine: PEAK_TFLOPS, else the table for GPU 0 (without a GPU:
     none; in the dry run a nominal 1 TFLOP/s, so that the MFU path runs)."""
@@ -254,8 +233,11 @@ def machine_peak(dry_run: bool) -> dict[str, Any]:
 
 
 def environment(output: Path, dry_run: bool) -> None:
-    """The machine, the software, the peak used for MFU and a large bf16 product's TFLOP/s."""
+    """The machine, the software, the peak used for MFU and a large bf16 product's TFLOP/s (the
+    best of ``bench matmul``'s timed products: what this device really reaches)."""
     import torch
+
+    from vascl_scale.bench.matmul import run_matmul_bench
 
     cuda = torch.cuda.is_available()
     devices = []
@@ -292,12 +274,13 @@ def environment(output: Path, dry_run: bool) -> None:
         },  # fmt: skip
         **peak,
     }
-    if cuda:
-        info["matmul_bf16_tflops"] = round(_matmul_tflops("cuda", "bfloat16", 8192), 1)
+    if cuda and info["bf16_supported"]:
+        timed = run_matmul_bench([8192], ["bf16"], repeats=50)
+        info["matmul_bf16_tflops"] = round(timed["peak_tflops"]["bf16"], 1)
         if info["peak_tflops"]:
             info["matmul_over_peak"] = round(info["matmul_bf16_tflops"] / info["peak_tflops"], 3)
-    else:
-        info["matmul_fp32_tflops_cpu"] = round(_matmul_tflops("cpu", "float32", 256, seconds=0.3), 4)
+    elif not cuda:
+        info["matmul_fp32_tflops_cpu"] = round(run_matmul_bench([256], ["no"], repeats=20)["peak_tflops"]["no"], 4)
     _write_json(output, info)
     print(json.dumps(info, indent=1))
 
@@ -331,22 +314,31 @@ def _metrics(run: Path) -> list[dict[str, Any]]:
     return records
 
 
-def train_report(run: Path, logs: list[Path], stop_at: int, max_steps: int, output: Path) -> None:
+RUN_SUMMARY = "run_summary.json"  # what each `vascl-scale train` invocation did, written at its end
+
+
+def train_report(run: Path, stop_at: int, max_steps: int, output: Path) -> None:
     """What a stopped-and-resumed run did: steps, the resume, its speed, losses and dev scores.
 
+    The steps, the resume and the speed are those of the run's ``run_summary.json``, which the
+    last invocation (the resumed one) wrote; losses and dev scores come from ``metrics.jsonl``.
     Fails (exit 1) unless the run resumed at ``stop_at`` and reached ``max_steps`` with a final
     export and a complete checkpoint at ``max_steps``."""
     records = _metrics(run)
     windows = [r for r in records if "sentences_per_second" in r]
+    summary = _read_json(run / RUN_SUMMARY)
+    summary = summary if isinstance(summary, dict) else {}
     resumed = finished = None
-    for log in logs:  # the last of each line: the resumed invocation's
-        text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
-        for match in re.finditer(r"resumed from (\S+) at step (\d+)", text):
-            resumed = {"from": match.group(1), "step": int(match.group(2))}
-        for match in re.finditer(r"finished (\d+) steps \((\d+) in this invocation, ([\d.]+) s of steps\): ([\d.na]+) "
-                                 r"sentences/s, ([\d.na]+) without the first step", text):  # fmt: skip
-            finished = {"steps": int(match.group(1)), "in_last_invocation": int(match.group(2)), "seconds": float(match.group(3)),
-                        "sentences_per_s": float(match.group(4)), "sentences_per_s_steady": float(match.group(5))}  # fmt: skip
+    if summary.get("resumed_from") is not None:
+        resumed = {"from": summary["resumed_from"], "step": summary.get("resumed_at_step")}
+    if "steps" in summary:
+        finished = {
+            "steps": summary["steps"],
+            "in_last_invocation": summary.get("steps_this_invocation"),
+            "seconds": summary.get("seconds_of_steps"),
+            "sentences_per_s": summary.get("sentences_per_second"),
+            "sentences_per_s_steady": summary.get("steady_sentences_per_second"),
+        }
     checkpoints = sorted(p.name for p in (run / "checkpoints").glob("step-*") if (p / "trainer_state.json").is_file())
     last = windows[-1] if windows else {}
     report = {
@@ -366,7 +358,7 @@ def train_report(run: Path, logs: list[Path], stop_at: int, max_steps: int, outp
     }
     problems = []
     if not resumed or resumed["step"] != stop_at:
-        problems.append(f"no resume at step {stop_at} in the logs")
+        problems.append(f"no resume at step {stop_at} in {RUN_SUMMARY}")
     if not finished or finished["steps"] != max_steps or finished["in_last_invocation"] != max_steps - stop_at:
         problems.append(f"the resumed invocation did not run steps {stop_at + 1}-{max_steps}")
     if f"step-{max_steps:08d}" not in checkpoints or "final" not in report["exported"]:
@@ -649,10 +641,8 @@ def main(argv: list[str] | None = None) -> None:
         "environment": (("output", "dry_run"), lambda a: environment(Path(a.output), a.dry_run == "1")),
         "unpack-model": (("source", "target"), lambda a: unpack_model(Path(a.source), Path(a.target))),
         "train-report": (
-            ("run", "stop_at", "max_steps", "output", "logs"),
-            lambda a: train_report(
-                Path(a.run), [Path(p) for p in a.logs], int(a.stop_at), int(a.max_steps), Path(a.output)
-            ),
+            ("run", "stop_at", "max_steps", "output"),
+            lambda a: train_report(Path(a.run), int(a.stop_at), int(a.max_steps), Path(a.output)),
         ),
         "dry-fixtures": (("carry",), lambda a: dry_fixtures(Path(a.carry))),
         "summary": (("out",), lambda a: summary(Path(a.out))),
@@ -662,7 +652,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, (arguments, _) in commands.items():
         command = subcommands.add_parser(name)
         for argument in arguments:
-            command.add_argument(argument, nargs="+" if argument == "logs" else None)
+            command.add_argument(argument)
     parsed = parser.parse_args(argv)
     commands[parsed.command][1](parsed)
 

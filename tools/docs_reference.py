@@ -14,8 +14,8 @@ The text depends on the code alone (no clock, path, environment or terminal widt
 regenerated from unchanged code is byte for byte the committed one; ``tests/test_docs_reference.py``
 fails when a committed page differs. From the repository root::
 
-    python -m vascl_scale.docs_reference           # rewrite docs/reference/*.md
-    python -m vascl_scale.docs_reference --check   # exit 1, naming the pages that differ
+    python -m tools.docs_reference           # rewrite docs/reference/*.md
+    python -m tools.docs_reference --check   # exit 1, naming the pages that differ
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from vascl_scale.config import MixSource, RunConfig
 from vascl_scale.data.registry import FAMILIES, Dataset, load_registry
 from vascl_scale.losses.spec import OBJECTIVES
 
-REGENERATE = "python -m vascl_scale.docs_reference"
+REGENERATE = "python -m tools.docs_reference"
 PAGES_DIR = Path("docs/reference")  # from the repository root
 
 # Keys whose allowed values a rule checks rather than the type (objective_spec, in RunConfig._rules).
@@ -180,7 +180,7 @@ def configuration_page() -> str:
     """Every key of a training config, section by section, from the pydantic models."""
     out = [
         "# Configuration reference\n\n",
-        _generated("the pydantic models of `vascl_scale/config.py`"),
+        _generated("the pydantic models of `vascl_scale/config/schema.py`"),
         "\nA training run reads one YAML file of sections (`vascl-scale train --config FILE`); "
         "`--set section.key=value` overrides any key of this page, its value read as YAML. Types are strict "
         '(`loss.k: 3.5` or `"3"` is refused; a number also takes an integer or a numeric string), numbers '

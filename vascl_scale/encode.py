@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import time
 import uuid
 import zipfile
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vascl_scale.data.shards import file_sha256
+from vascl_scale.fs import file_sha256, written_atomically
 from vascl_scale.hub import locate_model
 from vascl_scale.log import LoopProgress
 from vascl_scale.sentence_transformers_format import read_sentence_transformers_layout
@@ -193,12 +192,6 @@ def text_key(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
 
 
-def default_cache_dir() -> Path:
-    """``$VASCL_CACHE/embeddings``, else ``~/.cache/vascl-scale/embeddings``."""
-    root = os.environ.get("VASCL_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "vascl-scale") / "embeddings"
-
-
 def embedding_width(spec: ModelSpec) -> int:
     """d of the model's embeddings: its encoder's hidden size, which SentenceEncoder pools to."""
     from transformers import AutoConfig  # imported only when a cache is read: it costs about 1 s
@@ -254,10 +247,8 @@ class EmbeddingCache:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         name = f"part-{time.time_ns()}-{uuid.uuid4().hex[:8]}.npz"
-        temporary = self.directory / f".{name}.tmp"
-        with temporary.open("wb") as handle:
+        with written_atomically(self.directory / name) as staging, staging.open("wb") as handle:
             np.savez(handle, keys=np.asarray(keys), embeddings=np.asarray(embeddings, dtype=np.float32))
-        os.replace(temporary, self.directory / name)
         self._rows.update(zip(keys, np.asarray(embeddings, dtype=np.float32)))
 
 

