@@ -4,11 +4,13 @@ Computed: per rank and step, with the ring algorithms NCCL and gloo use (an all-
 n local bytes sends (W - 1) n; an all-reduce of N bytes sends 2 (W - 1) / W N; a
 reduce-scatter or an all-gather of a partitioned N-byte tensor sends (W - 1) / W N):
 
-* VaSCL gathers: the row-count check (W int64), e1 (b x d, no gradient) for the neighbour
+* VaSCL gathers: e1 (b x d, no gradient) for the neighbour
   search, the features of its n = 2 views [z1; z2] (n b x D) and z* (b x D), plus the backward
   of the last two (n B x D and B x D): a reduce-scatter on NCCL, an all-reduce on gloo (which
-  has no reduce-scatter; twice the bytes); SimCSE needs the count check and the features of
-  its views with their backward. n is the number of the objective's inputs (``spec.inputs``).
+  has no reduce-scatter; twice the bytes); SimCSE needs the features of its views with their
+  backward. n is the number of the objective's inputs (``spec.inputs``). The training step
+  checks no row counts across ranks (its batches are the run plan's per-device batch), so no
+  other collective runs in a loss call.
 * Gradient traffic: DDP all-reduces every trainable gradient; ZeRO-2 reduce-scatters the
   gradients and all-gathers the updated parameters; ZeRO-3 also all-gathers the parameters in
   the forward and again in the backward.
@@ -71,9 +73,8 @@ def gather_collectives(
     # d loss / d e, then with the head's gradient); z* depends on them only without detach.
     features_backwards = 2 if cached else 1
     augmented_backwards = 2 if cached and not detach else 1
-    calls = [("all_gather", 8)]  # the row-count check: one int64 per rank
     features = len(OBJECTIVES[objective].inputs) * b * head_dim * element_bytes  # every view's z
-    calls += [("all_gather", features)] + [(backward, world_size * features)] * features_backwards
+    calls = [("all_gather", features)] + [(backward, world_size * features)] * features_backwards
     if objective == "vascl":
         augmented = b * head_dim * element_bytes
         calls += [("all_gather", b * hidden * element_bytes)]  # e1 for the neighbour search

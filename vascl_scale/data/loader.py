@@ -342,6 +342,16 @@ class _PieceDataset(IterableDataset):
         events[kind].append(url)
 
 
+def check_saved_state(state: dict, version: int | str, stream, mismatch: str) -> None:
+    """ValueError unless ``stream`` (a :class:`TrainStream` or a mix of them) has not started
+    iterating and ``state`` is of its ``version``; ``mismatch`` follows the versions in the message,
+    saying what to do."""
+    if stream._started:
+        raise ValueError(f"load_state_dict must be called before iterating the {type(stream).__name__}")
+    if state.get("version") != version:
+        raise ValueError(f"data state version {state.get('version')!r} is not {version!r}{mismatch}")
+
+
 class TrainStream:
     """An infinite stream of per-rank batches; see the module docstring for the guarantees.
 
@@ -424,13 +434,9 @@ class TrainStream:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a position saved by :meth:`state_dict` (before iterating)."""
-        if self._started:
-            raise ValueError("load_state_dict must be called before iterating the TrainStream")
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(
-                f"data state version {state.get('version')!r} is not {STATE_VERSION}; it was saved by another "
-                "vascl-scale: start the data stream afresh"
-            )
+        check_saved_state(
+            state, STATE_VERSION, self, "; it was saved by another vascl-scale: start the data stream afresh"
+        )
         self.corrupt_shards_skipped = int(state.get("corrupt_shards_skipped", 0))
         self.shards_mismatched = int(state.get("shards_mismatched", 0))
         self.shards_missing = int(state.get("shards_missing", 0))

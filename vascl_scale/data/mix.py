@@ -46,7 +46,7 @@ import torch
 
 from vascl_scale.data.batch import Padding, concat_padded
 from vascl_scale.data.layout import seed_of
-from vascl_scale.data.loader import TrainStream, build_train_stream
+from vascl_scale.data.loader import TrainStream, build_train_stream, check_saved_state
 from vascl_scale.data.mix_plan import check_same_columns
 
 if TYPE_CHECKING:
@@ -142,13 +142,13 @@ class MixedStream:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a position saved by :meth:`state_dict` (before iterating)."""
-        if self._started:
-            raise ValueError("load_state_dict must be called before iterating the MixedStream")
-        if state.get("version") != MIX_STATE_VERSION:
-            raise ValueError(
-                f"data state version {state.get('version')!r} is not {MIX_STATE_VERSION!r}: it was not saved by a "
-                "mixed data.train (a list of sources); resume with the data.train it was saved with, or start afresh"
-            )
+        check_saved_state(
+            state,
+            MIX_STATE_VERSION,
+            self,
+            ": it was not saved by a mixed data.train (a list of sources); resume with the data.train it was saved "
+            "with, or start afresh",
+        )
         saved = state["mix"]
         mine = {"mode": self.mode, "sources": dict(zip(self.names, self.weights))}
         if {"mode": saved["mode"], "sources": saved["sources"]} != mine:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -299,47 +300,17 @@ def _statistics(
     return dict(zip(names, metric_values))
 
 
-def vascl_loss(
-    e1: Tensor,
-    e2: Tensor,
-    head: Head,
-    *,
-    k: int = 16,
-    temperature: float = 0.05,
-    xi: float = 15.0,
-    eps: float = 15.0,
-    power_iters: int = 1,
-    detach: bool = True,
-    init_dir: Tensor | None = None,
-    generator: torch.Generator | None = None,
-    similarity: str = "dot",
-    eps_mode: str = "absolute",
-    xi_mode: str = "absolute",
-) -> tuple[Tensor, dict[str, float]]:
+def vascl_loss(e1: Tensor, e2: Tensor, head: Head, **settings: Any) -> tuple[Tensor, dict[str, float]]:
     """VaSCL loss (Eq. 6) of this rank's slice and a dict of float statistics.
 
     e1, e2: (b, d) mean-pooled embeddings of the two dropout views of the same b sentences;
-    head: the projection module h. Stats: ``loss``, ``simcse``, ``neighbourhood`` (this
-    rank's terms), ``delta_norm`` (mean ||delta||), ``embedding_norm`` (mean ||e1||),
-    ``delta_to_embedding`` (mean ||delta|| / ||e||), ``augmentation_cosine`` (mean
-    cos(z_i, z_i*)) and ``near_duplicate_share`` (share of neighbours with embedding cosine
-    >= 0.95 to their anchor). ``similarity``, ``eps_mode`` and ``xi_mode``: see
-    :func:`vascl_objective`, which also returns the neighbours and delta themselves.
+    head: the projection module h; ``settings``: the keywords of :func:`vascl_objective` (``k``,
+    ``temperature``, ``xi``, ``eps``, ``power_iters``, ``detach``, ``init_dir``, ``generator``,
+    ``similarity``, ``eps_mode``, ``xi_mode``, ``check_rows``), which also returns the neighbours
+    and delta themselves. Stats: ``loss``, ``simcse``, ``neighbourhood`` (this rank's terms),
+    ``delta_norm`` (mean ||delta||), ``embedding_norm`` (mean ||e1||), ``delta_to_embedding``
+    (mean ||delta|| / ||e||), ``augmentation_cosine`` (mean cos(z_i, z_i*)) and
+    ``near_duplicate_share`` (share of neighbours with embedding cosine >= 0.95 to their anchor).
     """
-    out = vascl_objective(
-        e1,
-        e2,
-        head,
-        k=k,
-        temperature=temperature,
-        xi=xi,
-        eps=eps,
-        power_iters=power_iters,
-        detach=detach,
-        init_dir=init_dir,
-        generator=generator,
-        similarity=similarity,
-        eps_mode=eps_mode,
-        xi_mode=xi_mode,
-    )
+    out = vascl_objective(e1, e2, head, with_stats=True, **settings)
     return out.loss, out.stats
