@@ -39,7 +39,7 @@ def checked(config: RunConfig) -> RunConfig:
 
 def _plan_round_trip(config: RunConfig) -> RunConfig:
     """The config a worker reads back from a plan.json holding ``config``."""
-    plan = RunPlan(config, 1, 1, "no", "", None, 0, (), None, (), (), None, False)
+    plan = RunPlan(config, 1, 1, "no", "", None, 0, (), None, (), (), None, False, config.as_written().to_dict())
     return RunPlan.from_json(plan.to_json()).config
 
 

@@ -202,7 +202,7 @@ def test_resolve_paths_expands_each_source_and_fixes_its_name_and_the_workers_ta
     )
     assert load_config(tmp_path / "config.yaml") == config
     monkeypatch.delenv("VASCL_TEST_MIX")
-    plan = RunPlan(resolved, 1, 1, "no", "", None, 0, (), None, (), (), None, False)
+    plan = RunPlan(resolved, 1, 1, "no", "", None, 0, (), None, (), (), None, False, resolved.as_written().to_dict())
     assert RunPlan.from_json(plan.to_json()).config == resolved  # the launcher's plan.json
     with pytest.raises(
         ValueError,

