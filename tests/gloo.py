@@ -99,3 +99,11 @@ def run_as_launched(fn: Callable[..., Any], world_size: int, *args: Any, timeout
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return _collect(_launched_rank_main, fn, world_size, (port,), args, timeout)
+
+
+def mean_over_ranks(world_size: int, *tensors: torch.Tensor) -> None:
+    """What DDP and ZeRO do with parameter gradients, in place: average each tensor over the ranks."""
+    if world_size > 1:
+        for tensor in tensors:
+            dist.all_reduce(tensor)
+            tensor /= world_size

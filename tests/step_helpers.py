@@ -152,3 +152,23 @@ def assert_same_call(got: dict, expected: dict, what: str) -> None:
     for name, gradient in expected["gradients"].items():
         assert abs(gradient).max() > 0, f"{name} has no gradient: the comparison would prove nothing"
         assert_close_float64(got["gradients"][name], gradient, f"{what}, gradient of {name}")
+
+
+def portable(value):
+    """Tensors as numpy arrays, so that a rank's result survives its process (no shared memory)."""
+    if isinstance(value, torch.Tensor):
+        return value.numpy().copy()
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(portable(v) for v in value)
+    return value
+
+
+def call_and_backward(step, batch, mode: str):
+    """Loss call 0 and its backward, "uncached" (one backward) or "cached" (the chunked step's own)."""
+    if mode == "cached":
+        return step.cached_loss_call(batch, 0, 0)
+    out = step.loss_call(batch, 0)
+    step._backward(out.loss, final=True)
+    return out

@@ -23,36 +23,14 @@ from tests.step_helpers import (
     SEQ_LEN,
     assert_close_float64,
     assert_same_call,
+    call_and_backward,
     own_batch,
     parameter_gradients,
+    portable,
     same_mask_reference,
     step_parts,
 )
 from tests.tiny import tiny_encoder, token_batch
-
-
-def _portable(value):
-    """Tensors as numpy arrays, so that a rank's result survives its process (no shared memory)."""
-    if isinstance(value, torch.Tensor):
-        return value.numpy().copy()
-    if isinstance(value, dict):
-        return {k: _portable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_portable(v) for v in value)
-    return value
-
-
-def _tensor(value) -> torch.Tensor:
-    return torch.as_tensor(value)
-
-
-def _call_and_backward(step, batch, mode: str):
-    """Loss call 0 and its backward, "uncached" (one backward) or "cached" (the chunked step's own)."""
-    if mode == "cached":
-        return step.cached_loss_call(batch, 0, 0)
-    out = step.loss_call(batch, 0)
-    step._backward(out.loss, final=True)
-    return out
 
 
 def one_loss_call(
@@ -65,7 +43,7 @@ def one_loss_call(
         lambda module, args, output: forwards.append((torch.is_grad_enabled(), output.detach().clone()))
     )
     batch = own_batch(rank, world_size, positive=positive)
-    out = same_mask_reference(step, batch, 0) if mode == "same_masks" else _call_and_backward(step, batch, mode)
+    out = same_mask_reference(step, batch, 0) if mode == "same_masks" else call_and_backward(step, batch, mode)
     return {
         "loss": out.loss.detach(),
         "gradients": parameter_gradients(model),
@@ -81,7 +59,7 @@ def loss_calls(
     results = [
         {mode: one_loss_call(rank, world_size, o, loss, dropout, mode, positive) for mode in modes} for o, loss in CASES
     ]
-    return _portable(results)
+    return portable(results)
 
 
 @pytest.mark.e2e
@@ -121,9 +99,9 @@ def narrow_positive_calls(rank: int, world_size: int) -> dict:
                 if width == "widened":  # right padding with id 0: what a model without a tokenizer gets
                     ids, mask = F.pad(ids, (0, 2)), F.pad(mask, (0, 2))
                 batch["positive"] = {"input_ids": ids[own], "attention_mask": mask[own]}
-                out = _call_and_backward(step, batch, mode)
+                out = call_and_backward(step, batch, mode)
                 results[objective, mode, width] = {"loss": out.loss.detach(), "gradients": parameter_gradients(model)}
-    return _portable(results)
+    return portable(results)
 
 
 @pytest.mark.e2e
@@ -133,9 +111,13 @@ def test_columns_of_different_widths_are_encoded_at_one_width_exactly_as_padded_
         if width == "widened":
             continue
         narrow, widened = results[objective, mode, "narrow"], results[objective, mode, "widened"]
-        assert torch.equal(_tensor(narrow["loss"]), _tensor(widened["loss"])), (objective, mode)
+        assert torch.equal(torch.as_tensor(narrow["loss"]), torch.as_tensor(widened["loss"])), (objective, mode)
         for name, gradient in widened["gradients"].items():
-            assert torch.equal(_tensor(narrow["gradients"][name]), _tensor(gradient)), (objective, mode, name)
+            assert torch.equal(torch.as_tensor(narrow["gradients"][name]), torch.as_tensor(gradient)), (
+                objective,
+                mode,
+                name,
+            )
 
 
 @pytest.mark.e2e
@@ -173,14 +155,14 @@ def simcse_sup_calls(rank: int, world_size: int) -> dict:
                 forwards: list[bool] = []
                 model.register_forward_hook(lambda module, args, output: forwards.append(torch.is_grad_enabled()))
                 batch = own_batch(rank, world_size, positive=True, negatives=negatives)
-                out = _call_and_backward(step, batch, mode)
+                out = call_and_backward(step, batch, mode)
                 results[negatives, alpha, mode] = {
                     "loss": out.loss.detach(),
                     "gradients": parameter_gradients(model),
                     "recorded": [],
                     "forwards": forwards,
                 }
-    return _portable(results)
+    return portable(results)
 
 
 @pytest.mark.e2e
@@ -221,13 +203,13 @@ def paired_calls(rank: int, world_size: int) -> dict:
     for case_id, (objective, loss, negatives) in PAIRED_CASES.items():
         for mode in ("uncached", "cached"):
             _, model, step, recorder = step_parts(objective, loss, 0 if mode == "uncached" else CHUNK, 0.0)
-            out = _call_and_backward(step, own_batch(rank, world_size, positive=True, negatives=negatives), mode)
+            out = call_and_backward(step, own_batch(rank, world_size, positive=True, negatives=negatives), mode)
             results[case_id, mode] = {
                 "loss": out.loss.detach(),
                 "gradients": parameter_gradients(model),
                 "recorded": recorder.calls,
             }
-    return _portable(results)
+    return portable(results)
 
 
 @pytest.mark.e2e
@@ -242,17 +224,21 @@ def test_on_pairs_two_ranks_equal_one_process_uncached_and_cached() -> None:
         if mode == "cached":
             assert_same_call(expected, reference[case_id, "uncached"], f"{what} against uncached, one process")
         assert_close_float64(
-            sum(_tensor(got[case_id, mode]["loss"]) for got in per_rank) / 2, expected["loss"], f"{what}, mean loss"
+            sum(torch.as_tensor(got[case_id, mode]["loss"]) for got in per_rank) / 2,
+            expected["loss"],
+            f"{what}, mean loss",
         )
         for got in per_rank:
             for name, gradient in expected["gradients"].items():
                 assert_close_float64(got[case_id, mode]["gradients"][name], gradient, f"{what}, gradient of {name}")
         for index, call in enumerate(expected["recorded"]):  # VaSCL: this rank's rows of the global batch's
-            neighbours = torch.cat([_tensor(got[case_id, mode]["recorded"][index]["neighbours"]) for got in per_rank])
-            assert torch.equal(neighbours, _tensor(call["neighbours"])), what
+            neighbours = torch.cat(
+                [torch.as_tensor(got[case_id, mode]["recorded"][index]["neighbours"]) for got in per_rank]
+            )
+            assert torch.equal(neighbours, torch.as_tensor(call["neighbours"])), what
             rows = GLOBAL_BATCH // 2  # the check means something only if neighbourhoods span both ranks' rows
             assert (neighbours // rows != torch.arange(GLOBAL_BATCH)[:, None] // rows).any(), what
-            delta = torch.cat([_tensor(got[case_id, mode]["recorded"][index]["delta"]) for got in per_rank])
+            delta = torch.cat([torch.as_tensor(got[case_id, mode]["recorded"][index]["delta"]) for got in per_rank])
             assert_close_float64(delta, call["delta"], f"{what}, delta")
         assert len(expected["recorded"]) == (1 if case_id.startswith("vascl") else 0), what
 
@@ -284,14 +270,14 @@ def pairsupcon_calls(rank: int, world_size: int, dropout: float, modes: tuple[st
             forwards: list[bool] = []
             model.register_forward_hook(lambda module, args, output: forwards.append(torch.is_grad_enabled()))
             batch = _pair_batch(rank, world_size, narrower=narrower)
-            out = same_mask_reference(step, batch, 0) if mode == "same_masks" else _call_and_backward(step, batch, mode)
+            out = same_mask_reference(step, batch, 0) if mode == "same_masks" else call_and_backward(step, batch, mode)
             results[contrast_type, mode] = {
                 "loss": out.loss.detach(),
                 "gradients": parameter_gradients(model),
                 "recorded": [],
                 "forwards": forwards,
             }
-    return _portable(results)
+    return portable(results)
 
 
 @pytest.mark.e2e
@@ -357,7 +343,7 @@ def optimiser_steps(rank: int, world_size: int, grad_accum_steps: int) -> dict:
                 "weights": weights,
                 "reductions_per_step": per_step,
             }
-    return _portable(results)
+    return portable(results)
 
 
 @pytest.mark.e2e
@@ -372,7 +358,11 @@ def test_cached_optimiser_steps_equal_uncached_ones_with_one_all_reduce_each() -
             uncached, cached = results[0][objective, "uncached"], results[0][objective, "cached"]
             for name, weight in uncached["weights"].items():
                 assert_close_float64(cached["weights"][name], weight, f"{what}: {name}")
-            moved = [n for n, w in uncached["weights"].items() if not torch.allclose(initial[n], _tensor(w), atol=1e-4)]
+            moved = [
+                n
+                for n, w in uncached["weights"].items()
+                if not torch.allclose(initial[n], torch.as_tensor(w), atol=1e-4)
+            ]
             assert len(moved) > len(uncached["weights"]) // 2, f"{what}: the steps hardly moved the weights ({moved})"
             for rank in range(world_size):
                 assert results[rank][objective, "cached"]["reductions_per_step"] == [1, 1], what

@@ -14,6 +14,7 @@ import yaml
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
+from tests.train_helpers import plain_plan
 from vascl_scale.cli import app
 from vascl_scale.config import (
     DataConfig,
@@ -39,7 +40,7 @@ def checked(config: RunConfig) -> RunConfig:
 
 def _plan_round_trip(config: RunConfig) -> RunConfig:
     """The config a worker reads back from a plan.json holding ``config``."""
-    plan = RunPlan(config, 1, 1, "no", "", None, 0, (), None, (), (), None, False, config.as_written().to_dict())
+    plan = plain_plan(config)
     return RunPlan.from_json(plan.to_json()).config
 
 
@@ -373,9 +374,11 @@ def test_a_yaml_alias_bomb_is_refused_at_once_with_a_short_message(tmp_path: Pat
 
 def test_values_in_error_messages_are_cut(tmp_path: Path) -> None:
     code, output = train_cli(tmp_path, "", "model.pooling=" + "x" * 5000)
-    assert code == 2 and "model.pooling must be one of 'mean', 'cls'; got 'xxx" in output and len(output) < 400, output[
-        :1000
-    ]
+    assert (
+        code == 2
+        and "model.pooling must be one of 'mean', 'cls', 'last_token'; got 'xxx" in output
+        and len(output) < 400
+    ), output[:1000]
     with pytest.raises(ValueError, match=r"^optim.betas must be two numbers in \[0, 1\); got \[0.5, 0.5, .{,200}$"):
         config_from_dict(minimal(optim={"betas": [0.5] * 100000}))
 

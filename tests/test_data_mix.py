@@ -29,7 +29,7 @@ from tests.data_helpers import (
     take_batches,
     time_limit,
 )
-from tests.train_helpers import final_weights, run_train, write_config, write_texts
+from tests.train_helpers import final_weights, plain_plan, run_train, write_config, write_texts
 from vascl_scale.config import (
     DataConfig,
     RunConfig,
@@ -124,7 +124,7 @@ def test_a_list_of_sources_with_weights_loads_and_each_source_is_named() -> None
         (
             [{"source": "a", "weight": 1, "wieght": 2}],
             {},
-            "unknown key data.train[0].wieght; allowed keys in data.train[0]: name, num_workers, source, weight",
+            "unknown key data.train[0].wieght; allowed keys in data.train[0]: name, num_workers, prompts, source, weight",
         ),
         ([{"source": "a", "weight": 1, "name": "a/b"}], {}, "data.train[0].name must be letters, digits"),
         ([{"source": "a", "weight": 1, "num_workers": -1}], {}, "data.train[0].num_workers must be >= 0"),
@@ -202,7 +202,7 @@ def test_resolve_paths_expands_each_source_and_fixes_its_name_and_the_workers_ta
     )
     assert load_config(tmp_path / "config.yaml") == config
     monkeypatch.delenv("VASCL_TEST_MIX")
-    plan = RunPlan(resolved, 1, 1, "no", "", None, 0, (), None, (), (), None, False, resolved.as_written().to_dict())
+    plan = plain_plan(resolved)
     assert RunPlan.from_json(plan.to_json()).config == resolved  # the launcher's plan.json
     with pytest.raises(
         ValueError,

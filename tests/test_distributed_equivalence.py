@@ -13,9 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
-from tests.gloo import run_on_ranks
+from tests.gloo import mean_over_ranks, run_on_ranks
 from tests.tiny import tiny_encoder, token_batch
 from vascl_scale.losses import simcse_loss, vascl_objective
 from vascl_scale.losses.vascl import project
@@ -51,14 +50,6 @@ def _slice_batch(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, t
     """Trim a slice to its own longest row, as the data loader's dynamic padding does."""
     longest = int(mask.sum(dim=1).max())
     return ids[:, :longest], mask[:, :longest]
-
-
-def mean_over_ranks(world_size: int, *tensors: torch.Tensor) -> None:
-    """What DDP and ZeRO do with parameter gradients, in place: average each tensor over the ranks."""
-    if world_size > 1:
-        for tensor in tensors:
-            dist.all_reduce(tensor)
-            tensor /= world_size
 
 
 def objective_on_slice(rank: int, world_size: int) -> dict[str, dict[str, np.ndarray]]:

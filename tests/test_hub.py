@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.eval_helpers import invoke, save_tiny_bert, write_tsv
+from tests.train_helpers import plain_plan
 from vascl_scale.cli import app
 from vascl_scale.config import config_from_dict, load_config, save_config
 from vascl_scale.encode import resolve_model
@@ -50,7 +51,7 @@ def test_a_hub_id_loads_from_the_cache_and_the_run_config_pins_its_commit(offlin
     assert resolved.as_written().model.path == "acme/minilm"
     assert resolved.as_written().model.revision == COMMIT
     # A launcher's workers get the pin with the paths in its plan; the saved config reloads the same commit.
-    plan = RunPlan(resolved, 1, 1, "no", "", None, 0, (), None, (), (), None, False, resolved.as_written().to_dict())
+    plan = plain_plan(resolved)
     worker = RunPlan.from_json(plan.to_json()).config
     assert worker == resolved and worker.as_written() == resolved.as_written()
     save_config(resolved, tmp_path / "config.yaml")

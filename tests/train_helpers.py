@@ -196,3 +196,14 @@ def assert_same_weights(a: Path, b: Path, atol: float = 1e-6) -> None:
     assert sorted(first) == sorted(second)
     for name in first:
         torch.testing.assert_close(first[name], second[name], atol=atol, rtol=0, msg=f"{name} differs")
+
+
+def plain_plan(config):
+    """A RunPlan of ``config`` as make_plan would write it for one float32 process of an encoder,
+    made without the machine's checks (the config need not name real files)."""
+    from vascl_scale.backbone import BackbonePlan
+    from vascl_scale.train.plan import RunPlan
+
+    backbone = BackbonePlan(decoder=False, append_eos=False, dtype="float32")
+    written = config.as_written().to_dict()
+    return RunPlan(config, 1, 1, "no", "", None, 0, (), None, (), (), None, False, written, backbone)

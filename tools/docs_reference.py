@@ -113,6 +113,9 @@ def _type_name(annotation: Any) -> str:
     if origin is list:
         item = _type_name(typing.get_args(annotation)[0])
         return f"list of {_PLURALS.get(item, item)}"
+    if origin is dict:
+        item = _type_name(typing.get_args(annotation)[1])
+        return f"mapping to {_PLURALS.get(item, item)}"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "mapping"
     return _TYPE_NAMES[annotation]
@@ -145,6 +148,8 @@ def _yaml(value: Any) -> str:
         return "null"
     if isinstance(value, list):
         return "[" + ", ".join(_yaml(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {_yaml(item)}" for key, item in value.items()) + "}"
     return str(value)
 
 
@@ -196,6 +201,11 @@ def configuration_page() -> str:
             continue
         out += [f"\n## `{name}`\n\n", _markdown(section.__doc__, in_table=False), "\n\n"]
         out.append(_table(_KEY_HEADER, _key_rows(section, f"{name}.")))
+        for key, subfield in section.model_fields.items():  # a section within the section (model.lora)
+            inner = _section_model(subfield.annotation)
+            if inner is not None:
+                out += [f"\n### `{name}.{key}`\n\n", _markdown(inner.__doc__, in_table=False), "\n\n"]
+                out.append(_table(_KEY_HEADER, _key_rows(inner, f"{name}.{key}.")))
         if name == "data":
             out += [
                 "\n### Each source of a list `data.train`\n\n",

@@ -10,7 +10,13 @@ import typer
 
 BATCH = typer.Option(64, "--batch-size", min=1, help="Texts per encoder forward.")
 MAX_LENGTH = typer.Option(None, "--max-length", min=1, help="Tokens per text; default: the model's, else 256.")
-POOLING = typer.Option(None, "--pooling", help="mean or cls; default: the model's, else mean.")
+POOLING = typer.Option(None, "--pooling", help="mean, cls or last_token; default: the model's, else mean.")
+PROMPT = typer.Option(
+    None,
+    "--prompt",
+    help="Put the model's prompt of this name (config_sentence_transformers.json, e.g. query) before every text; "
+    "default: none.",
+)
 DEVICE = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ...; default: cuda when available.")
 CACHE = typer.Option(
     None, "--cache-dir", help="Embedding cache; default $VASCL_CACHE/embeddings or ~/.cache/vascl-scale."

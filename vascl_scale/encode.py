@@ -2,25 +2,35 @@
 
 A model is one of
 - a training run directory: its ``best/`` export, else ``final/``;
-- a Hugging Face encoder directory (config.json, weights, tokenizer files);
+- a Hugging Face encoder or decoder directory (config.json, weights, tokenizer files);
 - a sentence-transformers directory: ``modules.json`` says where the encoder lives, its Pooling
-  module's config says the pooling and a Normalize module L2-normalises the output; both are
-  honoured, and ``sentence_bert_config.json`` gives the maximum sequence length.
+  module's config says the pooling (mean, cls or last token) and a Normalize module
+  L2-normalises the output; both are honoured, ``sentence_bert_config.json`` gives the maximum
+  sequence length and ``config_sentence_transformers.json`` the named prompts (``query``,
+  ``document``);
+- a PEFT (LoRA) adapter directory (``adapter_config.json``): its base model
+  (``base_model_name_or_path``) with the adapter merged in at load; pooling, length and prompts
+  come from the sentence-transformers export the adapter lies in (``<export>/lora/``), if any.
+
+A prompt (:meth:`Embedder.embed`) is put before every text, as sentence-transformers does:
+the encoder reads, and mean pooling averages, the prompt's tokens too.
 
 Embeddings are cached on disk under a fingerprint of everything that decides them (config,
-weights and tokenizer files, pooling, normalisation, maximum length), one row per text keyed by
-a hash of the text, so a second evaluation of the same checkpoint encodes nothing.
+weights and tokenizer files, an adapter's files, pooling, normalisation, maximum length), one
+row per encoder input (the prompt and the text) keyed by its hash, so a second evaluation of
+the same checkpoint encodes nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 import uuid
 import zipfile
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,12 +38,14 @@ import numpy as np
 from vascl_scale.fs import file_sha256, written_atomically
 from vascl_scale.hub import locate_model
 from vascl_scale.log import LoopProgress
-from vascl_scale.sentence_transformers_format import read_sentence_transformers_layout
-from vascl_scale.tokenizer import VOCABULARY_FILES, require_tokenizer_vocabulary
+from vascl_scale.sentence_transformers_format import read_prompts, read_sentence_transformers_layout
+from vascl_scale.tokenizer import VOCABULARY_FILES, has_tokenizer_vocabulary, require_tokenizer_vocabulary
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_LENGTH = 256
+POOLINGS = ("mean", "cls", "last_token")  # vascl_scale.model.POOLERS
+ADAPTER_CONFIG = "adapter_config.json"  # what makes a directory a PEFT adapter
 # Encoders whose position ids start after the padding index (transformers'
 # create_position_ids_from_input_ids): token i takes position embedding pad_token_id + 1 + i, so
 # roberta-base's 514 embeddings hold 512 tokens.
@@ -61,52 +73,89 @@ TOKENIZER_FILES = (
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What decides a model's embeddings: where its encoder is and how its output is pooled."""
+    """What decides a model's embeddings: where its encoder is and how its output is pooled.
+
+    Whether an EOS token is appended is not stored: :meth:`SentenceEncoder.from_pretrained`
+    decides it from the pooling and the tokenizer, both part of the fingerprint."""
 
     name: str  # the path as the user gave it, for tables
-    directory: Path  # the Hugging Face directory (config.json, weights, tokenizer)
+    directory: Path  # the Hugging Face directory (config.json, weights, tokenizer); an adapter's base model
     pooling: str = "mean"
     normalize: bool = False
     max_length: int = DEFAULT_MAX_LENGTH
+    adapter: Path | None = None  # a PEFT adapter directory, merged into the model of `directory` at load
+    prompts: dict[str, str] = field(default_factory=dict, hash=False)  # the model's named prompts
 
     def describe(self) -> dict:
         return {
             "name": self.name,
             "directory": str(self.directory),
+            "adapter": str(self.adapter) if self.adapter is not None else None,
             "pooling": self.pooling,
             "normalize": self.normalize,
             "max_length": self.max_length,
+            "prompts": dict(self.prompts),
         }
+
+    def prompt_text(self, name: str | None, option: str = "--prompt") -> str:
+        """The text of the model's prompt ``name`` (``""`` for None); a ValueError naming the
+        model's prompts when it has no prompt of that name."""
+        if name is None:
+            return ""
+        if name not in self.prompts:
+            if self.prompts:
+                available = f"its prompts are {', '.join(sorted(self.prompts))}"
+            else:
+                available = (
+                    "it has none (a sentence-transformers directory names them in config_sentence_transformers.json)"
+                )
+            raise ValueError(f"{option} {name!r}: {self.name} has no prompt of that name; {available}")
+        return self.prompts[name]
 
 
 def resolve_model(path: str | Path, pooling: str | None = None, max_length: int | None = None) -> ModelSpec:
     """A :class:`ModelSpec` for a run directory, a Hugging Face or a sentence-transformers
-    directory, ``package:MODULE/SUBDIR`` or a hub id (:func:`vascl_scale.hub.locate_model`).
-    Explicit ``pooling`` / ``max_length`` override what the directory says."""
+    directory, a PEFT adapter directory, ``package:MODULE/SUBDIR`` or a hub id
+    (:func:`vascl_scale.hub.locate_model`). Explicit ``pooling`` / ``max_length`` override what
+    the directory says."""
+    from vascl_scale.backbone import adapter_base_path
+
     given = locate_model(str(path), "--model").directory
     if not given.is_dir():
         raise ValueError(f"model path {given} is not a directory")
-    directory = given
-    if not (given / "config.json").is_file() and not (given / "modules.json").is_file():
+    directory, adapter, settings = given, None, None  # settings: the sentence-transformers directory, if any
+    base = adapter_base_path(given)
+    if base is not None:
+        adapter = given
+        directory = _adapter_base(adapter, base)
+        if (adapter.parent / "modules.json").is_file():  # <export>/lora/: the export's pooling, length, prompts
+            settings = adapter.parent
+        logger.info("%s: a LoRA adapter of %s, merged into it at load", adapter, directory)
+    elif not (given / "config.json").is_file() and not (given / "modules.json").is_file():
         exports = [given / name for name in ("best", "final") if (given / name).is_dir()]
         if not exports:
             raise ValueError(
-                f"{given} is neither a model directory (config.json or modules.json) nor a training "
-                "run directory (with best/ or final/); pass one of those"
+                f"{given} is neither a model directory (config.json or modules.json), a LoRA adapter directory "
+                "(adapter_config.json) nor a training run directory (with best/ or final/); pass one of those"
             )
         directory = exports[0]
         logger.info("using %s of training run %s", directory.name, given)
-    st_pooling, normalize, st_max_length = None, False, None
-    if (directory / "modules.json").is_file():
-        directory, st_pooling, normalize, st_max_length = read_sentence_transformers_layout(directory)
+    if settings is None and adapter is None and (directory / "modules.json").is_file():
+        settings = directory
+    st_pooling, normalize, st_max_length, prompts = None, False, None, {}
+    if settings is not None:
+        encoder_dir, st_pooling, normalize, st_max_length = read_sentence_transformers_layout(settings)
+        if adapter is None:
+            directory = encoder_dir
+        prompts = read_prompts(settings)
     if not (directory / "config.json").is_file():
         raise ValueError(f"{directory} has no config.json; pass a directory saved with save_pretrained")
-    require_tokenizer_vocabulary(directory)
+    require_tokenizer_vocabulary(adapter if adapter is not None and has_tokenizer_vocabulary(adapter) else directory)
     if pooling is not None and st_pooling is not None and pooling != st_pooling:
-        logger.warning("%s pools by %s; using --pooling %s as asked", directory, st_pooling, pooling)
+        logger.warning("%s pools by %s; using --pooling %s as asked", settings, st_pooling, pooling)
     chosen_pooling = pooling or st_pooling or "mean"
-    if chosen_pooling not in ("mean", "cls"):
-        raise ValueError(f"pooling must be mean or cls; got {chosen_pooling!r}")
+    if chosen_pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}; got {chosen_pooling!r}")
     chosen_length = max_length or st_max_length or DEFAULT_MAX_LENGTH
     if chosen_length < 1:
         raise ValueError(f"max_length must be >= 1; got {chosen_length}")
@@ -117,7 +166,24 @@ def resolve_model(path: str | Path, pooling: str | None = None, max_length: int 
         message = "%s: %s %d exceeds the model's %d position embeddings; using %d"
         logger.log(level, message, directory, origin, chosen_length, limit, limit)
         chosen_length = limit
-    return ModelSpec(str(path), directory, chosen_pooling, normalize, int(chosen_length))
+    return ModelSpec(str(path), directory, chosen_pooling, normalize, int(chosen_length), adapter, prompts)
+
+
+def _adapter_base(adapter: Path, base: str) -> Path:
+    """The Hugging Face directory of the base model ``base`` an adapter was trained on: a local
+    directory, a sentence-transformers directory's encoder or a hub id, as ``--model`` takes."""
+    key = f"base_model_name_or_path of {adapter / ADAPTER_CONFIG}"
+    located = locate_model(base, key).directory
+    if not located.is_dir():
+        raise ValueError(
+            f"the LoRA adapter {adapter} was trained on {base}, which is not a directory here; put the base model "
+            f"there, or evaluate the merged model instead (a training export holds it beside lora/: {adapter.parent})"
+        )
+    if not (located / "config.json").is_file() and (located / "modules.json").is_file():
+        located = read_sentence_transformers_layout(located)[0]
+    if not (located / "config.json").is_file():
+        raise ValueError(f"{located}, the base model of the LoRA adapter {adapter}, has no config.json")
+    return located
 
 
 def position_limit(directory: Path) -> int | None:
@@ -162,34 +228,55 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
-def model_fingerprint(spec: ModelSpec) -> str:
-    """Hash of config, weight and tokenizer files plus pooling, normalisation and max length.
-
-    The projection head (head.safetensors) is left out: evaluation never uses it.
-    """
-    files = sorted(
+def _fingerprinted_files(directory: Path) -> list[Path]:
+    """The files of ``directory`` that decide its embeddings: config, adapter config, weights and
+    tokenizer files. The projection head (head.safetensors) is left out: evaluation never uses it."""
+    return sorted(
         p
-        for p in spec.directory.iterdir()
+        for p in directory.iterdir()
         if p.is_file()
         and p.name != "head.safetensors"
-        and (p.name == "config.json" or p.name in TOKENIZER_FILES or p.suffix in (".safetensors", ".bin"))
+        and (
+            p.name in ("config.json", ADAPTER_CONFIG)
+            or p.name in TOKENIZER_FILES
+            or p.suffix in (".safetensors", ".bin")
+        )
     )
+
+
+def model_fingerprint(spec: ModelSpec, prompts: Mapping[str, str] | None = None) -> str:
+    """Hash of config, weight and tokenizer files (and an adapter's) plus pooling, normalisation
+    and max length, and of ``prompts``: the prompt texts the embeddings are made with, by use
+    (mteb's query / document / other calls). Empty prompts leave the hash as it is: the embedding
+    cache keys each row by its prompt and text (:func:`input_key`), so it needs none."""
     digest = hashlib.sha256()
-    for path in files:
+    for path in _fingerprinted_files(spec.directory):
         digest.update(f"{path.name}:{file_sha256(path)}\n".encode())
+    if spec.adapter is not None:
+        for path in _fingerprinted_files(spec.adapter):
+            digest.update(f"adapter/{path.name}:{file_sha256(path)}\n".encode())
     digest.update(f"pooling={spec.pooling};normalize={spec.normalize};max_length={spec.max_length}".encode())
+    used = {use: text for use, text in sorted((prompts or {}).items()) if text}
+    if used:
+        digest.update(f";prompts={json.dumps(used, sort_keys=True)}".encode())
     return digest.hexdigest()[:32]
 
 
-def embedding_fingerprint(spec: ModelSpec, precision: str) -> str:
-    """What keys a model's embeddings: :func:`model_fingerprint`, with the precision the
+def embedding_fingerprint(spec: ModelSpec, precision: str, prompts: Mapping[str, str] | None = None) -> str:
+    """What keys a model's embeddings: :func:`model_fingerprint` (with ``prompts``), with the precision the
     encoder runs in (``no`` or ``bf16``) appended unless float32, so float32 keys stay what they were."""
-    fingerprint = model_fingerprint(spec)
+    fingerprint = model_fingerprint(spec, prompts)
     return fingerprint if precision == "no" else f"{fingerprint}-{precision}"
 
 
 def text_key(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def input_key(text: str, prompt: str = "") -> str:
+    """The cache key of ``text`` encoded after ``prompt``: the hash of what the encoder reads, so
+    a text keeps its key without a prompt, and a prompt changes it."""
+    return text_key(prompt + text)
 
 
 def embedding_width(spec: ModelSpec) -> int:
@@ -326,12 +413,16 @@ class Embedder:
             from vascl_scale.model import SentenceEncoder
 
             transformers.utils.logging.disable_progress_bar()  # a bar per local weight file is noise in every log
-            model = SentenceEncoder.from_pretrained(self.spec.directory, pooling=self.spec.pooling)
+            model = SentenceEncoder.from_pretrained(
+                self.spec.directory, pooling=self.spec.pooling, adapter=self.spec.adapter
+            )
             self._encoder = model.to(self.device)
         return self._encoder
 
-    def embed(self, texts: Iterable[str]) -> TextEmbeddings:
-        """Embeddings (float32) of every distinct text, from the cache or freshly encoded."""
+    def embed(self, texts: Iterable[str], prompt: str = "") -> TextEmbeddings:
+        """Embeddings (float32) of every distinct text, from the cache or freshly encoded, looked
+        up by the text. ``prompt`` (a prompt's text, :meth:`ModelSpec.prompt_text`) is put before
+        every text when encoding; cached rows are keyed by both (:func:`input_key`)."""
         # Longest first, so similar lengths share a batch; ties broken by the text itself, so a
         # run's batches (and the last float bits of every embedding) do not depend on hash order.
         distinct = sorted(set(texts), key=lambda text: (-len(text), text))
@@ -347,13 +438,14 @@ class Embedder:
         if self.cache_dir is not None:
             self.stats.fingerprint = embedding_fingerprint(self.spec, self.stats.precision)
             cache = EmbeddingCache(self.cache_dir, self.stats.fingerprint, embedding_width(self.spec))
-        found = {text: cache.get(text_key(text)) for text in distinct} if cache is not None else {}
+        found = {text: cache.get(input_key(text, prompt)) for text in distinct} if cache is not None else {}
         todo = [text for text in distinct if found.get(text) is None]
         self.stats.load_seconds += time.perf_counter() - started
         logger.info(
-            "%s: %d distinct texts, %d cached, %d to encode",
+            "%s: %d distinct texts%s, %d cached, %d to encode",
             self.spec.name,
             len(distinct),
+            f" after the prompt {prompt!r}" if prompt else "",
             len(distinct) - len(todo),
             len(todo),
         )
@@ -368,7 +460,7 @@ class Embedder:
                     chunk = todo[start : start + self.chunk_size]
                     with autocast(self.device_type, self.stats.precision):
                         vectors = model.encode(
-                            chunk,
+                            [prompt + text for text in chunk],
                             batch_size=self.batch_size,
                             max_length=self.spec.max_length,
                             normalize=self.spec.normalize,
@@ -381,7 +473,7 @@ class Embedder:
                             "its weights hold NaN or inf (a diverged training run?): evaluate another checkpoint"
                         )
                     if cache is not None:
-                        cache.add([text_key(text) for text in chunk], vectors)
+                        cache.add([input_key(text, prompt) for text in chunk], vectors)
                     encoded.update(zip(chunk, vectors))
                     progress.update(start + len(chunk))
             seconds = time.perf_counter() - started

@@ -1,4 +1,4 @@
-"""Sentence encoder: a Hugging Face encoder, masked mean pooling, and the VaSCL projection head.
+"""Sentence encoder: a Hugging Face encoder or decoder, its pooling, and the VaSCL projection head.
 
 One ``nn.Module`` holds both parts so accelerate and DeepSpeed wrap, shard and checkpoint
 them together. ``forward`` returns pooled embeddings e (B, d); the head h is applied by the
@@ -44,7 +44,18 @@ def cls_pool(last_hidden_state: Tensor, attention_mask: Tensor) -> Tensor:
     return last_hidden_state[:, 0]
 
 
-POOLERS = {"mean": mean_pool, "cls": cls_pool}
+def last_token_pool(last_hidden_state: Tensor, attention_mask: Tensor) -> Tensor:
+    """The last non-padding token of each row, with padding on either side: (B, L, d), (B, L) -> (B, d).
+
+    The index of the last 1 in each mask row: L - 1 under left padding, the row's length - 1
+    under right padding.
+    """
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)  # (L,)
+    last = (positions * attention_mask).argmax(dim=1)  # (B,)
+    return last_hidden_state[torch.arange(last_hidden_state.shape[0], device=last.device), last]
+
+
+POOLERS = {"mean": mean_pool, "cls": cls_pool, "last_token": last_token_pool}
 
 
 class ProjectionHead(nn.Sequential):
@@ -76,12 +87,14 @@ class PairClassifier(nn.Module):
 
 
 class SentenceEncoder(nn.Module):
-    """Any ``AutoModel`` encoder + pooling + projection head, as one module.
+    """Any ``AutoModel`` encoder or decoder + pooling + projection head, as one module.
 
     ``forward(input_ids, attention_mask, token_type_ids=None) -> e`` with e (B, d) the pooled
-    sentence embedding. The head is a submodule (``self.head``) so that ZeRO-3 shards it and
+    sentence embedding, in the head's dtype. The head is a submodule (``self.head``) so that ZeRO-3 shards it and
     every rank calls it the same number of times; so is the pairwise classifier
-    (``self.classifier``, ``pair_classifier=True``: PairSupCon's), None otherwise.
+    (``self.classifier``, ``pair_classifier=True``: PairSupCon's), None otherwise. A decoder
+    (``decoder=True``) gets position ids counted over its real tokens, so that a left-padded row
+    embeds as it would alone.
     """
 
     def __init__(
@@ -91,6 +104,7 @@ class SentenceEncoder(nn.Module):
         pooling: str = "mean",
         head_dim: int = 128,
         pair_classifier: bool = False,
+        decoder: bool = False,
     ) -> None:
         super().__init__()
         if pooling not in POOLERS:
@@ -104,6 +118,8 @@ class SentenceEncoder(nn.Module):
             pooler.requires_grad_(False)
         self.tokenizer = tokenizer
         self.pooling = pooling
+        self.decoder = decoder
+        # The heads are float32 over a bfloat16 backbone (model.dtype), float64 in the tests' models.
         self.head = ProjectionHead(encoder.config.hidden_size, head_dim)
         # Made after the head, so that the head's initial weights do not depend on it.
         self.classifier = PairClassifier(encoder.config.hidden_size) if pair_classifier else None
@@ -117,8 +133,20 @@ class SentenceEncoder(nn.Module):
         trust_remote_code: bool = False,
         attn_implementation: str | None = None,
         pair_classifier: bool = False,
+        append_eos: bool | None = None,
+        dtype: torch.dtype = torch.float32,
+        lora=None,
+        adapter: str | Path | None = None,
+        gradient_checkpointing: bool = False,
     ) -> SentenceEncoder:
-        """Load a local Hugging Face encoder directory and its tokenizer.
+        """Load a local Hugging Face encoder or decoder directory and its tokenizer.
+
+        A decoder saved as ``*ForCausalLM`` loads as its base model (the LM head left out). A
+        tokenizer without a pad token pads with EOS; ``append_eos`` (None: on for ``last_token``
+        pooling of a decoder whose tokenizer appends no EOS) ends every text with EOS
+        (:mod:`vascl_scale.backbone`). The weights load in ``dtype``. ``lora`` (a peft
+        ``LoraConfig``) wraps the backbone in fresh adapters; ``adapter`` (a PEFT adapter
+        directory trained on ``path``) is merged into it, its tokenizer used when it has one.
 
         A ``head.safetensors`` beside the weights (what training exports) is loaded as the
         projection head, and ``head_dim=None`` takes its size from it; otherwise the head is
@@ -128,16 +156,20 @@ class SentenceEncoder(nn.Module):
         """
         from transformers import AutoModel
 
+        from vascl_scale.backbone import append_eos_default, apply_lora, is_decoder, merge_adapter, prepare_tokenizer
+        from vascl_scale.tokenizer import has_tokenizer_vocabulary
+
         path = Path(path)
         if not (path / "config.json").is_file():
             raise ValueError(
                 f"{path} is not a Hugging Face model directory (no config.json); pass the directory "
                 "that holds config.json, the weights and the tokenizer files"
             )
-        kwargs = {"trust_remote_code": trust_remote_code}
+        kwargs = {"trust_remote_code": trust_remote_code, "dtype": dtype}
         if attn_implementation is not None:
             kwargs["attn_implementation"] = attn_implementation
-        tokenizer = load_tokenizer(path, trust_remote_code=trust_remote_code)
+        tokenizer_dir = Path(adapter) if adapter is not None and has_tokenizer_vocabulary(Path(adapter)) else path
+        tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=trust_remote_code)
         try:
             encoder = AutoModel.from_pretrained(str(path), **kwargs)
         except pickle.UnpicklingError:
@@ -148,6 +180,18 @@ class SentenceEncoder(nn.Module):
                 f"{names} is not a weights file; only safetensors or weights-only pickles load (this one holds "
                 "objects other than tensors, which were not run); use a copy saved with safetensors"
             ) from None
+        decoder = is_decoder(encoder.config)
+        if append_eos is None:
+            append_eos = append_eos_default(pooling, decoder, tokenizer)
+        prepare_tokenizer(tokenizer, append_eos, tokenizer_dir)
+        if adapter is not None:
+            encoder = merge_adapter(encoder, Path(adapter))
+            logger.info("merged the LoRA adapter %s into %s", adapter, path)
+        if gradient_checkpointing:
+            # Non-reentrant: it needs no input that requires grad (frozen embeddings under LoRA).
+            encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if lora is not None:
+            encoder = apply_lora(encoder, lora)
         head_file = path / "head.safetensors"
         head_state = None
         if head_file.is_file():
@@ -159,7 +203,9 @@ class SentenceEncoder(nn.Module):
                 raise ValueError(f"{head_file} holds a {saved_dim}-wide head; got head_dim={head_dim}")
             head_dim = saved_dim
         head_dim = 128 if head_dim is None else head_dim
-        model = cls(encoder, tokenizer, pooling=pooling, head_dim=head_dim, pair_classifier=pair_classifier)
+        model = cls(
+            encoder, tokenizer, pooling=pooling, head_dim=head_dim, pair_classifier=pair_classifier, decoder=decoder
+        )
         if head_state is not None:
             model.head.load_state_dict(head_state)
             logger.info("loaded the projection head from %s", head_file)
@@ -185,8 +231,11 @@ class SentenceEncoder(nn.Module):
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
+        if self.decoder:  # positions of the real tokens: 0 at a row's first, whichever side pads it
+            kwargs["position_ids"] = (attention_mask.long().cumsum(dim=1) - 1).clamp_min(0)  # (B, L)
         hidden = self.encoder(**kwargs).last_hidden_state  # (B, L, d)
-        return POOLERS[self.pooling](hidden, attention_mask)
+        pooled = POOLERS[self.pooling](hidden, attention_mask)  # (B, d)
+        return pooled.to(self.head[0].weight.dtype)
 
     @torch.no_grad()
     def encode(

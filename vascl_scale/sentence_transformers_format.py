@@ -11,9 +11,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+SETTINGS_FILE = "config_sentence_transformers.json"
+# The prompt names sentence-transformers' encode_query / encode_document and MTEB look up.
+QUERY, DOCUMENT = "query", "document"
 
-def write_sentence_transformers_files(directory: Path, hidden_size: int, pooling: str, max_seq_length: int) -> None:
-    """modules.json, sentence_bert_config.json and 1_Pooling/config.json for ``directory``."""
+
+def export_prompts(column_prompts: dict[str, str]) -> dict[str, str]:
+    """model.prompts (by column) as sentence-transformers' named prompts: the anchor's is the
+    ``query`` prompt, the positive's the ``document`` prompt (only those set)."""
+    named = {QUERY: column_prompts.get("anchor", ""), DOCUMENT: column_prompts.get("positive", "")}
+    return {name: text for name, text in named.items() if text}
+
+
+def write_sentence_transformers_files(
+    directory: Path, hidden_size: int, pooling: str, max_seq_length: int, column_prompts: dict[str, str]
+) -> None:
+    """modules.json, sentence_bert_config.json, 1_Pooling/config.json and, with prompts,
+    config_sentence_transformers.json (:func:`export_prompts`) for ``directory``."""
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -27,15 +41,26 @@ def write_sentence_transformers_files(directory: Path, hidden_size: int, pooling
         "pooling_mode_mean_tokens": pooling == "mean",
         "pooling_mode_max_tokens": False,
         "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_weightedmean_tokens": False,
+        "pooling_mode_lasttoken": pooling == "last_token",
+        "include_prompt": True,  # mean pooling counts the prompt's tokens, as training did
     }
     (directory / "1_Pooling").mkdir(exist_ok=True)
     (directory / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config, indent=2), encoding="utf-8")
+    prompts = export_prompts(column_prompts)
+    if prompts:
+        settings = {"prompts": prompts, "default_prompt_name": None, "similarity_fn_name": "cosine"}
+        (directory / SETTINGS_FILE).write_text(json.dumps(settings, indent=2), encoding="utf-8")
 
 
 # Pooling names of sentence-transformers (legacy boolean keys and the newer "pooling_mode" values)
 # that SentenceEncoder reproduces.
-_LEGACY_POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
-_SUPPORTED_POOLING = ("mean", "cls")
+_LEGACY_POOLING_KEYS = {
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_lasttoken": "last_token",
+}
+_SUPPORTED_POOLING = ("mean", "cls", "last_token")
 
 
 def _read_json(path: Path) -> dict:
@@ -49,6 +74,7 @@ def _pooling_from_config(config_path: Path) -> str:
     if "pooling_mode" in config:
         modes = config["pooling_mode"]
         modes = [modes] if isinstance(modes, str) else list(modes)
+        modes = [{"lasttoken": "last_token"}.get(mode, mode) for mode in modes]
     else:
         modes = [key for key, value in config.items() if key.startswith("pooling_mode_") and value] or ["mean"]
         modes = [_LEGACY_POOLING_KEYS.get(mode, mode) for mode in modes]
@@ -57,6 +83,14 @@ def _pooling_from_config(config_path: Path) -> str:
             f"{config_path} asks for pooling {modes}; vascl-scale supports one of {list(_SUPPORTED_POOLING)}"
         )
     return modes[0]
+
+
+def read_prompts(directory: Path) -> dict[str, str]:
+    """The named prompts of a sentence-transformers directory (config_sentence_transformers.json), or none."""
+    prompts = _read_json(directory / SETTINGS_FILE).get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise ValueError(f"{directory / SETTINGS_FILE}: prompts must map names to texts; got {prompts!r}")
+    return {str(name): text for name, text in prompts.items()}
 
 
 def read_sentence_transformers_layout(directory: Path) -> tuple[Path, str | None, bool, int | None]:

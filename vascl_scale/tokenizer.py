@@ -21,9 +21,14 @@ VOCABULARY_FILES = (
 PROBE_SENTENCE = "the quick brown fox jumps over the lazy dog"
 
 
+def has_tokenizer_vocabulary(directory: Path) -> bool:
+    """Whether ``directory`` holds the vocabulary files of some tokenizer family."""
+    return any(all((directory / name).is_file() for name in group) for group in VOCABULARY_FILES)
+
+
 def require_tokenizer_vocabulary(directory: Path) -> None:
     """A ``ValueError`` naming the files looked for when ``directory`` holds no vocabulary."""
-    if not any(all((directory / name).is_file() for name in group) for group in VOCABULARY_FILES):
+    if not has_tokenizer_vocabulary(directory):
         expected = ", ".join(" + ".join(group) for group in VOCABULARY_FILES)
         raise ValueError(
             f"{directory} has no tokenizer vocabulary: none of {expected} is there. Copy the model's tokenizer "

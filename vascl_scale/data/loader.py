@@ -101,6 +101,7 @@ from vascl_scale.data.columns import (
     TOKEN_KEYS,
     columns_to_read,
     parse_label,
+    prompt_of,
     sample_fields,
 )
 from vascl_scale.data.layout import GLOBAL, MAX_PASSES_WITHOUT_BATCH, StreamLayout, seed_of
@@ -172,9 +173,11 @@ class _PieceDataset(IterableDataset):
         pipe_timeout: float,
         augment: AugmentSpec = AugmentSpec(),
         columns: tuple[str, ...] = SINGLE_TEXT,
+        prompts: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
         self.columns = columns  # read from the data; data.augment adds the positive
+        self.prompts = dict(prompts or {})  # model.prompts: put before a column's texts, tokenised with them
         self.augment = augment
         self._augmenter = None  # built in each worker on first use (a masked LM does not pickle cheaply)
         self.layout = layout
@@ -226,7 +229,10 @@ class _PieceDataset(IterableDataset):
         ]
         return self._augmenter(texts, rngs)
 
-    def _tokens(self, texts: list[str]) -> dict[str, np.ndarray]:
+    def _tokens(self, texts: list[str], column: str) -> dict[str, np.ndarray]:
+        prompt = prompt_of(self.prompts, column)
+        if prompt:  # within max_length: truncation cuts the text's end, never the prompt
+            texts = [prompt + text for text in texts]
         # NumPy, not torch: small arrays pickle through the worker queue more cheaply than
         # torch's shared-memory hand-over of every tensor.
         encoded = self.tokenizer(
@@ -260,7 +266,7 @@ class _PieceDataset(IterableDataset):
             if self.augment.views == "both":
                 payloads[ANCHOR] = self._augmented(anchors, where, 1)
             payloads[POSITIVE] = self._augmented(anchors, where, 2)
-        piece["columns"] = {**{column: self._tokens(texts) for column, texts in payloads.items()}, **labels}
+        piece["columns"] = {**{column: self._tokens(texts, column) for column, texts in payloads.items()}, **labels}
         return piece
 
     def _pad_stored_ids(self, payloads: list[bytes]) -> dict[str, np.ndarray]:
@@ -630,6 +636,7 @@ def build_train_stream(
     seed: int,
     num_nodes: int = 1,
     columns: Collection[str] | None = None,
+    prompts: dict[str, str] | None = None,
 ) -> TrainStream:
     """The infinite batch stream of one rank, from the ``data`` section (validated there).
 
@@ -659,6 +666,10 @@ def build_train_stream(
         num_nodes: nodes in the run (for ``mode="auto"``).
         columns: the columns to read where the data has them (the objective's ``spec.columns_read``;
             what it lacks is the objective's to stand in for or refuse); None: all the data has.
+        prompts: ``model.prompts`` (or a mixed source's own): text put before a column's texts,
+            tokenised with them. Shards store texts, and ids stored by ``data prepare --tokenizer``
+            hold the text alone (a prompt is a choice of the run, not of the data): a prompted
+            column is tokenised from its text.
     """
     # The section's settings, under the names the stream's code uses.
     source, max_length, num_workers, mode = data.train, data.max_length, data.num_workers, data.mode
@@ -689,8 +700,14 @@ def build_train_stream(
     read = columns_to_read(shards.columns, columns, augment.kind != "none", source)
     # Augmentation changes the text: the ids stored in the shards would be those of the original.
     use_stored_ids = augment.kind == "none" and _can_use_stored_ids(shards, tokenizer, max_length)
+    prompted = [column for column in read if prompt_of(prompts or {}, column)]
+    if use_stored_ids and prompted:
+        logger.info("data: model.prompts for %s: tokenising the text (stored ids hold no prompt)", ", ".join(prompted))
+        use_stored_ids = False
     layout = StreamLayout(shards, resolved_mode, seed, rank, world_size, workers, per_device_batch_size, shuffle_buffer)
-    dataset = _PieceDataset(layout, tokenizer, max_length, on_corrupt, use_stored_ids, pipe_timeout, augment, read)
+    dataset = _PieceDataset(
+        layout, tokenizer, max_length, on_corrupt, use_stored_ids, pipe_timeout, augment, read, prompts
+    )
     if augment.kind != "none":
         logger.info(
             "data: %s augmentation of %s of the words, %s view(s)", augment.kind, augment.fraction, augment.views

@@ -188,13 +188,19 @@ class MixedStream:
 
 
 def build_mixed_stream(
-    data: DataConfig, *, tokenizer, per_device_batch_size: int, seed: int, **placement: Any
+    data: DataConfig,
+    *,
+    tokenizer,
+    per_device_batch_size: int,
+    seed: int,
+    prompts: dict[str, str] | None = None,
+    **placement: Any,
 ) -> MixedStream:
     """One rank's stream of a mixed ``data.train`` (a list of sources), built as
     :func:`~vascl_scale.data.loader.build_train_stream` builds a single source's, with the
     same arguments: ``placement`` holds the others (rank, world_size, num_nodes, columns),
     given to every source's stream as they are. Every source's stream is seeded with ``seed``,
-    and so are the per_batch draws."""
+    and so are the per_batch draws. ``prompts`` (model.prompts) serve every source that sets none of its own."""
     assert data.mixed, "build_mixed_stream reads a list of sources; build_train_stream reads one"
     names = data.source_names()
     if data.mix == "per_sample":
@@ -210,6 +216,7 @@ def build_mixed_stream(
             tokenizer=tokenizer,
             per_device_batch_size=source_rows,
             seed=seed,
+            prompts=prompts if source.prompts is None else source.prompts,
             **placement,
         )
     shares = ", ".join(

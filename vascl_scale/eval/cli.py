@@ -8,7 +8,17 @@ from pathlib import Path
 
 import typer
 
-from vascl_scale.cli_options import BATCH, CACHE, DEVICE, MAX_LENGTH, NO_CACHE, POOLING, PRECISION, embedding_cache
+from vascl_scale.cli_options import (
+    BATCH,
+    CACHE,
+    DEVICE,
+    MAX_LENGTH,
+    NO_CACHE,
+    POOLING,
+    PRECISION,
+    PROMPT,
+    embedding_cache,
+)
 from vascl_scale.data.augment import DEFAULT_WORDNET
 from vascl_scale.log import fail, print_table
 
@@ -91,6 +101,7 @@ def _run(
     precision: str,
     sts_source: str,
     shots: list[int] | None,
+    prompt: str | None = None,
 ) -> None:
     from vascl_scale.encode import resolve_device, resolve_model
     from vascl_scale.eval.intent import FewShotProtocol
@@ -111,6 +122,8 @@ def _run(
             raise ValueError("--shots only applies to intent tasks (eval intent or eval all)")
         protocol = FewShotProtocol(shots=tuple(sorted(set(shots)))) if shots else FewShotProtocol()
         specs = [resolve_model(path, pooling, max_length) for path in models]
+        for spec in specs:  # an unknown prompt name fails before any data is loaded
+            spec.prompt_text(prompt)
         evaluators = build_evaluators(
             data,
             families,
@@ -120,7 +133,7 @@ def _run(
             clustering_max_texts=clustering_max_texts,
             sts_source=sts_source,
         )
-        report = run_evaluation(specs, evaluators, data, batch_size, cache, device, precision)
+        report = run_evaluation(specs, evaluators, data, batch_size, cache, device, precision, prompt)
     except ValueError as err:
         fail(err)
     _show_and_write(report, output, markdown_path)
@@ -186,6 +199,7 @@ def _family_command(name: str, families: list[str], missing_ok: bool, doc: str):
         precision: str = PRECISION,
         sts_source: str = STS_SOURCE,
         shots: list[int] | None = SHOTS,
+        prompt: str | None = PROMPT,
     ) -> None:
         _run(
             name,
@@ -206,6 +220,7 @@ def _family_command(name: str, families: list[str], missing_ok: bool, doc: str):
             precision,
             sts_source,
             shots,
+            prompt,
         )
 
     command.__doc__ = doc
@@ -274,6 +289,13 @@ def mteb_command(
     no_cache: bool = typer.Option(
         False, "--no-cache", help="Evaluate every task afresh and store nothing in mteb's result cache."
     ),
+    prompt: str | None = typer.Option(
+        None,
+        "--prompt",
+        help="Put the model's prompt of this name (e.g. query) before the texts mteb asks for without a query or "
+        "document role (symmetric tasks: STS, clustering, classification); queries and documents always get the "
+        "model's query and document prompts, where it has them. Default: none.",
+    ),
 ) -> None:
     """MTEB tasks scored by mteb's own evaluators on this project's embeddings (as eval sts embeds).
     Needs the mteb extra: pip install 'vascl-scale\\[mteb]'. Datasets come from the Hugging Face hub
@@ -293,8 +315,12 @@ def mteb_command(
         cache = check_output_dir(mteb_cache, "--mteb-cache") if mteb_cache is not None else None
         tasks = runner.resolve_tasks(task or [], benchmark)
         specs = [resolve_model(path, pooling, max_length) for path in model]
+        for spec in specs:  # an unknown prompt name fails before any model is loaded
+            spec.prompt_text(prompt)
         reports = [
-            runner.evaluate_with_mteb(spec, tasks, batch_size, device, precision, cache, not no_cache, benchmark)
+            runner.evaluate_with_mteb(
+                spec, tasks, batch_size, device, precision, cache, not no_cache, benchmark, prompt=prompt
+            )
             for spec in specs
         ]
     except ValueError as err:

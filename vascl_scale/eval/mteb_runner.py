@@ -6,7 +6,14 @@ own evaluators score them. mteb keeps every task's result in its result cache un
 and revision and returns them instead of evaluating again; here the name is the run (or model
 directory) and the revision the step with the fingerprint of the weights and of everything else
 that decides the embeddings (:func:`vascl_scale.encode.embedding_fingerprint`), so another
-checkpoint, or the same one under another pooling, length or precision, is never given cached scores.
+checkpoint, or the same one under another pooling, length, precision or prompts, is never given
+cached scores.
+
+Prompts: mteb names each encode call's role (``prompt_type``: query or document, in retrieval
+and reranking tasks; none in symmetric tasks such as STS or clustering). A query gets the
+model's ``query`` prompt and a document its ``document`` prompt (config_sentence_transformers.json,
+as a training export with ``model.prompts`` writes them), where the model has them; a call
+without a role gets no prompt unless ``--prompt NAME`` names one (:func:`mteb_prompts`).
 
 Needs the ``mteb`` extra (``pip install 'vascl-scale[mteb]'``); this module imports mteb.
 Written against mteb 2.x: ``mteb.evaluate`` and the ``EncoderProtocol`` of
@@ -34,11 +41,13 @@ from vascl_scale.eval.report import ModelReport, short_label
 from vascl_scale.eval.results import MTEB_FAMILY, TaskResult
 from vascl_scale.log import LoopProgress
 from vascl_scale.model_card import export_step
+from vascl_scale.sentence_transformers_format import DOCUMENT, QUERY
 
 logger = logging.getLogger(__name__)
 
 # What mteb's model names and revisions may hold here: they become folder names of its cache.
 _UNSAFE = re.compile(r"[^A-Za-z0-9._/-]+")
+OTHER = "other"  # the role of an encode call mteb gives no prompt type (symmetric tasks)
 
 
 def resolve_tasks(names: Sequence[str], benchmark: str | None) -> list[AbsTask]:
@@ -94,24 +103,44 @@ def _mteb_key_error(err: KeyError) -> str:
     return str(err.args[0]).removeprefix("KeyError: ")
 
 
-def model_identity(spec: ModelSpec, precision: str) -> tuple[str, str, int | None]:
+def mteb_prompts(spec: ModelSpec, prompt: str | None = None) -> dict[str, str]:
+    """The prompt text of each role of an encode call: ``query`` and ``document`` (the model's
+    prompts of those names, else none) and ``other`` (the model's prompt named ``prompt``, else
+    none); a ValueError when the model has no prompt named ``prompt``."""
+    return {
+        QUERY: spec.prompts.get(QUERY, ""),
+        DOCUMENT: spec.prompts.get(DOCUMENT, ""),
+        OTHER: spec.prompt_text(prompt),
+    }
+
+
+def model_identity(
+    spec: ModelSpec, precision: str, prompts: dict[str, str] | None = None
+) -> tuple[str, str, int | None]:
     """(name, revision, step) under which mteb caches this model's results.
 
-    name: ``vascl-scale/<run>/<best or final>`` for a training run's export, else
+    name: ``vascl-scale/<run>/<best or final>`` for a training run's export (``.../lora`` for its
+    adapter), else
     ``vascl-scale/`` and the last two parts of the model as given (a directory, ``package:`` or
     a hub id); revision: ``step-<N>-<fingerprint>`` for an export, whose model card records the
     step of its weights (:func:`vascl_scale.model_card.export_step`), else the fingerprint alone.
+    The fingerprint covers the ``prompts`` used (:func:`mteb_prompts`); without any it is the
+    embedding cache's.
     """
-    step = export_step(spec.directory)
-    label = short_label(str(spec.directory) if step is not None else spec.name)
-    fingerprint = embedding_fingerprint(spec, precision)
+    export = spec.adapter.parent if spec.adapter is not None else spec.directory  # <export>/lora/: the export's step
+    step = export_step(export)
+    label = short_label(str(export) if step is not None else spec.name)
+    if step is not None and spec.adapter is not None:
+        label += "/" + spec.adapter.name  # run/final/lora: the adapter over its base, apart from the merged run/final
+    fingerprint = embedding_fingerprint(spec, precision, prompts)
     revision = fingerprint if step is None else f"step-{step}-{fingerprint}"
     return "vascl-scale/" + _UNSAFE.sub("_", label), revision, step
 
 
-def model_meta(spec: ModelSpec, name: str, revision: str) -> ModelMeta:
+def model_meta(spec: ModelSpec, name: str, revision: str, prompts: dict[str, str] | None = None) -> ModelMeta:
     """What mteb records of the model: its name and revision (the cache's keys), width, maximum
-    length and cosine similarity; nothing the project does not know is claimed."""
+    length, cosine similarity and whether it embeds with prompts; nothing the project does not
+    know is claimed."""
     return ModelMeta(
         loader=None,
         name=name,
@@ -128,26 +157,34 @@ def model_meta(spec: ModelSpec, name: str, revision: str) -> ModelMeta:
         public_training_data=None,
         framework=["PyTorch", "Transformers"],
         similarity_fn_name="cosine",
-        use_instructions=False,
+        use_instructions=any((prompts or {}).values()),
         training_datasets=None,
     )
 
 
 class ProjectEncoder(AbsEncoder):
-    """mteb's encoder protocol over the project's :class:`Embedder`. No prompts or instructions:
-    the project's encoders take none, so queries and documents are embedded alike. Similarity
-    is the cosine (``similarity_fn_name`` of the metadata), as ``eval sts`` scores."""
+    """mteb's encoder protocol over the project's :class:`Embedder`. ``prompts``
+    (:func:`mteb_prompts`) is put before the texts of each call by its role: the model's query
+    and document prompts for queries and documents, the ``other`` one (none by default) for a
+    call without a prompt type; mteb's own task instructions are not used. Similarity is the
+    cosine (``similarity_fn_name`` of the metadata), as ``eval sts`` scores."""
 
-    def __init__(self, embedder: Embedder, meta: ModelMeta) -> None:
+    def __init__(self, embedder: Embedder, meta: ModelMeta, prompts: dict[str, str] | None = None) -> None:
         self.embedder = embedder
         self.mteb_model_meta = meta
+        self.prompts = dict(prompts or {})
+
+    def prompt_for(self, prompt_type: Any) -> str:
+        """The prompt text of an encode call whose role is ``prompt_type`` (mteb's PromptType or None)."""
+        role = OTHER if prompt_type is None else str(getattr(prompt_type, "value", prompt_type))
+        return self.prompts.get(role, "")
 
     def encode(
         self, inputs, *, task_metadata, hf_split: str, hf_subset: str, prompt_type=None, **kwargs: Any
     ) -> np.ndarray:
         """(N, d) float32 embeddings of the ``text`` of every batch of ``inputs``, in their order."""
         texts = [text for batch in inputs for text in batch["text"]]
-        return self.embedder.embed(texts)(texts)
+        return self.embedder.embed(texts, self.prompt_for(prompt_type))(texts)
 
 
 def _json_numbers(value: Any) -> Any:
@@ -170,8 +207,12 @@ def evaluate_with_mteb(
     results_cache: Path | None = None,
     use_cache: bool = True,
     benchmark: str | None = None,
+    prompt: str | None = None,
 ) -> ModelReport:
     """Score ``tasks`` with mteb on ``spec``'s embeddings, one task after another.
+
+    Queries and documents get the model's query and document prompts; the texts of calls
+    without a role (symmetric tasks) get the model's prompt named ``prompt``, or none.
 
     ``results_cache``: mteb's result cache folder (None: mteb's default, ``$MTEB_CACHE`` or
     ``~/.cache/mteb``); ``use_cache=False`` evaluates every task and stores nothing there. A task
@@ -182,14 +223,18 @@ def evaluate_with_mteb(
     embedder = Embedder(
         spec, batch_size=batch_size, cache_dir=None, device=device, precision=precision, allow_blank=True
     )
-    name, revision, step = model_identity(spec, embedder.stats.precision)
-    encoder = ProjectEncoder(embedder, model_meta(spec, name, revision))
+    prompts = mteb_prompts(spec, prompt)
+    name, revision, step = model_identity(spec, embedder.stats.precision, prompts)
+    encoder = ProjectEncoder(embedder, model_meta(spec, name, revision, prompts), prompts)
     cache = (
         (mteb.ResultCache(results_cache) if results_cache is not None else mteb.ResultCache()) if use_cache else None
     )
     logger.info(
         "%s: mteb model %s, revision %s%s", spec.name, name, revision, "" if step is not None else " (step unknown)"
     )
+    used = {role: text for role, text in prompts.items() if text}
+    if used:
+        logger.info("%s: prompts by role: %s", spec.name, ", ".join(f"{role} {text!r}" for role, text in used.items()))
     results, seconds = [], {}
     started = time.perf_counter()
     with LoopProgress("mteb tasks", len(tasks), "tasks") as progress:
@@ -244,6 +289,7 @@ def evaluate_with_mteb(
     seconds["total"] = time.perf_counter() - started
     model = {
         **spec.describe(),
+        **({"prompt": prompt} if prompt is not None else {}),
         "mteb": {"name": name, "revision": revision, "step": step, "version": mteb.__version__, "benchmark": benchmark},
     }
     return ModelReport(model, embedder.stats.to_json(), seconds, results)

@@ -72,15 +72,17 @@ def build_evaluators(
     return evaluators
 
 
-def evaluate_model(embedder: Embedder, evaluators: Sequence) -> ModelReport:
-    """Embed the union of the evaluators' texts once, then score each evaluator on it."""
+def evaluate_model(embedder: Embedder, evaluators: Sequence, prompt: str | None = None) -> ModelReport:
+    """Embed the union of the evaluators' texts once, then score each evaluator on it.
+    ``prompt``: the name of one of the model's prompts, put before every text (none by default)."""
+    prompt_text = embedder.spec.prompt_text(prompt)
     started = time.perf_counter()
     per_family = {evaluator.family: evaluator.texts() for evaluator in evaluators}
     texts = set().union(*per_family.values())
     if len(per_family) > 1:  # where the encoding time goes; families share some texts
         counts = ", ".join(f"{family} {len(family_texts):,}" for family, family_texts in per_family.items())
         logger.info("distinct texts per family: %s; %s in all", counts, f"{len(texts):,}")
-    embeddings = embedder.embed(texts)
+    embeddings = embedder.embed(texts, prompt_text)
     seconds = {"embed": time.perf_counter() - started}
     results = []
     for evaluator in evaluators:
@@ -98,7 +100,10 @@ def evaluate_model(embedder: Embedder, evaluators: Sequence) -> ModelReport:
         embedder.stats.encoded,
         seconds["total"] - seconds["embed"],
     )
-    return ModelReport(embedder.spec.describe(), embedder.stats.to_json(), seconds, results)
+    model = embedder.spec.describe()
+    if prompt is not None:
+        model["prompt"] = prompt  # the prompt every text was embedded after
+    return ModelReport(model, embedder.stats.to_json(), seconds, results)
 
 
 def run_evaluation(
@@ -109,9 +114,12 @@ def run_evaluation(
     cache_dir: str | Path | None = None,
     device: str | None = None,
     precision: str = "no",
+    prompt: str | None = None,
 ) -> EvalReport:
+    for spec in specs:  # an unknown prompt name fails before any model is loaded
+        spec.prompt_text(prompt)
     models = []
     for spec in specs:
         embedder = Embedder(spec, batch_size=batch_size, cache_dir=cache_dir, device=device, precision=precision)
-        models.append(evaluate_model(embedder, evaluators))
+        models.append(evaluate_model(embedder, evaluators, prompt))
     return EvalReport(models, str(data_dir))

@@ -1,5 +1,9 @@
 """Export a trained encoder as a Hugging Face model directory that sentence-transformers loads.
 
+A LoRA run's export holds the merged backbone (loads with no peft installed) and, in ``lora/``,
+the adapter in PEFT's format with the tokenizer, whose ``base_model_name_or_path`` is the
+backbone trained on (``PeftModel.from_pretrained(AutoModel.from_pretrained(base), dir/lora)``).
+
 The directory holds the encoder (``config.json``, ``model.safetensors``), the tokenizer, the
 sentence-transformers module files (Transformer -> Pooling, no normalisation, so the
 embeddings equal :meth:`SentenceEncoder.encode`) and, beside them, the projection head in
@@ -19,6 +23,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
+from vascl_scale.backbone import LORA_DIR, lora_copy
 from vascl_scale.fs import replace_directory, staging_directory
 from vascl_scale.model import CLASSIFIER_FILE
 from vascl_scale.model_card import CardFacts, write_model_card
@@ -33,9 +38,11 @@ def _submodule_state(state: dict, name: str) -> dict:
     return {key.removeprefix(prefix): value.contiguous() for key, value in state.items() if key.startswith(prefix)}
 
 
-def export_model(accelerator, model, target: Path, max_seq_length: int, card: CardFacts) -> None:
-    """Write ``target`` atomically from the (possibly wrapped) model, with the card of ``card``;
-    all ranks call this."""
+def export_model(
+    accelerator, model, target: Path, max_seq_length: int, card: CardFacts, prompts: dict[str, str] | None = None
+) -> None:
+    """Write ``target`` atomically from the (possibly wrapped) model, with the card of ``card``
+    and the query / document ``prompts`` of sentence-transformers (:func:`export_prompts`); all ranks call this."""
     state = accelerator.get_state_dict(model)  # full state on the main process (ZeRO-3 gathers)
     if accelerator.is_main_process:
         encoder_module = accelerator.unwrap_model(model)
@@ -44,13 +51,35 @@ def export_model(accelerator, model, target: Path, max_seq_length: int, card: Ca
         )
         target = Path(target)
         staging = staging_directory(target)
-        encoder_module.encoder.save_pretrained(str(staging), state_dict=encoder_state, safe_serialization=True)
+        if is_lora(encoder_module.encoder):
+            _save_lora(encoder_module.encoder, encoder_module.tokenizer, encoder_state, staging)
+        else:
+            encoder_module.encoder.save_pretrained(str(staging), state_dict=encoder_state, safe_serialization=True)
         encoder_module.tokenizer.save_pretrained(str(staging))
         save_file(head_state, str(staging / "head.safetensors"))
         if classifier_state:
             save_file(classifier_state, str(staging / CLASSIFIER_FILE))
-        write_sentence_transformers_files(staging, encoder_module.hidden_size, encoder_module.pooling, max_seq_length)
+        write_sentence_transformers_files(
+            staging, encoder_module.hidden_size, encoder_module.pooling, max_seq_length, prompts or {}
+        )
         write_model_card(staging, card)
         replace_directory(staging, target)  # the previous export goes only once the new one is complete
         logger.info("exported %s", target)
     accelerator.wait_for_everyone()
+
+
+def is_lora(encoder) -> bool:
+    """Whether the backbone is wrapped by peft (``model.lora.r`` > 0)."""
+    return hasattr(encoder, "peft_config")
+
+
+def _save_lora(encoder, tokenizer, encoder_state: dict, staging: Path) -> None:
+    """The merged backbone in ``staging`` (loads without peft) and the adapter in PEFT's format in
+    ``staging/lora`` (adapter_config.json, adapter_model.safetensors; the tokenizer beside it),
+    both from a CPU copy rebuilt from the gathered state, so the training model stays as it is."""
+    copy = lora_copy(encoder, encoder_state)
+    adapter_dir = staging / LORA_DIR
+    copy.save_pretrained(str(adapter_dir), safe_serialization=True)
+    tokenizer.save_pretrained(str(adapter_dir))
+    merged = copy.merge_and_unload()
+    merged.save_pretrained(str(staging), safe_serialization=True)

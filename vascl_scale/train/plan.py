@@ -27,10 +27,11 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from vascl_scale.backbone import BackbonePlan, plan_backbone
 from vascl_scale.config import MixSource, RunConfig, config_from_dict
 from vascl_scale.data.augment import check_augmenter
 from vascl_scale.data.columns import AUGMENTED, columns_to_read
@@ -87,6 +88,8 @@ class RunPlan:
     """True when the workers take the run directory's lock (rank 0); else a launcher holds it"""
     loaded_config: dict[str, Any]
     """the config as loaded (``--config`` and ``--set``), which every worker must be started with"""
+    backbone: BackbonePlan
+    """decoder or encoder, EOS appended or not, the weights' dtype (:func:`vascl_scale.backbone.plan_backbone`)"""
     run_lock: RunDirectoryLock | None = field(default=None, compare=False, repr=False)
     """the lock this process took when it made the plan (not in plan.json)"""
 
@@ -98,6 +101,7 @@ class RunPlan:
         # Not dataclasses.asdict: it deep-copies every field, the lock's open file included.
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("config", "run_lock")}
         values["config"] = self.config.to_dict()
+        values["backbone"] = asdict(self.backbone)
         values["written_config"] = self.config.as_written().to_dict()
         return json.dumps(values, indent=2)
 
@@ -108,7 +112,8 @@ class RunPlan:
         config = config_from_dict(values.pop("config"))
         config._written = written
         tuples = {name: tuple(values.pop(name)) for name in ("trackers", "read_columns", "columns")}
-        return cls(config=config, **tuples, **values)
+        backbone = BackbonePlan(**values.pop("backbone"))
+        return cls(config=config, backbone=backbone, **tuples, **values)
 
     def check_worker(self, config: RunConfig, world_size: int, where: Path) -> None:
         """ValueError unless a worker started with ``config`` on ``world_size`` ranks runs this plan
@@ -170,6 +175,7 @@ def make_plan(
             "graph); use configs/deepspeed/zero2.json or set train.compile: false"
         )
     read_columns, columns = data_columns(resolved)
+    backbone = plan_backbone(resolved.model, Path(resolved.model.path), local_device_type())
     dev_set = _dev_set(resolved)
     run_dir = Path(train.output_dir)
     check_writable(run_dir)
@@ -199,6 +205,7 @@ def make_plan(
         dev_set=dev_set,
         lock_in_workers=lock == "workers",
         loaded_config=config.to_dict(),
+        backbone=backbone,
         run_lock=run_lock,
     )
 

@@ -229,7 +229,34 @@ def build_stream(plan: RunPlan, tokenizer, rank: int):
         seed=config.train.seed,
         num_nodes=max(1, plan.world_size // local_world),
         columns=plan.read_columns,
+        prompts=config.model.prompts,
     )
+
+
+def build_model(plan: RunPlan) -> SentenceEncoder:
+    """The model of ``plan``'s ``model`` section, its backbone as the plan decided (:attr:`RunPlan.backbone`):
+    the weights in their dtype, LoRA adapters injected before the engine wraps the model."""
+    from vascl_scale.backbone import DTYPES, lora_config_of
+
+    section, backbone = plan.config.model, plan.backbone
+    return SentenceEncoder.from_pretrained(
+        section.path,
+        pooling=section.pooling,
+        head_dim=section.head_dim,
+        trust_remote_code=section.trust_remote_code,
+        pair_classifier=objective_spec(plan.config.objective).classifier,
+        append_eos=backbone.append_eos,
+        dtype=DTYPES[backbone.dtype],
+        lora=lora_config_of(section.lora),
+        gradient_checkpointing=section.gradient_checkpointing,
+    )
+
+
+def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
+    """Trainable and total parameters (before an engine shards them), for the log and run_summary.json."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"trainable": trainable, "total": total}
 
 
 def build_trainer(plan: RunPlan) -> Trainer:
@@ -241,14 +268,9 @@ def build_trainer(plan: RunPlan) -> Trainer:
     # and would build the encoder already partitioned (zero.Init), without the head. ZeRO-3
     # partitions the whole module in prepare() instead.
     torch.manual_seed(config.train.seed)  # the head starts identical on every rank
-    model = SentenceEncoder.from_pretrained(
-        config.model.path,
-        pooling=config.model.pooling,
-        head_dim=config.model.head_dim,
-        trust_remote_code=config.model.trust_remote_code,
-        pair_classifier=objective_spec(config.objective).classifier,
-    )
+    model = build_model(plan)
     frozen = freeze_unreached_parameters(model)
+    parameters = parameter_counts(model)
     model.train()
     acc = build_accelerator(config, plan.deepspeed_config, plan.precision)
     assert acc.num_processes == plan.world_size, (acc.num_processes, plan.world_size)
@@ -265,6 +287,13 @@ def build_trainer(plan: RunPlan) -> Trainer:
         save_config(config, run_dir / "config.yaml")
     if frozen:
         logger.info("frozen (no gradient from the loss): %s", ", ".join(frozen))
+    logger.info(
+        "parameters: %d trainable of %d (%.2f%%)%s",
+        parameters["trainable"],
+        parameters["total"],
+        100 * parameters["trainable"] / parameters["total"],
+        f"; LoRA rank {config.model.lora.r} on the backbone, the heads in full" if config.model.lora.r else "",
+    )
 
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config.optim.warmup_steps)
@@ -301,7 +330,7 @@ def build_trainer(plan: RunPlan) -> Trainer:
         from vascl_scale.eval.sts import load_sts_tsv
 
         dev_pairs = load_sts_tsv(plan.dev_set)
-    return Trainer(plan, step, scheduler, stream, state, dev_pairs, run_lock)
+    return Trainer(plan, step, scheduler, stream, state, dev_pairs, run_lock, parameters)
 
 
 def _log_batch_arithmetic(config: RunConfig, world_size: int, per_device_batch: int, views: int) -> None:
@@ -356,8 +385,10 @@ class Trainer:
         state: TrainerState,
         dev_pairs=None,
         run_lock: RunDirectoryLock | None = None,
+        parameters: dict[str, int] | None = None,
     ) -> None:
         self.plan = plan
+        self.parameters = parameters  # trainable and total (parameter_counts)
         self.config = plan.config
         self.step = step
         self.accelerator = step.accelerator
@@ -422,7 +453,12 @@ class Trainer:
     def _export(self, name: str, dev_score: float | None) -> None:
         """Export the weights now to ``<run>/<name>``, with their card; all ranks call this."""
         export_model(
-            self.accelerator, self.step.model, self.run_dir / name, self.config.eval.max_length, self._card(dev_score)
+            self.accelerator,
+            self.step.model,
+            self.run_dir / name,
+            self.config.eval.max_length,
+            self._card(dev_score),
+            self.config.model.prompts,
         )
 
     def _select(self, step: int, metrics: MetricsSink | NullMetricsSink) -> float | None:
@@ -573,6 +609,7 @@ class Trainer:
             "precision": plan.precision,
             "engine": "deepspeed" if plan.deepspeed_config is not None else "ddp",
             "zero_stage": plan.zero_stage,
+            "parameters": self.parameters,
         }
         replace_file(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2, allow_nan=False))
 
