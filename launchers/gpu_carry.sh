@@ -29,7 +29,7 @@ export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}" PIP_DISABLE_PIP_VERSION_CH
 # The wheels: the requirements' closure minus what the GPU image has (torch, numpy, tqdm,
 # psutil, pyyaml, safetensors come with it: shared/design/ENVIRONMENT.md).
 PURE=(pydantic annotated-types typing-inspection typing-extensions webdataset braceexpand
-  pytest iniconfig pluggy pygments packaging hjson py-cpuinfo einops)
+  pytest iniconfig pluggy pygments packaging hjson py-cpuinfo einops peft)
 COMPILED=(pydantic-core msgpack ninja)
 pinned() {  # NAME...: NAME==VERSION from .ci/constraints.txt (names compared as pip does)
   "$PYTHON" - "$@" <<'PY'

@@ -15,6 +15,11 @@
 #   pytest_gpu      the tests marked gpu
 #   zero2_bench     bench_uncached under DeepSpeed ZeRO-2 (configs/deepspeed/zero2.json)
 #   zero2_train     train under ZeRO-2, stopped at step 10 and resumed to 20
+#   decoder_lora    a random Qwen3-style decoder (configs/models/qwen3-small.json: hidden 1024,
+#                   8 layers) with a byte-level BPE tokenizer trained on the carried sentences,
+#                   configs/qwen3-0.6b-lora-vascl.yaml (LoRA r = 16, last-token pooling) under
+#                   ZeRO-3 with the cached step: B = 256, chunks of 64, length 128, bf16, stopped
+#                   at step 10 and resumed to 20; steps/s, peak memory, trainable parameters
 #   bench_compiled  bench_uncached with --compile: each step also with the encoder through
 #                   torch.compile, in the same rounds as eager; the compiled rows' warm-up
 #                   steps (the compiling) reported apart; last, as the stage most likely to
@@ -37,7 +42,7 @@ cd "$(dirname "$0")/.."
 REPO="$(pwd)"
 SELF="$REPO/launchers/gpu_proof.sh"
 TOOLS="$REPO/tools/gpu_proof_tools.py"
-STAGES=(install env bench_uncached bench_cached train eval pytest_gpu zero2_bench zero2_train bench_compiled)
+STAGES=(install env bench_uncached bench_cached train eval pytest_gpu zero2_bench zero2_train decoder_lora bench_compiled)
 SKIPPED=77  # a stage's exit status for "skipped; the reason is in <stage>.skip"
 
 # ------------------------------------------------------------------ settings of the two modes
@@ -47,6 +52,9 @@ settings() {
     BENCH_MODEL="$CARRY/bench-model.json" BENCH_BATCH=32 BENCH_LENGTH=16 BENCH_CHUNK=8 BENCH_STEPS=2 BENCH_WARMUP=1
     TRAIN_BATCH=16 TRAIN_CHUNK=4 TRAIN_STEPS=8 TRAIN_STOP=4 TRAIN_LOG=2 TRAIN_WORKERS=0 TRAIN_K=4
     ZERO_STEPS=4 ZERO_STOP=2
+    # 2 processes: ZeRO-3 reduces gradients and partitions the optimiser state over two ranks.
+    DECODER_MODEL="$CARRY/decoder-model.json" DECODER_VOCAB=320 DECODER_DTYPE=float32 DECODER_PROCESSES=2
+    DECODER_BATCH=16 DECODER_CHUNK=4 DECODER_LENGTH=32 DECODER_STEPS=4 DECODER_STOP=2
     EVAL_TASKS=(--task stsb)
     BUDGET_TOTAL="${PROOF_BUDGET_S:-900}" STAGE_BUDGET=240
   else
@@ -54,6 +62,8 @@ settings() {
     BENCH_MODEL=configs/models/bert-base.json BENCH_BATCH=1024 BENCH_LENGTH=32 BENCH_CHUNK=256 BENCH_STEPS=10 BENCH_WARMUP=3
     TRAIN_BATCH=1024 TRAIN_CHUNK=256 TRAIN_STEPS=200 TRAIN_STOP=100 TRAIN_LOG=10 TRAIN_WORKERS=2 TRAIN_K=16
     ZERO_STEPS=20 ZERO_STOP=10
+    DECODER_MODEL=configs/models/qwen3-small.json DECODER_VOCAB=8192 DECODER_DTYPE=bfloat16 DECODER_PROCESSES=1
+    DECODER_BATCH=256 DECODER_CHUNK=64 DECODER_LENGTH=128 DECODER_STEPS=20 DECODER_STOP=10
     EVAL_TASKS=()  # all seven: sts12-16, stsb, sickr
     BUDGET_TOTAL="${PROOF_BUDGET_S:-450}" STAGE_BUDGET=
   fi
@@ -62,7 +72,7 @@ settings() {
 # Seconds each stage may take on the GPU (the dry run gives each STAGE_BUDGET); all of them
 # together are held to BUDGET_TOTAL, so late stages get what is left.
 declare -A GPU_BUDGET=([install]=90 [env]=60 [bench_uncached]=90 [bench_cached]=90 [train]=150 [eval]=60
-  [pytest_gpu]=90 [zero2_bench]=120 [zero2_train]=120 [bench_compiled]=150)
+  [pytest_gpu]=90 [zero2_bench]=120 [zero2_train]=120 [decoder_lora]=180 [bench_compiled]=150)
 
 tools() { "$PYTHON" "$TOOLS" "$@"; }
 cli() { "$PYTHON" -m vascl_scale "$@"; }
@@ -72,6 +82,12 @@ need_deepspeed() {
   local why
   why="$("$PYTHON" -c 'import deepspeed' 2>&1 | tail -n 1)" && return 0
   skip "DeepSpeed cannot be imported here ($why); pack it into the carry (launchers/gpu_carry.sh) to run ZeRO-2"
+}
+
+need_peft() {
+  local why
+  why="$("$PYTHON" -c 'import peft' 2>&1 | tail -n 1)" && return 0
+  skip "peft cannot be imported here ($why); pack it into the carry (launchers/gpu_carry.sh) to train with LoRA"
 }
 
 ensure_model() {  # the carried bf16 model as float32 in $WORK/minilm (once for all stages)
@@ -116,27 +132,44 @@ stage_bench_cached() { bench "$BENCH_CHUNK"; }
 stage_zero2_bench() { need_deepspeed; bench 0 --deepspeed configs/deepspeed/zero2.json; }
 stage_bench_compiled() { bench 0 --compile; }
 
-stop_and_resume() {  # STEPS STOP [train options...]: steps 1-STOP, stop, resume, steps STOP+1 to STEPS
-  local steps="$1" stop="$2" peak
-  shift 2
-  ensure_model || exit 1
+train_twice() {  # CONFIG MODEL_NOTE STEPS STOP [train options...]: steps 1-STOP, stop, resume, STOP+1 to STEPS
+  local config="$1" note="$2" steps="$3" stop="$4" peak
+  shift 4
   peak="$(tools peak "$DRY_RUN")" || exit 1
   local run="$WORK/$STAGE"
-  local args=(--config configs/cpu-demo.yaml --output "$run" --objective vascl
-    --set "model.path=\"$WORK/minilm\"" --set "data.train=\"$CARRY/data/corpus/train.txt.gz\""
+  local args=(--config "$config" --output "$run" --set "data.train=\"$CARRY/data/corpus/train.txt.gz\""
     --set "eval.stsb_dev=\"$CARRY/data/sts/stsb/dev.tsv\"" --set "eval.every_steps=$stop"
-    --set "train.global_batch_size=$TRAIN_BATCH" --set "train.chunk_size=$TRAIN_CHUNK"
     --set "train.precision=$PRECISION" --set "train.peak_tflops=$peak" --set "train.log_every=$TRAIN_LOG"
-    --set "checkpoint.every_steps=$stop" --set "data.num_workers=$TRAIN_WORKERS" --set "loss.k=$TRAIN_K" "$@")
+    --set "checkpoint.every_steps=$stop" --set "data.num_workers=$TRAIN_WORKERS" "$@")
   rm -rf "$run"
   echo "-- steps 1-$stop, then stopped (--max-steps $stop)"
   cli train "${args[@]}" --max-steps "$stop" || exit 1
   echo "-- resumed from its checkpoint: steps $((stop + 1))-$steps"
   cli train "${args[@]}" --max-steps "$steps" --resume || exit 1
-  tools train-report "$run" "$stop" "$steps" "$OUT_DIR/$STAGE.json"  # read from $run/run_summary.json
+  tools train-report "$run" "$stop" "$steps" "$OUT_DIR/$STAGE.json" "$note"  # read from $run/run_summary.json
+}
+stop_and_resume() {  # STEPS STOP [train options...]: the carried MiniLM with configs/cpu-demo.yaml
+  local steps="$1" stop="$2"
+  shift 2
+  ensure_model || exit 1
+  train_twice configs/cpu-demo.yaml "the carry's minilm-bf16, widened to float32 on disk (bf16-rounded weights)" \
+    "$steps" "$stop" --objective vascl --set "model.path=\"$WORK/minilm\"" \
+    --set "train.global_batch_size=$TRAIN_BATCH" --set "train.chunk_size=$TRAIN_CHUNK" --set "loss.k=$TRAIN_K" "$@"
 }
 stage_train() { stop_and_resume "$TRAIN_STEPS" "$TRAIN_STOP"; }
 stage_zero2_train() { need_deepspeed; stop_and_resume "$ZERO_STEPS" "$ZERO_STOP" --deepspeed configs/deepspeed/zero2.json; }
+
+stage_decoder_lora() {  # the decoder recipe's LoRA, last-token pooling and ZeRO-3 on a random decoder
+  need_deepspeed
+  need_peft
+  local model="$WORK/decoder"
+  tools decoder-model "$DECODER_MODEL" "$CARRY/data/corpus/train.txt.gz" "$DECODER_VOCAB" "$DECODER_DTYPE" "$model" || exit 1
+  train_twice configs/qwen3-0.6b-lora-vascl.yaml \
+    "a random decoder of $(basename "$DECODER_MODEL") ($DECODER_DTYPE), its BPE tokenizer trained on the carried sentences" \
+    "$DECODER_STEPS" "$DECODER_STOP" --num-processes "$DECODER_PROCESSES" --deepspeed configs/deepspeed/zero3.json \
+    --set "model.path=\"$model\"" --set "model.dtype=$DECODER_DTYPE" --set "data.max_length=$DECODER_LENGTH" \
+    --set "train.global_batch_size=$DECODER_BATCH" --set "train.chunk_size=$DECODER_CHUNK" --set "loss.k=$TRAIN_K"
+}
 
 stage_eval() {
   ensure_model || exit 1

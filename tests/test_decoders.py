@@ -73,6 +73,29 @@ def test_eos_is_appended_for_last_token_pooling_of_a_decoder_only(decoders) -> N
     assert len(ids) == 5 and ids[-1] != ids[0]
 
 
+def test_bfloat16_weights_keep_float32_heads_and_checkpointing_changes_no_gradient(decoders) -> None:
+    from vascl_scale.backbone import lora_config
+
+    qwen = decoders["qwen3"]
+    half = SentenceEncoder.from_pretrained(qwen, pooling="last_token", dtype=torch.bfloat16)
+    assert {p.dtype for p in half.encoder.parameters()} == {torch.bfloat16}
+    assert half.head[0].weight.dtype == torch.float32
+    batch = half.tokenizer(list(DECODER_TEXTS), padding=True, return_tensors="pt")
+    assert half(**batch).dtype == torch.float32  # pooled into the head's dtype
+    gradients = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)  # the same LoRA initialisation
+        model = SentenceEncoder.from_pretrained(
+            qwen, pooling="last_token", lora=lora_config(4, 8.0, 0.0, None), gradient_checkpointing=checkpointing
+        )
+        model = model.double().train()
+        model.head(model(**batch)).square().sum().backward()
+        gradients.append({name: p.grad for name, p in model.named_parameters() if p.requires_grad})
+    assert any(getattr(module, "gradient_checkpointing", False) for module in model.encoder.modules())
+    for name, gradient in gradients[0].items():
+        torch.testing.assert_close(gradients[1][name], gradient, msg=f"{name} under gradient checkpointing")
+
+
 def _model_section(path: Path, **values) -> object:
     return config_from_dict(
         {
@@ -405,6 +428,9 @@ def test_the_lora_export_loads_everywhere_and_embeds_as_training_did(decoder_ddp
     with torch.no_grad():
         hidden = peft_model(**batch).last_hidden_state
     np.testing.assert_allclose(last_token_pool(hidden, batch["attention_mask"]).numpy(), expected, atol=1e-5)
+    card = (final / "README.md").read_text(encoding="utf-8")
+    assert "| LoRA | rank 4, alpha 16, dropout 0 on every linear layer" in card
+    assert 'prompt_name="query"' in card and "last_token-pooled embeddings" in card
     merged = AutoModel.from_pretrained(str(final))
     with torch.no_grad():
         np.testing.assert_allclose(

@@ -96,7 +96,8 @@ def test_raw_decoder_without_pad_token_scores_with_last_token_pooling(decoder, d
     assert record["results"][0]["primary"] == pytest.approx(expected, abs=1e-9)
     embedded = Embedder(spec, batch_size=2).embed(TEXTS)(TEXTS)
     np.testing.assert_allclose(embedded, reference.encode(TEXTS, max_length=128), atol=1e-6)
-    assert resolve_model(decoder).pooling == "mean"  # no pooling given: mean, as for any raw directory
+    assert resolve_model(decoder).pooling == "last_token"  # no pooling given: a decoder's last token
+    assert resolve_model(decoder, pooling="mean").pooling == "mean"
     assert run_sts(data_dir, tmp_path / "m.json", "--model", str(decoder))["results"][0]["status"] == "ok"
 
 
@@ -152,7 +153,7 @@ def test_adapter_directory_resolves_to_base_and_embeds_like_the_merged_model(lor
     assert len({model_fingerprint(spec), model_fingerprint(merged), model_fingerprint(base)}) == 3
 
     alone = shutil.copytree(adapter, tmp_path / "alone")  # an adapter outside an export: flags and defaults
-    assert resolve_model(alone).pooling == "mean" and resolve_model(alone).prompts == {}
+    assert resolve_model(alone).pooling == "last_token" and resolve_model(alone).prompts == {}  # a decoder base
     spec_alone = resolve_model(alone, pooling="last_token", max_length=32)
     np.testing.assert_allclose(Embedder(spec_alone).embed(TEXTS)(TEXTS), from_merged, atol=1e-5)
     config = json.loads((alone / "adapter_config.json").read_text())

@@ -8,8 +8,9 @@ Packing: ``pack-model`` (the packaged MiniLM's weights as bf16: half the bytes),
 ``manifest`` (sizes and sha256 of every carried file). The proof: ``run-record``, ``verify``
 (the carry against its manifest), ``pins`` (constraints that keep torch and its neighbours as
 installed), ``missing-wheels``, ``environment``, ``peak`` (the peak for MFU), ``unpack-model``
-(bf16 back to float32 on disk), ``train-report``, ``summary``; ``dry-fixtures`` builds a carry of
-tiny stand-ins for the dry run.
+(bf16 back to float32 on disk), ``decoder-model`` (a random decoder and a tokenizer trained on
+the carried sentences), ``train-report``, ``summary``; ``dry-fixtures`` builds a carry of tiny
+stand-ins for the dry run.
 
 Only the standard library at the top: ``summary`` must run even where torch or the project
 cannot be imported, and ``verify`` before the wheelhouse is installed. File digests are the
@@ -301,6 +302,51 @@ def unpack_model(source: Path, target: Path) -> None:
     )
 
 
+def decoder_model(config_file: Path, text: Path, vocab_size: int, dtype: str, target: Path) -> None:
+    """A random decoder of the architecture in ``config_file`` (a transformers config as JSON, e.g.
+    configs/models/qwen3-small.json), saved as ``*ForCausalLM`` in ``dtype``, with a byte-level BPE
+    tokenizer of ``vocab_size`` tokens trained here on the sentences of ``text`` (a .txt.gz; the GPU
+    machine has no hub to fetch one from): an EOS token, no pad token, appending nothing, as Qwen's
+    and Llama's base tokenizers, so training pads with EOS and appends it itself. The config's
+    vocabulary is kept when larger (Qwen3's 151,936 rows: the embedding a real checkpoint has)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    eos = "<|endoftext|>"
+    with gzip.open(text, "rt", encoding="utf-8") as handle:
+        sentences = [line.strip() for line in handle if line.strip()]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[eos],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(sentences, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=eos)
+    shape = _read_json(config_file)
+    if not isinstance(shape, dict) or "model_type" not in shape:
+        raise SystemExit(f"{config_file} is no transformers config (no model_type)")
+    shape = {k: v for k, v in shape.items() if k != "architectures"}
+    shape["vocab_size"] = max(int(shape.get("vocab_size", 0)), len(tokenizer))
+    shape.update(bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id)
+    config = AutoConfig.for_model(shape.pop("model_type"), **shape)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).to({"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype])
+    if target.exists():
+        shutil.rmtree(target)
+    model.save_pretrained(str(target))
+    tokenizer.save_pretrained(str(target))
+    print(
+        f"decoder: {type(model).__name__} of {config_file} ({config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+        f"{sum(p.numel() for p in model.parameters()):,} parameters in {dtype}), a BPE tokenizer of {len(tokenizer):,} "
+        f"tokens trained on {len(sentences):,} sentences of {text} -> {target}"
+    )
+
+
 def _metrics(run: Path) -> list[dict[str, Any]]:
     path = run / "metrics.jsonl"
     if not path.is_file():
@@ -317,11 +363,13 @@ def _metrics(run: Path) -> list[dict[str, Any]]:
 RUN_SUMMARY = "run_summary.json"  # what each `vascl-scale train` invocation did, written at its end
 
 
-def train_report(run: Path, stop_at: int, max_steps: int, output: Path) -> None:
-    """What a stopped-and-resumed run did: steps, the resume, its speed, losses and dev scores.
+def train_report(run: Path, stop_at: int, max_steps: int, output: Path, model: str) -> None:
+    """What a stopped-and-resumed run of ``model`` (a description) did: steps, the resume, its
+    speed, peak memory, parameters, losses and dev scores.
 
-    The steps, the resume and the speed are those of the run's ``run_summary.json``, which the
-    last invocation (the resumed one) wrote; losses and dev scores come from ``metrics.jsonl``.
+    The steps, the resume, the speed, the peak memory and the parameter counts are those of the
+    run's ``run_summary.json``, which the last invocation (the resumed one) wrote (the peak memory
+    from ``metrics.jsonl`` where it has none); losses and dev scores come from ``metrics.jsonl``.
     Fails (exit 1) unless the run resumed at ``stop_at`` and reached ``max_steps`` with a final
     export and a complete checkpoint at ``max_steps``."""
     records = _metrics(run)
@@ -336,6 +384,7 @@ def train_report(run: Path, stop_at: int, max_steps: int, output: Path) -> None:
             "steps": summary["steps"],
             "in_last_invocation": summary.get("steps_this_invocation"),
             "seconds": summary.get("seconds_of_steps"),
+            "steps_per_s": 1 / summary["seconds_per_step"] if summary.get("seconds_per_step") else None,
             "sentences_per_s": summary.get("sentences_per_second"),
             "sentences_per_s_steady": summary.get("steady_sentences_per_second"),
         }
@@ -343,7 +392,8 @@ def train_report(run: Path, stop_at: int, max_steps: int, output: Path) -> None:
     last = windows[-1] if windows else {}
     report = {
         "run_dir": str(run),
-        "model": "the carry's minilm-bf16, widened to float32 on disk (bf16-rounded weights)",
+        "model": model,
+        "parameters": summary.get("parameters"),
         "resumed": resumed,
         "finished": finished,
         "checkpoints": checkpoints,
@@ -352,7 +402,9 @@ def train_report(run: Path, stop_at: int, max_steps: int, output: Path) -> None:
         "loss_last": last.get("loss/loss"),
         "tflops_per_device": last.get("tflops_per_device"),
         "mfu": last.get("mfu"),
-        "peak_memory_mb": max((r.get("peak_memory_mb", 0) for r in windows), default=None) or None,
+        "peak_memory_mb": summary.get("peak_memory_mb")
+        or max((r.get("peak_memory_mb", 0) for r in windows), default=None)
+        or None,
         "step_seconds_last": last.get("step_seconds"),
         "stsb_dev_spearman": {r["step"]: r["stsb_dev_spearman"] for r in records if "stsb_dev_spearman" in r},
     }
@@ -385,7 +437,8 @@ WORDS = (
 def dry_fixtures(carry: Path) -> None:
     """A carry of tiny stand-ins in the real carry's layout: a random 2-layer BERT with the
     packaged MiniLM tokenizer (stored in bf16, as the real one is), a bert-tiny config for
-    ``bench step``, generated STS-B-style pairs and training sentences, an empty wheelhouse."""
+    ``bench step``, a 2-layer Qwen3 config for ``decoder_lora``, generated STS-B-style pairs and
+    training sentences, an empty wheelhouse."""
     import importlib.resources
 
     import torch
@@ -402,6 +455,12 @@ def dry_fixtures(carry: Path) -> None:
     shutil.rmtree(scratch)
     bench = {**config.to_dict(), "architectures": ["BertModel"]}
     _write_json(carry / "bench-model.json", bench)
+    # decoder_lora's stand-in for configs/models/qwen3-small.json; its vocabulary is the tokenizer's
+    _write_json(carry / "decoder-model.json", {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 0, "hidden_size": 32,
+        "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "max_position_embeddings": 128, "tie_word_embeddings": True,
+    })  # fmt: skip
     rng = random.Random(0)
 
     def sentence(words: int) -> str:
@@ -469,6 +528,9 @@ def _pytest_figures(path: Path) -> dict[str, Any]:
     }
 
 
+TRAIN_STAGES = ("train", "zero2_train", "decoder_lora")  # train-report's JSON
+
+
 def _figures(stage: str, out: Path) -> dict[str, Any]:
     if stage == "pytest_gpu":
         return _pytest_figures(out / "pytest_gpu.xml")
@@ -493,8 +555,9 @@ def _figures(stage: str, out: Path) -> dict[str, Any]:
             "matmul_over_peak",
         )
         return {k: result[k] for k in keys if k in result}
-    if stage in ("train", "zero2_train"):
+    if stage in TRAIN_STAGES:
         keys = (
+            "parameters",
             "resumed",
             "finished",
             "loss_first",
@@ -559,11 +622,13 @@ def _brief(stage: str, figures: dict[str, Any]) -> str:
             for name, ratio in (figures.get("compiled_over_eager") or {}).items()
         ]
         return " | ".join(parts + [f"VaSCL/SimCSE {_number(figures.get('vascl_over_simcse'), '.3f')}", *compiled])
-    if stage in ("train", "zero2_train"):
+    if stage in TRAIN_STAGES:
         resumed, finished = figures.get("resumed") or {}, figures.get("finished") or {}
         dev = ", ".join(f"{step}: {score:.2f}" for step, score in (figures.get("stsb_dev_spearman") or {}).items())
+        trainable = (figures.get("parameters") or {}).get("trainable")
         return (f"resumed at step {resumed.get('step', '-')}, {finished.get('steps', '-')} steps; loss {_number(figures.get('loss_first'), '.3f')} -> "
-                f"{_number(figures.get('loss_last'), '.3f')}; {_number(finished.get('sentences_per_s_steady'), '.0f')} sent/s, "
+                f"{_number(figures.get('loss_last'), '.3f')}; {_number(finished.get('steps_per_s'), '.2f')} steps/s, "
+                f"{_number(finished.get('sentences_per_s_steady'), '.0f')} sent/s, {_number(trainable, ',')} trainable parameters, "
                 f"{_number(figures.get('tflops_per_device'), '.3g')} TFLOP/s, MFU {_number(figures.get('mfu'), '.1%')}, "
                 f"{_number(figures.get('peak_memory_mb'), '.0f')} MiB; STS-B dev {dev or '-'}")  # fmt: skip
     if stage == "eval":
@@ -641,8 +706,12 @@ def main(argv: list[str] | None = None) -> None:
         "environment": (("output", "dry_run"), lambda a: environment(Path(a.output), a.dry_run == "1")),
         "unpack-model": (("source", "target"), lambda a: unpack_model(Path(a.source), Path(a.target))),
         "train-report": (
-            ("run", "stop_at", "max_steps", "output"),
-            lambda a: train_report(Path(a.run), int(a.stop_at), int(a.max_steps), Path(a.output)),
+            ("run", "stop_at", "max_steps", "output", "model"),
+            lambda a: train_report(Path(a.run), int(a.stop_at), int(a.max_steps), Path(a.output), a.model),
+        ),
+        "decoder-model": (
+            ("config", "text", "vocab_size", "dtype", "target"),
+            lambda a: decoder_model(Path(a.config), Path(a.text), int(a.vocab_size), a.dtype, Path(a.target)),
         ),
         "dry-fixtures": (("carry",), lambda a: dry_fixtures(Path(a.carry))),
         "summary": (("out",), lambda a: summary(Path(a.out))),

@@ -153,7 +153,7 @@ def resolve_model(path: str | Path, pooling: str | None = None, max_length: int 
     require_tokenizer_vocabulary(adapter if adapter is not None and has_tokenizer_vocabulary(adapter) else directory)
     if pooling is not None and st_pooling is not None and pooling != st_pooling:
         logger.warning("%s pools by %s; using --pooling %s as asked", settings, st_pooling, pooling)
-    chosen_pooling = pooling or st_pooling or "mean"
+    chosen_pooling = pooling or st_pooling or default_pooling(directory)
     if chosen_pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}; got {chosen_pooling!r}")
     chosen_length = max_length or st_max_length or DEFAULT_MAX_LENGTH
@@ -167,6 +167,19 @@ def resolve_model(path: str | Path, pooling: str | None = None, max_length: int 
         logger.log(level, message, directory, origin, chosen_length, limit, limit)
         chosen_length = limit
     return ModelSpec(str(path), directory, chosen_pooling, normalize, int(chosen_length), adapter, prompts)
+
+
+def default_pooling(directory: Path) -> str:
+    """The pooling of a plain Hugging Face directory that names none: a decoder's last token
+    (the only state that has seen the whole text), an encoder's mean."""
+    from transformers import AutoConfig
+
+    from vascl_scale.backbone import is_decoder
+
+    if is_decoder(AutoConfig.from_pretrained(str(directory))):
+        logger.info("%s is a decoder: pooling its last token (--pooling to choose another)", directory)
+        return "last_token"
+    return "mean"
 
 
 def _adapter_base(adapter: Path, base: str) -> Path:

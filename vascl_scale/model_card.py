@@ -245,6 +245,21 @@ def render_card(facts: CardFacts) -> str:
             f"{config['data']['max_length']} tokens in training; {config['eval']['max_length']} in this export",
         ),
     ]
+    model = config["model"]
+    lora = model.get("lora") or {}
+    if lora.get("r"):
+        targets = ", ".join(lora["target_modules"]) if lora.get("target_modules") else "every linear layer"
+        rows.append(
+            (
+                "LoRA",
+                f"rank {lora['r']}, alpha {lora['alpha']:g}, dropout {lora['dropout']:g} on {targets}; merged into "
+                "these weights; the adapter alone in `lora/` (PEFT's format)",
+            )
+        )
+    if model.get("prompts"):
+        rows.append(
+            ("prompts", "; ".join(f"{column}: {json.dumps(text)}" for column, text in model["prompts"].items()))
+        )
     if facts.stsb_dev_spearman is not None:
         rows.append(("model selection", f"STS-B dev Spearman x 100 {facts.stsb_dev_spearman:.2f} at this step"))
     meta = yaml.safe_dump(_front_matter(facts, name), sort_keys=False, allow_unicode=True)
@@ -278,6 +293,13 @@ def render_card(facts: CardFacts) -> str:
         'model = SentenceTransformer("path/to/this/directory")',
         'embeddings = model.encode(["A sentence.", "Another one."])',
         "similarities = model.similarity(embeddings, embeddings)",
+        *(
+            [
+                'queries = model.encode(["a search query"], prompt_name="query")  # the anchor\'s prompt put before each text'
+            ]
+            if (model.get("prompts") or {}).get("anchor")
+            else []
+        ),
         "```",
         "",
         f"With transformers ({pooling} pooling over the last hidden states):",
@@ -287,6 +309,7 @@ def render_card(facts: CardFacts) -> str:
         "from transformers import AutoModel, AutoTokenizer",
         "",
         'tokenizer = AutoTokenizer.from_pretrained("path/to/this/directory")',
+        *(['tokenizer.padding_side = "right"'] if pooling == "last_token" else []),
         'model = AutoModel.from_pretrained("path/to/this/directory").eval()',
         f'batch = tokenizer(["A sentence.", "Another one."], padding=True, truncation=True, max_length={config["eval"]["max_length"]}, return_tensors="pt")',
         "with torch.no_grad():",
@@ -297,6 +320,11 @@ def render_card(facts: CardFacts) -> str:
                 "    embeddings = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)  # (n, d)",
             ]
             if pooling == "mean"
+            else [
+                '    last = batch["attention_mask"].sum(1) - 1  # (n,): each row\'s last token, the EOS (right padding)',
+                "    embeddings = hidden[torch.arange(len(last)), last]  # (n, d)",
+            ]
+            if pooling == "last_token"
             else ["    embeddings = hidden[:, 0]  # (n, d): the first token"]
         ),
         "```",
