@@ -54,6 +54,30 @@ def test_last_token_pooling_equals_each_sentence_alone_with_either_padding_side(
             assert (ends == tokenizer.eos_token_id).all()  # the pooled token is the appended EOS
 
 
+def test_the_left_out_lm_head_is_not_reported_but_any_other_key_is(decoders, tmp_path) -> None:
+    import logging
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    records: list[logging.LogRecord] = []
+    collector = logging.Handler(logging.WARNING)
+    collector.emit = records.append
+    report_logger = logging.getLogger("transformers.modeling_utils")
+    report_logger.addHandler(collector)
+    try:
+        SentenceEncoder.from_pretrained(decoders["qwen3"], pooling="last_token")
+        assert not [record for record in records if "LOAD REPORT" in record.getMessage()]
+        stray = shutil.copytree(decoders["qwen3"], tmp_path / "stray")
+        weights = load_file(str(stray / "model.safetensors"))
+        weights["stray.weight"] = torch.zeros(2)
+        save_file(weights, str(stray / "model.safetensors"), metadata={"format": "pt"})
+        SentenceEncoder.from_pretrained(stray, pooling="last_token")
+        assert [record for record in records if "stray.weight" in record.getMessage()]
+    finally:
+        report_logger.removeHandler(collector)
+
+
 def test_eos_is_appended_for_last_token_pooling_of_a_decoder_only(decoders) -> None:
     from transformers import AutoConfig
 

@@ -60,6 +60,34 @@ def is_decoder(config) -> bool:
     return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 
+class _LMHeadLeftOut(logging.Filter):
+    """Drops transformers' load report when all it reports is the LM head a ``*ForCausalLM``
+    checkpoint holds and ``AutoModel`` leaves out, by design (one warning per rank otherwise); a
+    report of any other key still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "LOAD REPORT" not in text:
+            return True
+        rows = [line.split("|") for line in text.splitlines() if line.count("|") >= 2]
+        flagged = [row for row in rows if row[1].strip() and row[1].strip() != "Status"]
+        return not flagged or not all(
+            row[0].strip().startswith("lm_head.") and row[1].strip() == "UNEXPECTED" for row in flagged
+        )
+
+
+@contextmanager
+def lm_head_left_out() -> Iterator[None]:
+    """While loading a base model from a causal-LM checkpoint: no report of its unused LM head."""
+    report_logger = logging.getLogger("transformers.modeling_utils")
+    quiet = _LMHeadLeftOut()
+    report_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        report_logger.removeFilter(quiet)
+
+
 def tokenizer_appends_eos(tokenizer) -> bool:
     """Whether the tokenizer ends an encoded text with its EOS token by itself."""
     if tokenizer.eos_token_id is None:

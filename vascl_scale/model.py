@@ -156,7 +156,14 @@ class SentenceEncoder(nn.Module):
         """
         from transformers import AutoModel
 
-        from vascl_scale.backbone import append_eos_default, apply_lora, is_decoder, merge_adapter, prepare_tokenizer
+        from vascl_scale.backbone import (
+            append_eos_default,
+            apply_lora,
+            is_decoder,
+            lm_head_left_out,
+            merge_adapter,
+            prepare_tokenizer,
+        )
         from vascl_scale.tokenizer import has_tokenizer_vocabulary
 
         path = Path(path)
@@ -171,7 +178,8 @@ class SentenceEncoder(nn.Module):
         tokenizer_dir = Path(adapter) if adapter is not None and has_tokenizer_vocabulary(Path(adapter)) else path
         tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code=trust_remote_code)
         try:
-            encoder = AutoModel.from_pretrained(str(path), **kwargs)
+            with lm_head_left_out():
+                encoder = AutoModel.from_pretrained(str(path), **kwargs)
         except pickle.UnpicklingError:
             # torch.load(weights_only=True) refused a pickle that builds more than tensors and ran
             # none of it; its own message suggests weights_only=False, which would run it.
