@@ -197,7 +197,11 @@ class SentenceEncoder(nn.Module):
             logger.info("merged the LoRA adapter %s into %s", adapter, path)
         if gradient_checkpointing:
             # Non-reentrant: it needs no input that requires grad (frozen embeddings under LoRA).
-            encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # transformers 5 renamed it activation checkpointing (the old name warns); 4.x has the old name only
+            if hasattr(encoder, "activation_checkpointing_enable"):
+                encoder.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if lora is not None:
             encoder = apply_lora(encoder, lora)
         head_file = path / "head.safetensors"
