@@ -147,9 +147,7 @@ def test_bad_backbone_settings_are_refused_before_any_worker_naming_the_key(deco
     tokenizer = PreTrainedTokenizerFast.from_pretrained(bare)
     tokenizer.eos_token = None
     tokenizer.save_pretrained(bare)
-    with pytest.raises(
-        ValueError, match=r"model\.pooling = 'last_token': the tokenizer .* neither a pad token nor an EOS"
-    ):
+    with pytest.raises(ValueError, match=r"the tokenizer of .*bare has neither a pad token nor an EOS token"):
         plan_backbone(_model_section(bare, pooling="last_token"), bare, "cpu")
     # without peft, LoRA names the extra that installs it
     monkeypatch.setitem(sys.modules, "peft", None)
@@ -259,7 +257,7 @@ def test_lora_decoder_many_ranks_equal_one_process(world_size: int) -> None:
     assert trainable and all("lora_" in name or name.startswith("head.") for name in trainable), trainable
     for rank, got in enumerate(run_on_ranks(lora_objectives_on_slice, world_size)):
         for objective, expected in reference.items():
-            assert abs(expected["grads"]).min() >= 0 and abs(expected["grads"]).max() > 0
+            assert abs(expected["grads"]).max() > 0  # gradients that flow, or equality proves nothing
             for key in ("loss", "grads"):
                 torch.testing.assert_close(
                     torch.from_numpy(got[objective][key]), torch.from_numpy(expected[key]),

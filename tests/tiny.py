@@ -66,21 +66,12 @@ def tiny_decoder_dir(directory, architecture: str = "qwen3", seed: int = 0, voca
     Qwen's and Llama's base tokenizers, which need last-token pooling's EOS from vascl-scale)."""
     from pathlib import Path
 
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    from tools.gpu_proof_tools import bpe_tokenizer
 
     directory = Path(directory)
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(list(DECODER_TEXTS) * 4, trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
+    tokenizer = bpe_tokenizer(list(DECODER_TEXTS) * 4, vocab_size)
     assert tokenizer.pad_token is None
     shape = dict(
         vocab_size=len(tokenizer),

@@ -302,6 +302,25 @@ def unpack_model(source: Path, target: Path) -> None:
     )
 
 
+def bpe_tokenizer(sentences: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer of ``vocab_size`` tokens trained on ``sentences``, with an EOS
+    token (``<|endoftext|>``), no pad token, appending nothing: as Qwen's and Llama's base tokenizers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(sentences, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
+
+
 def decoder_model(config_file: Path, text: Path, vocab_size: int, dtype: str, target: Path) -> None:
     """A random decoder of the architecture in ``config_file`` (a transformers config as JSON, e.g.
     configs/models/qwen3-small.json), saved as ``*ForCausalLM`` in ``dtype``, with a byte-level BPE
@@ -310,23 +329,11 @@ def decoder_model(config_file: Path, text: Path, vocab_size: int, dtype: str, ta
     and Llama's base tokenizers, so training pads with EOS and appends it itself. The config's
     vocabulary is kept when larger (Qwen3's 151,936 rows: the embedding a real checkpoint has)."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    eos = "<|endoftext|>"
     with gzip.open(text, "rt", encoding="utf-8") as handle:
         sentences = [line.strip() for line in handle if line.strip()]
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[eos],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(sentences, trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=eos)
+    tokenizer = bpe_tokenizer(sentences, vocab_size)
     shape = _read_json(config_file)
     if not isinstance(shape, dict) or "model_type" not in shape:
         raise SystemExit(f"{config_file} is no transformers config (no model_type)")

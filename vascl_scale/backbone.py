@@ -259,8 +259,8 @@ class BackbonePlan:
 
 def plan_backbone(model_config, directory: Path, device_type: str) -> BackbonePlan:
     """Check ``model`` (:class:`vascl_scale.config.ModelConfig`) against the checkpoint in
-    ``directory`` and decide what it leaves open: a ValueError naming the key for a tokenizer
-    that cannot pad, a missing ``peft``, a LoRA target that is no linear layer."""
+    ``directory`` and decide what it leaves open: a ValueError for a tokenizer that cannot pad
+    or append EOS (:func:`prepare_tokenizer`), a missing ``peft``, a LoRA target that is no linear layer."""
     from transformers import AutoConfig, AutoModel
 
     from vascl_scale.tokenizer import load_tokenizer
@@ -269,16 +269,10 @@ def plan_backbone(model_config, directory: Path, device_type: str) -> BackbonePl
     hf_config = AutoConfig.from_pretrained(str(directory), trust_remote_code=trust)
     tokenizer = load_tokenizer(directory, trust_remote_code=trust)
     decoder = is_decoder(hf_config)
-    if tokenizer.pad_token_id is None and tokenizer.eos_token_id is None:
-        raise ValueError(
-            f"model.pooling = {model_config.pooling!r}: the tokenizer of {directory} has neither a pad token nor an "
-            "EOS token to pad with; give it one (tokenizer.pad_token = ...; tokenizer.save_pretrained(DIR))"
-        )
     append_eos = model_config.append_eos
     if append_eos is None:
         append_eos = append_eos_default(model_config.pooling, decoder, tokenizer)
-    elif append_eos and tokenizer.eos_token_id is None:
-        raise ValueError(f"model.append_eos: true, but the tokenizer of {directory} has no EOS token")
+    prepare_tokenizer(tokenizer, append_eos, directory)  # what every worker does to it: its refusals, once, here
     lora = model_config.lora
     if lora.r > 0:
         require_peft()
