@@ -26,7 +26,7 @@ CASES = [
 CASE_IDS = ["vascl", "vascl-no-detach", "vascl-relative", "vascl-instance-no-detach", "simcse"]
 
 
-def _config(objective: str, loss: dict, chunk_size: int, grad_accum_steps: int = 1):
+def _config(objective: str, loss: dict, chunk_size: int, grad_accum_steps: int = 1, chunk_tokens: int = 0):
     from vascl_scale.config import config_from_dict
 
     return config_from_dict(
@@ -40,6 +40,7 @@ def _config(objective: str, loss: dict, chunk_size: int, grad_accum_steps: int =
                 "precision": "no",
                 "seed": 5,
                 "chunk_size": chunk_size,
+                "chunk_tokens": chunk_tokens,
                 "grad_accum_steps": grad_accum_steps,
             },
         }
@@ -72,14 +73,24 @@ class RecordingObjective:
 
 
 def step_parts(
-    objective: str, loss: dict, chunk_size: int, dropout: float, grad_accum_steps: int = 1, sgd: bool = False
+    objective: str,
+    loss: dict,
+    chunk_size: int,
+    dropout: float,
+    grad_accum_steps: int = 1,
+    sgd: bool = False,
+    chunk_tokens: int = 0,
+    sort_chunks: bool = True,
+    length_buckets: int = 1,
 ):
-    """Accelerator, prepared model and optimiser, recording objective and TrainingStep."""
+    """Accelerator, prepared model and optimiser, recording objective and TrainingStep (the cached
+    step's chunks sorted by length unless ``sort_chunks`` is off; the uncached step's forwards in
+    ``length_buckets`` length-sorted groups)."""
     from vascl_scale.losses.spec import objective_spec
     from vascl_scale.train.step import TrainingStep
     from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
 
-    config = _config(objective, loss, chunk_size, grad_accum_steps)
+    config = _config(objective, loss, chunk_size, grad_accum_steps, chunk_tokens)
     model = tiny_encoder(
         seed=0, dtype=torch.float64, head_dim=8, pair_classifier=objective_spec(objective).classifier,
         hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
@@ -92,7 +103,8 @@ def step_parts(
     recorder = RecordingObjective(objective, config.loss)
     step = TrainingStep(
         accelerator, prepared, prepared_optimizer, recorder, seed=config.train.seed, per_device_batch=rows,
-        grad_accum_steps=grad_accum_steps, chunk_size=chunk_size,
+        grad_accum_steps=grad_accum_steps, chunk_size=chunk_size, chunk_tokens=chunk_tokens,
+        sort_chunks=sort_chunks, length_buckets=length_buckets,
     )  # fmt: skip
     return accelerator, model, step, recorder
 
@@ -120,17 +132,22 @@ def parameter_gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def same_mask_reference(step, batch: dict[str, torch.Tensor], loss_call: int):
-    """A one-backward step whose forwards are the cached step's chunks, with gradient, under
-    the RNG states the cached step seeds: the dropout masks the cached step must reproduce.
-    The columns encoded must have one width (nothing is widened here)."""
-    from vascl_scale.train.step import chunk_spans, loss_call_seed
+    """A one-backward step whose forwards are the cached step's chunks (its plan: sorted, cut to
+    their longest rows), with gradient, under the RNG states the cached step seeds: the dropout
+    masks the cached step must reproduce. The columns encoded must have one width (nothing is widened here)."""
+    from vascl_scale.lengths import restore_rows
+    from vascl_scale.train.step import loss_call_seed
 
     rank = step.accelerator.process_index
     torch.manual_seed(loss_call_seed(step.seed, loss_call, rank))
     generator = torch.Generator().manual_seed(loss_call_seed(step.seed, loss_call, 0))
-    spans = chunk_spans(step.per_device_batch, step.chunk_size)
     columns = [batch[column] for column in step.objective.spec.encoded_columns(batch)]  # single text: the anchor twice
-    views = [torch.cat([step.model(**{k: v[a:b] for k, v in column.items()}) for a, b in spans]) for column in columns]
+    spans = step.chunk_plan(columns)
+    pieces = [step.model(**step.chunk_inputs(columns[view], rows)) for view, rows in spans]  # in the cached order
+    views = [
+        restore_rows([p for (v, _), p in zip(spans, pieces) if v == view], [r for v, r in spans if v == view])
+        for view in range(len(columns))
+    ]  # (b, d) each, in row order
     out = step.objective(views, step.head, generator, **step._declared_arguments(batch))
     step.accelerator.backward(out.loss)
     return out

@@ -170,9 +170,9 @@ def simcse_sup_calls(rank: int, world_size: int) -> dict:
 def test_without_dropout_the_cached_simcse_sup_call_is_the_one_forward_call(world_size: int) -> None:
     """On every rank, with 1 and 2 hard negatives; the gathers of the cached call span the ranks
     as the uncached one's do."""
-    from vascl_scale.train.step import chunk_spans
+    from vascl_scale.train.step import chunk_count
 
-    chunks = len(chunk_spans(GLOBAL_BATCH // world_size, CHUNK))  # chunks of 3, 3, 2 (W = 1) or 3, 1
+    chunks = chunk_count(GLOBAL_BATCH // world_size, CHUNK)  # chunks of 3, 3, 2 (W = 1) or 3, 1
     for rank, results in enumerate(run_as_launched(simcse_sup_calls, world_size)):
         for negatives in (1, 2):
             spans = (2 + negatives) * chunks  # every column in chunks
@@ -285,9 +285,9 @@ def pairsupcon_calls(rank: int, world_size: int, dropout: float, modes: tuple[st
 def test_without_dropout_the_cached_pairsupcon_call_is_the_one_forward_call(world_size: int) -> None:
     """The labels are the rank's rows in both calls, the classifier is trained in both (every
     gradient compared is nonzero, the classifier's included)."""
-    from vascl_scale.train.step import chunk_spans
+    from vascl_scale.train.step import chunk_count
 
-    spans = 2 * len(chunk_spans(GLOBAL_BATCH // world_size, CHUNK))  # 2 columns x chunks
+    spans = 2 * chunk_count(GLOBAL_BATCH // world_size, CHUNK)  # 2 columns x chunks
     for rank, results in enumerate(run_as_launched(pairsupcon_calls, world_size, 0.0, ("uncached", "cached"), 1)):
         for contrast_type in ("orig", "hardneg"):
             what = f"pairsupcon {contrast_type}, rank {rank} of {world_size}"

@@ -31,18 +31,21 @@ def _on_cpu(value):
 
 
 def same_masks_on_the_device(step, batch: dict[str, dict[str, torch.Tensor]], loss_call: int):
-    """tests/test_cached_step.py's same_mask_reference on the step's device: the chunks encoded
-    with gradient under the RNG states the cached step seeds, and VaSCL's directions drawn from a
+    """tests/step_helpers.py's same_mask_reference on the step's device: the cached step's chunks
+    encoded with gradient under the RNG states it seeds, and VaSCL's directions drawn from a
     generator on that device, as the step draws them (a CPU generator would draw others)."""
-    from vascl_scale.train.step import chunk_spans, loss_call_seed
+    from vascl_scale.lengths import restore_rows
+    from vascl_scale.train.step import loss_call_seed
 
     device = step.accelerator.device
     torch.manual_seed(loss_call_seed(step.seed, loss_call, step.accelerator.process_index))  # CPU and CUDA
     generator = torch.Generator(device=device).manual_seed(loss_call_seed(step.seed, loss_call, 0))
     anchor = {k: v.to(device) for k, v in batch["anchor"].items()}  # single text: the anchor is both views
-    spans = chunk_spans(step.per_device_batch, step.chunk_size)
+    spans = step.chunk_plan([anchor, anchor])
+    pieces = [step.model(**step.chunk_inputs(anchor, rows)) for _, rows in spans]
     views = [
-        torch.cat([step.model(**{k: v[a:b] for k, v in anchor.items()}) for a, b in spans]) for _ in range(2)
+        restore_rows([p for (v, _), p in zip(spans, pieces) if v == view], [r for v, r in spans if v == view])
+        for view in range(2)
     ]  # 2 x (b, d)
     out = step.objective(views, step.head, generator)
     step.accelerator.backward(out.loss)

@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vascl_scale.packing import packs_natively
+
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -255,6 +257,7 @@ class BackbonePlan:
     decoder: bool
     append_eos: bool
     dtype: str  # float32 or bfloat16
+    packed: bool = False  # rows encoded unpadded (vascl_scale.packing)
 
 
 def plan_backbone(model_config, directory: Path, device_type: str) -> BackbonePlan:
@@ -280,4 +283,13 @@ def plan_backbone(model_config, directory: Path, device_type: str) -> BackbonePl
             skeleton = AutoModel.from_config(hf_config, trust_remote_code=trust)
         check_target_modules(lora.target_modules, skeleton)
     dtype = resolve_dtype(model_config.dtype, getattr(hf_config, "dtype", None), device_type)
-    return BackbonePlan(decoder=decoder, append_eos=bool(append_eos), dtype=dtype)
+    packed = model_config.packed
+    if packed == "auto":
+        packed = packs_natively(model_config.attn_implementation)
+    elif packed and not packs_natively(model_config.attn_implementation):
+        logger.info(
+            "model.packed: true with attention %s: each row still attends only to itself, through a dense "
+            "mask over the packed tokens (exact, not faster; flash_attention_2 packs natively)",
+            model_config.attn_implementation or "by transformers' default",
+        )
+    return BackbonePlan(decoder=decoder, append_eos=bool(append_eos), dtype=dtype, packed=bool(packed))

@@ -19,6 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from vascl_scale.data.columns import LABELS
+from vascl_scale.lengths import group_inputs, length_sorted_buckets, restore_rows, row_lengths
+from vascl_scale.packing import packed_model_inputs, pool_packed
 from vascl_scale.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -94,7 +96,11 @@ class SentenceEncoder(nn.Module):
     every rank calls it the same number of times; so is the pairwise classifier
     (``self.classifier``, ``pair_classifier=True``: PairSupCon's), None otherwise. A decoder
     (``decoder=True``) gets position ids counted over its real tokens, so that a left-padded row
-    embeds as it would alone.
+    embeds as it would alone. With ``packed`` the rows go through the encoder without padding,
+    end to end in one sequence (:mod:`vascl_scale.packing`: for an attention backend that takes
+    variable-length sequences); otherwise ``forward(..., length_buckets=k)`` encodes the rows in k
+    length-sorted groups, each cut to its longest row (:mod:`vascl_scale.lengths`). Either way a
+    row's embedding is the one-forward embedding up to float rounding.
     """
 
     def __init__(
@@ -105,6 +111,7 @@ class SentenceEncoder(nn.Module):
         head_dim: int = 128,
         pair_classifier: bool = False,
         decoder: bool = False,
+        packed: bool = False,
     ) -> None:
         super().__init__()
         if pooling not in POOLERS:
@@ -119,6 +126,9 @@ class SentenceEncoder(nn.Module):
         self.tokenizer = tokenizer
         self.pooling = pooling
         self.decoder = decoder
+        self.packed = packed
+        # Rows are padded as the tokenizer pads; a model without one (the benchmarks', the tests') on the right.
+        self.padding_side = getattr(tokenizer, "padding_side", "right") if tokenizer is not None else "right"
         # The heads are float32 over a bfloat16 backbone (model.dtype), float64 in the tests' models.
         self.head = ProjectionHead(encoder.config.hidden_size, head_dim)
         # Made after the head, so that the head's initial weights do not depend on it.
@@ -138,6 +148,7 @@ class SentenceEncoder(nn.Module):
         lora=None,
         adapter: str | Path | None = None,
         gradient_checkpointing: bool = False,
+        packed: bool = False,
     ) -> SentenceEncoder:
         """Load a local Hugging Face encoder or decoder directory and its tokenizer.
 
@@ -147,6 +158,8 @@ class SentenceEncoder(nn.Module):
         (:mod:`vascl_scale.backbone`). The weights load in ``dtype``. ``lora`` (a peft
         ``LoraConfig``) wraps the backbone in fresh adapters; ``adapter`` (a PEFT adapter
         directory trained on ``path``) is merged into it, its tokenizer used when it has one.
+        ``packed``: encode rows unpadded, for an ``attn_implementation`` that takes variable-length
+        sequences (:mod:`vascl_scale.packing`).
 
         A ``head.safetensors`` beside the weights (what training exports) is loaded as the
         projection head, and ``head_dim=None`` takes its size from it; otherwise the head is
@@ -216,7 +229,13 @@ class SentenceEncoder(nn.Module):
             head_dim = saved_dim
         head_dim = 128 if head_dim is None else head_dim
         model = cls(
-            encoder, tokenizer, pooling=pooling, head_dim=head_dim, pair_classifier=pair_classifier, decoder=decoder
+            encoder,
+            tokenizer,
+            pooling=pooling,
+            head_dim=head_dim,
+            pair_classifier=pair_classifier,
+            decoder=decoder,
+            packed=packed,
         )
         if head_state is not None:
             model.head.load_state_dict(head_state)
@@ -238,16 +257,42 @@ class SentenceEncoder(nn.Module):
         input_ids: Tensor,
         attention_mask: Tensor,
         token_type_ids: Tensor | None = None,
+        length_buckets: int = 1,
     ) -> Tensor:
-        """Token ids (B, L) -> pooled sentence embeddings e (B, d)."""
-        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        """Token ids (B, L) -> pooled sentence embeddings e (B, d), in row order.
+
+        ``length_buckets`` k > 1: the rows in k length-sorted groups, one forward each (ignored when packed)."""
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if token_type_ids is not None:
-            kwargs["token_type_ids"] = token_type_ids
+            inputs["token_type_ids"] = token_type_ids
+        if self.packed:
+            return self._packed_forward(inputs)
+        if length_buckets <= 1 or input_ids.shape[0] < 2:
+            return self._padded_forward(inputs)
+        lengths = row_lengths(attention_mask)  # (B,)
+        groups = length_sorted_buckets(lengths, length_buckets)
+        pieces = [self._padded_forward(group) for group in group_inputs(inputs, lengths, groups, self.padding_side)]
+        return restore_rows(pieces, groups)  # (B, d)
+
+    def _padded_forward(self, inputs: dict[str, Tensor]) -> Tensor:
+        """Padded rows (B, L) -> pooled embeddings (B, d) in the head's dtype."""
+        kwargs = dict(inputs)
         if self.decoder:  # positions of the real tokens: 0 at a row's first, whichever side pads it
-            kwargs["position_ids"] = (attention_mask.long().cumsum(dim=1) - 1).clamp_min(0)  # (B, L)
+            kwargs["position_ids"] = (inputs["attention_mask"].long().cumsum(dim=1) - 1).clamp_min(0)  # (B, L)
+            kwargs["use_cache"] = False
         hidden = self.encoder(**kwargs).last_hidden_state  # (B, L, d)
-        pooled = POOLERS[self.pooling](hidden, attention_mask)  # (B, d)
+        pooled = POOLERS[self.pooling](hidden, inputs["attention_mask"])  # (B, d)
         return pooled.to(self.head[0].weight.dtype)
+
+    def _packed_forward(self, inputs: dict[str, Tensor]) -> Tensor:
+        """Padded rows (B, L) -> their real tokens packed (1, T) through the encoder -> pooled (B, d)."""
+        lengths = row_lengths(inputs["attention_mask"])  # (B,)
+        assert int(lengths.min()) >= 1, "a row without a token cannot be packed"
+        kwargs = packed_model_inputs(inputs, lengths, self.padding_side)
+        if self.decoder:
+            kwargs["use_cache"] = False  # transformers treats packed positions as rows only without a cache
+        hidden = self.encoder(**kwargs).last_hidden_state[0]  # (T, d)
+        return pool_packed(hidden, lengths, self.pooling).to(self.head[0].weight.dtype)
 
     @torch.no_grad()
     def encode(

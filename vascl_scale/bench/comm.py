@@ -36,7 +36,7 @@ import torch
 
 from vascl_scale.bench.step import build_bench_model
 from vascl_scale.losses.spec import OBJECTIVES
-from vascl_scale.train.step import chunk_spans
+from vascl_scale.train.step import chunk_count
 
 MEASURE_MAX_LENGTH = 4  # collective sizes do not depend on it; short sequences keep the run cheap
 REPORTED = ("vascl", "simcse")  # the objectives the report compares
@@ -84,7 +84,7 @@ def gather_collectives(
 
 def chunks_per_view(global_batch: int, world_size: int, chunk_size: int) -> int:
     """m: encoder forwards per view and loss call of the cached step (0 when uncached)."""
-    return len(chunk_spans(global_batch // world_size, chunk_size)) if chunk_size else 0
+    return chunk_count(global_batch // world_size, chunk_size) if chunk_size else 0
 
 
 def computed_traffic(

@@ -149,6 +149,13 @@ class ModelConfig(_Strict):
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """The backbone's weights: auto keeps a bfloat16 checkpoint in bfloat16 where the device
     computes in it natively (else float32). The heads and LoRA adapters stay float32."""
+    attn_implementation: NonEmpty | None = None
+    """transformers' attention backend (eager, sdpa, flash_attention_2, flash_attention_3, flex_attention,
+    or a hub kernel); unset: transformers' default (sdpa where the model has it)"""
+    packed: Literal["auto"] | bool = "auto"
+    """Encode each forward's rows unpadded, end to end in one sequence (position ids and cumulative
+    lengths: no padding computed). auto: where attn_implementation takes variable-length rows
+    (flash_attention_2/3 on a GPU); true elsewhere is exact but builds a dense mask (for tests)."""
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass (transformers' gradient checkpointing);
     with the cached step (train.chunk_size) one chunk's activations are all that is held, so it is rarely needed."""
@@ -384,7 +391,18 @@ class TrainConfig(_Strict):
     grad_accum_steps: int = Field(1, ge=1)
     """loss calls per optimiser step; adds no negatives"""
     chunk_size: int = Field(0, ge=0)
-    """Sentences per encoder forward on a device (the cached step); 0: one forward of both views."""
+    """Sentences per encoder forward on a device (the cached step); 0: one forward of both views.
+    With chunk_tokens, the most sentences a forward may hold."""
+    chunk_tokens: int = Field(0, ge=0)
+    """The cached step's token budget: at most this many padded tokens (rows x longest row) per
+    forward, so a chunk of short rows holds more of them (up to chunk_size); 0: chunk_size rows each."""
+    sort_chunks: bool = True
+    """Give the cached step's chunks rows of similar length (sorted within the device's batch, the
+    order restored for the objective), each chunk cut to its longest row; the batch is unchanged."""
+    length_buckets: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
+    """The uncached step's forwards: the batch's rows in this many length-sorted groups, each cut
+    to its longest row. auto: LENGTH_BUCKETS_AUTO, and 1 under ZeRO-3 (each forward gathers the
+    parameters again) or with packed rows (no padding to save)."""
     max_steps: int = Field(4883, ge=1)
     """optimiser steps; 4883 x 1024 is about 5 epochs of 1M sentences"""
     seed: int = Field(42, ge=0, le=2**32 - 1)
@@ -412,6 +430,15 @@ class TrainConfig(_Strict):
     the log then gives MFU beside the achieved TFLOP/s per device. 0: no MFU."""
     dist_timeout_minutes: int = Field(30, ge=1)
     """a collective waiting longer than this fails the run"""
+
+    @model_validator(mode="after")
+    def _token_budget_is_cached(self) -> TrainConfig:
+        if self.chunk_tokens and not self.chunk_size:
+            raise ValueError(
+                f"train.chunk_tokens = {self.chunk_tokens} budgets the cached step's chunks, and train.chunk_size is 0 "
+                "(no cached step); set train.chunk_size to the most sentences a chunk may hold, or chunk_tokens to 0"
+            )
+        return self
 
     @field_validator("report_to")
     @classmethod

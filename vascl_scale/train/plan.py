@@ -46,6 +46,8 @@ from vascl_scale.train.tracking import resolve_trackers
 logger = logging.getLogger(__name__)
 
 PLAN_FILE = "plan.json"
+# train.length_buckets: auto: measured with bench step on real text (docs/speed.md).
+LENGTH_BUCKETS_AUTO = 4
 # Every key that names a file or directory and is always used (data.train: each source of a
 # list): expanded by resolve_paths, nowhere else (which also expands data.augment_model /
 # augment_wordnet when an augmentation uses them).
@@ -89,7 +91,10 @@ class RunPlan:
     loaded_config: dict[str, Any]
     """the config as loaded (``--config`` and ``--set``), which every worker must be started with"""
     backbone: BackbonePlan
-    """decoder or encoder, EOS appended or not, the weights' dtype (:func:`vascl_scale.backbone.plan_backbone`)"""
+    """decoder or encoder, EOS appended or not, the weights' dtype, packed rows or padded
+    (:func:`vascl_scale.backbone.plan_backbone`)"""
+    length_buckets: int
+    """the uncached step's length-sorted forwards per loss call (train.length_buckets resolved, :func:`length_buckets`)"""
     run_lock: RunDirectoryLock | None = field(default=None, compare=False, repr=False)
     """the lock this process took when it made the plan (not in plan.json)"""
 
@@ -176,6 +181,7 @@ def make_plan(
         )
     read_columns, columns = data_columns(resolved)
     backbone = plan_backbone(resolved.model, Path(resolved.model.path), local_device_type())
+    buckets = length_buckets(train.length_buckets, zero_stage, backbone.packed)
     dev_set = _dev_set(resolved)
     run_dir = Path(train.output_dir)
     check_writable(run_dir)
@@ -206,8 +212,18 @@ def make_plan(
         lock_in_workers=lock == "workers",
         loaded_config=config.to_dict(),
         backbone=backbone,
+        length_buckets=buckets,
         run_lock=run_lock,
     )
+
+
+def length_buckets(setting: int | str, zero_stage: int, packed: bool) -> int:
+    """train.length_buckets resolved: ``auto`` is :data:`LENGTH_BUCKETS_AUTO`, except 1 under
+    ZeRO-3 (each forward gathers every layer's parameters again) and with packed rows (nothing
+    padded to save); a number is kept."""
+    if setting != "auto":
+        return int(setting)
+    return 1 if zero_stage == 3 or packed else LENGTH_BUCKETS_AUTO
 
 
 def plan_path(run_dir: Path, machine_rank: int = 0) -> Path:

@@ -60,6 +60,7 @@ from torch import Tensor
 from vascl_scale.data.batch import Batch, Padding, widen
 from vascl_scale.data.columns import TOKEN_KEYS
 from vascl_scale.flops import EncoderShape
+from vascl_scale.lengths import row_lengths, token_budget_groups, trimmed
 from vascl_scale.losses import Objective, ObjectiveOutput
 from vascl_scale.precision import autocast
 
@@ -75,10 +76,11 @@ def loss_call_seed(seed: int, loss_call: int, rank: int) -> int:
     return (seed * 1_000_003 + loss_call * 8191 + rank) % (2**63 - 1)
 
 
-def chunk_spans(rows: int, chunk_size: int) -> list[tuple[int, int]]:
-    """[start, stop) row ranges of at most ``chunk_size`` rows covering ``rows`` (the last may be shorter)."""
+def chunk_count(rows: int, chunk_size: int) -> int:
+    """Chunks of at most ``chunk_size`` rows per view of ``rows`` rows without a token budget
+    (one more with each chunk a budget splits)."""
     assert 0 < chunk_size <= rows, (chunk_size, rows)
-    return [(start, min(start + chunk_size, rows)) for start in range(0, rows, chunk_size)]
+    return -(-rows // chunk_size)
 
 
 def rows_per_forward(per_device_batch: int, chunk_size: int, views: int) -> int:
@@ -125,6 +127,9 @@ class TrainingStep:
         max_grad_norm: float = 0.0,
         chunk_size: int = 0,
         precision: str = "no",
+        chunk_tokens: int = 0,
+        sort_chunks: bool = True,
+        length_buckets: int = 1,
     ) -> None:
         self.accelerator = accelerator
         self.model = model
@@ -135,6 +140,9 @@ class TrainingStep:
         self.grad_accum_steps = grad_accum_steps
         self.max_grad_norm = max_grad_norm
         self.chunk_size = chunk_size
+        self.chunk_tokens = chunk_tokens
+        self.sort_chunks = sort_chunks
+        self.length_buckets = length_buckets
         self.precision = precision  # resolved: no, bf16 or fp16 (vascl_scale.precision)
         self.deepspeed = accelerator.state.deepspeed_plugin is not None
         self.zero3 = self.deepspeed and int(accelerator.state.deepspeed_plugin.zero_stage) == 3
@@ -147,6 +155,7 @@ class TrainingStep:
         # cached loss call's first backward, so the last one touches them with zero.
         self.ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
         module = accelerator.unwrap_model(model)
+        self.packed = module.packed  # a chunk's tokens are its real ones, not rows x its longest
         self.encoder_shape = EncoderShape.of(module.encoder.config)
         # Views of different widths are padded to one as the tokenizer pads; a model without a
         # tokenizer (the benchmarks', the tests') is right-padded with id 0.
@@ -243,44 +252,72 @@ class TrainingStep:
         rows = self.per_device_batch
         stacked = {key: torch.cat([view[key] for view in views]) for key in views[0]}  # (n b, L)
         with self._autocast():
-            embeddings = self.model(**stacked)  # (n b, d), view v in rows [v b, (v + 1) b)
+            embeddings = self.model(
+                **stacked, length_buckets=self.length_buckets
+            )  # (n b, d), view v in rows [v b, (v + 1) b)
             blocks = [embeddings[view * rows : (view + 1) * rows] for view in range(len(views))]  # (b, d) each
             return self.objective(blocks, self.head, generator, with_stats, **self._declared_arguments(batch))
 
+    def chunk_plan(self, views: list[dict[str, Tensor]]) -> list[tuple[int, Tensor]]:
+        """The cached step's forwards: (view, its rows (c,)) each, every view's b rows once.
+
+        A view's rows are grouped longest first (``sort_chunks``) or in row order, at most
+        ``chunk_size`` and, with ``chunk_tokens``, at most that many tokens per forward
+        (:func:`vascl_scale.lengths.token_budget_groups`); two views of one column share a plan.
+        The plan is fixed before the first pass, so both passes encode the same chunks."""
+        plans: dict[int, list[Tensor]] = {}  # id of a view's tensors -> its groups
+        spans = []
+        for index, view in enumerate(views):
+            key = id(view["attention_mask"])
+            if key not in plans:
+                plans[key] = token_budget_groups(
+                    row_lengths(view["attention_mask"]),
+                    self.chunk_size,
+                    self.chunk_tokens,
+                    sort=self.sort_chunks,
+                    packed=self.packed,
+                )
+            spans.extend((index, rows) for rows in plans[key])
+        return spans
+
+    def chunk_inputs(self, view: dict[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
+        """The model inputs of one chunk: ``rows`` of ``view`` (b, L), cut to their longest row (c, L_c)."""
+        return trimmed(view, rows, int(row_lengths(view["attention_mask"][rows]).max()), self.padding.side)
+
     def cached_loss_call(self, batch: Batch, loss_call: int, step: int, with_stats: bool = False) -> ObjectiveOutput:
-        """The loss call in chunks of ``chunk_size`` (module doc), its backwards included.
+        """The loss call in chunks (module doc), its backwards included.
 
         Returns the objective's output with the loss detached; the gradients are in place.
         """
         views, generator = self._inputs(batch, loss_call)
-        chunks = chunk_spans(self.per_device_batch, self.chunk_size)
-        spans = [(view, start, stop) for view in range(len(views)) for start, stop in chunks]
+        rows = self.per_device_batch
+        spans = self.chunk_plan(views)
         states, pieces = [], []
         with torch.no_grad(), self._autocast():
-            for view, start, stop in spans:
+            for view, chunk_rows in spans:
                 states.append(RngState(self.accelerator.device))
-                pieces.append(self.model(**{k: v[start:stop] for k, v in views[view].items()}))  # (c, d)
+                pieces.append(self.model(**self.chunk_inputs(views[view], chunk_rows)))  # (c, d)
         leaf_dtype = torch.promote_types(pieces[0].dtype, torch.float32)
-        leaves = [  # (b, d) per view, its chunks in order
-            torch.cat(pieces[view * len(chunks) : (view + 1) * len(chunks)]).to(leaf_dtype).requires_grad_(True)
-            for view in range(len(views))
-        ]
+        leaves = []  # (b, d) per view, in row order
+        for view in range(len(views)):
+            leaf = torch.empty(rows, pieces[0].shape[1], dtype=leaf_dtype, device=pieces[0].device)
+            for (of_view, chunk_rows), piece in zip(spans, pieces):
+                if of_view == view:
+                    leaf[chunk_rows] = piece.to(leaf_dtype)
+            leaves.append(leaf.requires_grad_(True))
         with self._autocast():
             out = self.objective(leaves, self.head, generator, with_stats, **self._declared_arguments(batch))
         self._require_finite(out.loss, step)
-        # d loss / d e (n b, d), rows in span order; the graph stays for the head's gradient.
-        cached = torch.cat(torch.autograd.grad(out.loss, leaves, retain_graph=True))
+        # d loss / d e, (b, d) per view in row order; the graph stays for the head's gradient.
+        cached = torch.autograd.grad(out.loss, leaves, retain_graph=True)
         final_span = len(spans) - 1
-        row = 0
-        for index, ((view, start, stop), state) in enumerate(zip(spans, states)):
+        for index, ((view, chunk_rows), state) in enumerate(zip(spans, states)):
             final = index == final_span and self.accelerator.sync_gradients
             with nullcontext() if final or not self.ddp else self.model.no_sync():
                 state.restore()
                 with self._autocast():
-                    chunk = self.model(
-                        **{k: v[start:stop] for k, v in views[view].items()}
-                    )  # (c, d), the masks of pass 1
-                surrogate = (chunk.to(leaf_dtype) * cached[row : row + stop - start]).sum()  # d/d chunk = cached rows
+                    chunk = self.model(**self.chunk_inputs(views[view], chunk_rows))  # (c, d), the masks of pass 1
+                surrogate = (chunk.to(leaf_dtype) * cached[view][chunk_rows]).sum()  # d/d chunk = its cached rows
                 if index == 0:
                     # The heads' gradient joins the first backward: ZeRO-3 copies a parameter's
                     # first gradient of a step into its buffer and adds the later ones, so every
@@ -290,7 +327,6 @@ class TrainingStep:
                     surrogate = surrogate + sum((p * 0).sum() for p in self._head_parameters())
                 with self._released_heads_gathered() if index == 0 else nullcontext():
                     self._backward(surrogate, final=final)
-            row += stop - start
         return ObjectiveOutput(out.loss.detach(), out.terms, out.stats)
 
     def _released_heads_gathered(self) -> AbstractContextManager:

@@ -47,7 +47,7 @@ from vascl_scale.train.checkpoint import (
 from vascl_scale.train.export import export_model
 from vascl_scale.train.plan import RunPlan
 from vascl_scale.train.run_lock import RunDirectoryLock
-from vascl_scale.train.step import MODEL_INPUTS, NonFiniteLossError, TrainingStep, chunk_spans, rows_per_forward
+from vascl_scale.train.step import MODEL_INPUTS, NonFiniteLossError, TrainingStep, chunk_count, rows_per_forward
 from vascl_scale.train.tracking import MetricsSink, NullMetricsSink
 
 logger = logging.getLogger(__name__)
@@ -249,6 +249,8 @@ def build_model(plan: RunPlan) -> SentenceEncoder:
         dtype=DTYPES[backbone.dtype],
         lora=lora_config_of(section.lora),
         gradient_checkpointing=section.gradient_checkpointing,
+        attn_implementation=section.attn_implementation,
+        packed=backbone.packed,
     )
 
 
@@ -314,13 +316,14 @@ def build_trainer(plan: RunPlan) -> Trainer:
         max_grad_norm=config.optim.max_grad_norm,
         chunk_size=config.train.chunk_size,
         precision=plan.precision,
+        chunk_tokens=config.train.chunk_tokens,
+        sort_chunks=config.train.sort_chunks,
+        length_buckets=plan.length_buckets,
     )
     stream = build_stream(plan, model.tokenizer, acc.process_index)
     assert set(stream.columns) == set(plan.columns), (stream.columns, plan.columns)
     state.columns = list(plan.columns)  # saved with each checkpoint: a resume on other columns is refused
-    _log_batch_arithmetic(
-        config, plan.world_size, plan.per_device_batch, len(step.objective.spec.encoded_columns(plan.columns))
-    )
+    _log_batch_arithmetic(plan, len(step.objective.spec.encoded_columns(plan.columns)))
     if resume_from is not None:
         stream.load_state_dict(load_checkpoint(acc, resume_from))
         scheduler.load_state_dict(state.scheduler)
@@ -333,9 +336,9 @@ def build_trainer(plan: RunPlan) -> Trainer:
     return Trainer(plan, step, scheduler, stream, state, dev_pairs, run_lock, parameters)
 
 
-def _log_batch_arithmetic(config: RunConfig, world_size: int, per_device_batch: int, views: int) -> None:
+def _log_batch_arithmetic(plan: RunPlan, views: int) -> None:
     """The global and per-device batch, and what one encoder forward holds (``views``: the columns encoded)."""
-    cfg = config.train
+    cfg, world_size, per_device_batch = plan.config.train, plan.world_size, plan.per_device_batch
     logger.info(
         "global contrastive batch %d sentences = %d ranks x %d per device; %s",
         cfg.global_batch_size,
@@ -349,26 +352,28 @@ def _log_batch_arithmetic(config: RunConfig, world_size: int, per_device_batch: 
     rows = rows_per_forward(per_device_batch, cfg.chunk_size, views)
     if cfg.chunk_size == 0:
         logger.info(
-            "one encoder forward per loss call holds the activations of %d sentences (%d views of %d)",
+            "the encoder forwards of a loss call hold the activations of %d sentences (%d views of %d)%s",
             rows,
             views,
             per_device_batch,
+            "" if plan.length_buckets == 1 else f", in {plan.length_buckets} length-sorted forwards",
         )
         return
-    chunks = len(chunk_spans(per_device_batch, cfg.chunk_size))
+    chunks = chunk_count(per_device_batch, cfg.chunk_size)
+    order = "rows of similar length (sorted within the device's batch)" if cfg.sort_chunks else "rows in batch order"
+    budget = f" and at most {cfg.chunk_tokens} tokens" if cfg.chunk_tokens else ""
     logger.info(
-        "cached step: %d chunks of up to %d sentences per view and device (%d x %d forwards without gradient, "
-        "%d x %d again with it); activations of %d sentences at a time instead of %d, about %.0f%% less "
-        "activation memory; the loss, its negatives and neighbours still span all %d sentences",
+        "cached step: %s%d chunks of up to %d sentences%s per view and device, of %s, each cut to its longest row "
+        "(%d x that many forwards without gradient, again with it); activations of at most %d sentences at a time "
+        "instead of %d; the loss, its negatives and neighbours still span all %d sentences",
+        "at least " if cfg.chunk_tokens else "",
         chunks,
         cfg.chunk_size,
+        budget,
+        order,
         views,
-        chunks,
-        views,
-        chunks,
         rows,
         views * per_device_batch,
-        100 * (1 - rows / (views * per_device_batch)),
         cfg.global_batch_size,
     )
 
