@@ -123,3 +123,59 @@ def test_bench_step_compare_refuses_an_unknown_peer_and_more_than_one_process(tm
     assert no_directory.exit_code != 0 and "--compare needs --model to name a model directory" in " ".join(
         no_directory.output.split()
     )
+
+
+@pytest.mark.e2e
+def test_bench_step_on_real_text_counts_tokens_and_times_the_row_order_step_and_the_peers_cached_loss(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """--text: sentences of varied length, a new batch per round; --row-order: the step as it ran
+    before length sorting; with --chunk-size the peer runs its cached loss. Sorted chunks compute
+    fewer padded positions for the same real tokens."""
+    from vascl_scale.bench import peer as bench_peer
+
+    model = save_tiny_bert(tmp_path / "model")
+    words = ["river", "bank", "money", "music", "guitar", "song", "football", "goal"]
+    text = tmp_path / "text.txt"
+    text.write_text("".join(" ".join(words[: 1 + (7 * i) % 8] * (1 + i % 3)) + "\n" for i in range(64)))
+    losses = []
+    made = bench_peer.sentence_transformers_step
+
+    def spy(*args):
+        step, flops, encoder = made(*args)
+        losses.append(args)
+        return step, flops, encoder
+
+    monkeypatch.setattr(bench_peer, "sentence_transformers_step", spy)
+    output = tmp_path / "step.json"
+    result = CliRunner().invoke(app, [
+        "bench", "step", "--model", str(model), "--objective", "simcse", "--global-batch", "8", "--chunk-size", "2",
+        "--steps", "2", "--warmup", "1", "--max-length", "16", "--text", str(text), "--row-order",
+        "--compare", "sentence-transformers", "--output", str(output),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert losses and losses[0][-1] == 2  # the peer's cached loss, mini-batches of the chunk size
+    report = json.loads(output.read_text())
+    rows = report["objectives"]
+    ours, before, peer = rows["simcse"], rows["simcse row order"], rows["sentence-transformers"]
+    assert ours["real_tokens_per_step"] == before["real_tokens_per_step"] == peer["real_tokens_per_step"] > 0
+    assert 0 < before["real_token_share"] < ours["real_token_share"] <= 1
+    assert ours["tokens_per_s"] == pytest.approx(ours["real_tokens_per_step"] / ours["median_s"])
+    assert report["sorted_over_row_order"]["simcse"] == pytest.approx(before["median_s"] / ours["median_s"])
+    text_out = " ".join(result.output.split())
+    assert "real-token share" in text_out and "text text.txt" in text_out
+
+
+def test_bench_step_text_is_read_whole_lines_repeated_and_refused_when_missing_or_empty(tmp_path: Path) -> None:
+    import gzip
+
+    from vascl_scale.bench.step import text_lines
+
+    path = tmp_path / "lines.txt.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        handle.write("one\n\n two \nthree\n")
+    assert text_lines(path, 5) == ["one", "two", "three", "one", "two"]
+    (tmp_path / "blank.txt").write_text("\n \n")
+    for missing in (tmp_path / "absent.txt", tmp_path / "blank.txt"):
+        with pytest.raises(ValueError, match="--text"):
+            text_lines(missing, 3)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from vascl_scale.cli_options import PRECISION
+
 app = typer.Typer(
     help="Benchmarks: data loading, training steps, communication, the matrix-product peak.", no_args_is_help=True
 )
@@ -121,7 +123,26 @@ def step(
     ),
     steps: int = typer.Option(10, "--steps", help="Timed steps per objective."),
     warmup: int = typer.Option(2, "--warmup", help="Untimed steps per objective first."),
-    max_length: int = typer.Option(32, "--max-length", help="Tokens per sentence (every sentence is this long)."),
+    max_length: int = typer.Option(
+        32, "--max-length", help="Tokens per sentence: the truncation of --text, the length of every synthetic one."
+    ),
+    text: Path | None = typer.Option(
+        None,
+        "--text",
+        help="Real sentences, one per line (.gz allowed), a new global batch per round; default: synthetic rows of "
+        "--max-length tokens (no padding, so length sorting shows nothing).",
+    ),
+    chunk_tokens: int = typer.Option(
+        0, "--chunk-tokens", min=0, help="train.chunk_tokens: the cached step's tokens per forward (0: no budget)."
+    ),
+    length_buckets: str = typer.Option(
+        "auto", "--length-buckets", help="train.length_buckets: the uncached step's length-sorted forwards."
+    ),
+    row_order: bool = typer.Option(
+        False,
+        "--row-order",
+        help="Also time each objective as before length sorting (chunks in row order, one uncached forward).",
+    ),
     negatives: int = typer.Option(
         1, "--negatives", help="Hard-negative columns of the synthetic batch, for simcse_sup (N >= 1)."
     ),
@@ -150,7 +171,8 @@ def step(
     compare: str | None = typer.Option(
         None,
         "--compare",
-        help="sentence-transformers: also time its MNRL SimCSE step, alternating, and `vascl-scale train` itself per objective (one process).",
+        help="sentence-transformers: also time its SimCSE step (MNRL; with --chunk-size its cached loss), alternating, "
+        "and `vascl-scale train` itself per objective (one process).",
     ),
     output: Path | None = typer.Option(None, "--output", help="Also write the result as JSON here."),
 ) -> None:
@@ -176,6 +198,13 @@ def step(
     objectives = [o.strip() for o in objective.split(",") if o.strip()]
     try:
         batches, chunks = _integers(global_batch, "--global-batch"), _integers(chunk_size, "--chunk-size")
+        buckets = length_buckets if length_buckets == "auto" else _integers(length_buckets, "--length-buckets")[0]
+        if buckets != "auto" and buckets < 1:
+            raise ValueError(f"--length-buckets takes auto or a number >= 1; got {length_buckets}")
+        if chunk_tokens and not any(chunks):
+            raise ValueError("--chunk-tokens budgets the cached step's chunks: give --chunk-size too")
+        if text is not None and not text.is_file():
+            raise ValueError(f"--text {text}: no such file; pass a text file of one sentence per line (.gz allowed)")
         _check_outputs(output=output, plot=plot)
         views = bench_views(bench_objectives(objectives), negatives)
         if compare is not None and (num_processes > 1 or deepspeed is not None):
@@ -199,6 +228,8 @@ def step(
         ]
         cell_argv += ["--max-length", str(max_length), "--negatives", str(negatives), "--k", str(k), "--eps", str(eps)]
         cell_argv += ["--precision", precision] + (["--compile"] if compile else [])
+        cell_argv += ["--chunk-tokens", str(chunk_tokens), "--length-buckets", length_buckets]
+        cell_argv += (["--text", str(text)] if text else []) + (["--row-order"] if row_order else [])
         cell_argv += ["--peak-tflops", str(peak_tflops)] + (["--compare", compare] if compare else [])
         cell_argv += ["--num-processes", str(num_processes)] + (["--deepspeed", str(deepspeed)] if deepspeed else [])
         cells = run_grid(cell_argv, grid_cells(batches, chunks, num_processes, max_rows_per_forward, views))
@@ -230,6 +261,10 @@ def step(
             compare=compare,
             negatives=negatives,
             compile=compile,
+            text=text,
+            chunk_tokens=chunk_tokens,
+            length_buckets=buckets,
+            row_order=row_order,
         )
     except (ValueError, LoopFailedError) as err:
         fail(err)
@@ -252,6 +287,8 @@ def step(
             )
     for objective, speedup in result.get("speedup_over_peer", {}).items():
         console.print(f"vascl-scale {objective}: {speedup:.2f}x the sentences/s of {compare}")
+    for objective, speedup in result.get("sorted_over_row_order", {}).items():
+        console.print(f"vascl-scale {objective}: {speedup:.2f}x the sentences/s of its steps in row order")
     for objective, speedup in result.get("compiled_speedup_over_peer", {}).items():
         console.print(f"vascl-scale {objective} compiled: {speedup:.2f}x the sentences/s of {compare}")
     loop, step_row = ("train loop, compiled", "compiled step") if compile else ("train loop", "step")
@@ -262,6 +299,62 @@ def step(
         )
     ranks = " + ".join(f"{mb:.0f}" for mb in result["peak_rss_mb_per_rank"])
     console.print(f"peak resident memory: {result['peak_rss_mb']:.0f} MiB (ranks: {ranks})")
+    if output is not None:
+        save_result(result, output)
+
+
+@app.command("encode")
+def encode(
+    model: str = typer.Option(
+        ..., "--model", help="Model directory with its tokenizer: a directory, package:MODULE/SUBDIR or a hub id."
+    ),
+    text: Path = typer.Option(..., "--text", help="Text file, one text per line (.gz read through)."),
+    texts: int = typer.Option(2000, "--texts", help="How many of its non-blank lines to encode (the first ones)."),
+    batch_size: int = typer.Option(128, "--batch-size", help="Texts per encoder forward at most (as eval.batch_size)."),
+    max_length: int = typer.Option(128, "--max-length", help="Truncation length in tokens."),
+    precision: str = PRECISION,
+    max_tokens: str = typer.Option(
+        "0",
+        "--max-tokens",
+        help="Padded tokens per forward at most of the token-sorted encode (0: none); several, comma separated, make "
+        "a row each.",
+    ),
+    compare: str | None = typer.Option(
+        None, "--compare", help="sentence-transformers: also time SentenceTransformer.encode, in the same rounds."
+    ),
+    repeats: int = typer.Option(3, "--repeats", help="Timed rounds, systems alternating; medians are reported."),
+    peak_tflops: float = typer.Option(
+        0.0, "--peak-tflops", min=0, help="The device's peak TFLOP/s in this precision: adds MFU."
+    ),
+    output: Path | None = typer.Option(None, "--output", help="Also write the result as JSON here."),
+) -> None:
+    """Texts/s, real tokens/s, real-token share and TFLOP/s of evaluation's encode on real text: batched by
+    token length against the character-sorted batches it used before (and sentence-transformers)."""
+    from vascl_scale.bench import save_result
+    from vascl_scale.bench.encode import CHARACTER_SORTED, encode_table, run_encode_bench
+    from vascl_scale.log import console, fail, print_table
+
+    try:
+        _check_outputs(output=output)
+        result = run_encode_bench(
+            model,
+            text,
+            texts=texts,
+            batch_size=batch_size,
+            max_length=max_length,
+            precision=precision,
+            max_tokens=_integers(max_tokens, "--max-tokens"),
+            compare=compare,
+            repeats=repeats,
+            peak_tflops=peak_tflops,
+        )
+    except ValueError as err:
+        fail(err)
+    print_table(encode_table(result))
+    for name, speedup in result["speedup_over_character_sorted"].items():
+        if name not in (CHARACTER_SORTED, compare):
+            versus_peer = f", {result['speedup_over_peer'][name]:.2f}x those of {compare}" if compare else ""
+            console.print(f"{name}: {speedup:.2f}x the texts/s of the {CHARACTER_SORTED} batches{versus_peer}")
     if output is not None:
         save_result(result, output)
 

@@ -65,18 +65,34 @@ def synthetic_sentences(tokenizer, words: list[str], count: int, max_length: int
 
 
 def write_synthetic_shards(
-    directory: Path, columns: tuple[str, ...], rows: int, shard_size: int, model_dir: Path, max_length: int, seed: int
+    directory: Path,
+    columns: tuple[str, ...],
+    rows: int,
+    shard_size: int,
+    model_dir: Path,
+    max_length: int,
+    seed: int,
+    lines: list[str] | None = None,
 ) -> Path:
     """Shards of ``rows`` samples in ``columns`` (a sentence in each text column; a random label,
     0 or 1, in a label column) written by ``data prepare`` into ``directory``/shards, with the
-    token ids of the tokenizer of ``model_dir`` stored (module doc)."""
+    token ids of the tokenizer of ``model_dir`` stored (module doc). The sentences are ``lines``
+    of real text when given (``bench step --text``: consecutive lines per column, as the step
+    rows' batches take them), else synthetic full-length ones."""
     from vascl_scale.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     rng = random.Random(seed)
     texts = [column for column in columns if column not in LABEL_COLUMNS]
-    words = vocabulary_words(tokenizer)
-    sentences = {column: synthetic_sentences(tokenizer, words, rows, max_length, rng) for column in texts}
+    if lines is not None:  # batch-major: each global batch takes the next lines, column after column
+        batch, count = shard_size, len(texts)
+        sentences = {
+            column: [lines[(row // batch) * batch * count + offset * batch + row % batch] for row in range(rows)]
+            for offset, column in enumerate(texts)
+        }
+    else:
+        words = vocabulary_words(tokenizer)
+        sentences = {column: synthetic_sentences(tokenizer, words, rows, max_length, rng) for column in texts}
     records = directory / "synthetic.jsonl"
     with records.open("w", encoding="utf-8") as handle:
         for row in range(rows):
@@ -144,11 +160,16 @@ def run_training_loop(config: RunConfig, workdir: Path, warmup: int) -> LoopTime
 
 
 def run_training_loops(
-    configs: dict[str, RunConfig], model_dir: Path, columns: tuple[str, ...], steps: int, warmup: int
+    configs: dict[str, RunConfig],
+    model_dir: Path,
+    columns: tuple[str, ...],
+    steps: int,
+    warmup: int,
+    lines: list[str] | None = None,
 ) -> dict[str, LoopTimes]:
     """The loop of each objective's step-row config (``configs``), ``warmup + steps`` steps on
-    one set of synthetic shards of ``columns`` (the step rows' batch columns) and the labels an
-    objective reads, one objective after the other."""
+    one set of shards of ``columns`` (the step rows' batch columns; real ``lines`` or synthetic
+    sentences) and the labels an objective reads, one objective after the other."""
     first = next(iter(configs.values()))
     rows, max_length, seed = first.train.global_batch_size, first.data.max_length, first.train.seed
     labels = tuple(
@@ -159,7 +180,7 @@ def run_training_loops(
         workdir = Path(tmp)
         # One global batch per shard: every piece a worker cuts is one whole batch, none is dropped.
         shards = write_synthetic_shards(
-            workdir, columns + labels, (warmup + steps) * rows, rows, model_dir, max_length, seed
+            workdir, columns + labels, (warmup + steps) * rows, rows, model_dir, max_length, seed, lines
         )
         with LoopProgress("bench step: training loops", len(configs), "runs") as progress:
             for done, (objective, config) in enumerate(configs.items(), start=1):

@@ -2,7 +2,9 @@
 
 Unsupervised SimCSE as sentence-transformers runs it: a ``SentenceTransformer`` (the same model
 directory: encoder, mean pooling) trained with ``MultipleNegativesRankingLoss`` (scale 20, i.e.
-temperature 0.05) on pairs of one sentence with itself, so dropout makes the two views; AdamW.
+temperature 0.05), or with ``--chunk-size`` its cached form ``CachedMultipleNegativesRankingLoss``
+(mini-batches of the chunk size), on pairs of one sentence with itself, so dropout makes the
+two views; AdamW.
 Its model FLOPs are counted as vascl-scale's SimCSE's (:mod:`vascl_scale.flops`): the encoder's
 forward and backward of 2b sequences, and the (b, b) logits of its one direction.
 """
@@ -36,26 +38,31 @@ def comparable_model_directory(model: str) -> Path:
 
 
 def sentence_transformers_step(
-    model: str, rows: int, tokens: int, precision: str
-) -> tuple[Callable[[dict], None], int]:
-    """One optimiser step of the peer on a batch's anchor column, (rows, tokens), and its model FLOPs.
+    model: str, rows: int, tokens: int, precision: str, chunk_size: int = 0
+) -> tuple[Callable[[dict], None], int, torch.nn.Module]:
+    """One optimiser step of the peer on a batch's anchor column, (rows, tokens), its model FLOPs,
+    and its Hugging Face model (what its forwards run, to count their tokens).
 
     ``model``: a model directory (:func:`comparable_model_directory`; the peer loads weights and
     tokenizer from it); ``precision``: resolved (``no`` or ``bf16``), the peer's forward under the
-    same autocast.
+    same autocast; ``chunk_size`` > 0: its cached loss, ``CachedMultipleNegativesRankingLoss``
+    with mini-batches of that many sentences (GradCache; each mini-batch cut to its longest row).
     """
     assert Path(model).is_dir(), model
     from sentence_transformers import SentenceTransformer
 
     try:  # sentence-transformers >= 6
-        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+        from sentence_transformers.sentence_transformer import losses
     except ImportError:
-        from sentence_transformers.losses import MultipleNegativesRankingLoss
+        from sentence_transformers import losses
 
     peer = SentenceTransformer(str(model), device=local_device_type())
     peer.max_seq_length = tokens
     peer.train()
-    loss = MultipleNegativesRankingLoss(peer, scale=20.0)
+    if chunk_size:
+        loss = losses.CachedMultipleNegativesRankingLoss(peer, scale=20.0, mini_batch_size=chunk_size)
+    else:
+        loss = losses.MultipleNegativesRankingLoss(peer, scale=20.0)
     optimizer = torch.optim.AdamW(peer.parameters(), lr=3e-5)
     device = peer.device
 
@@ -69,4 +76,4 @@ def sentence_transformers_step(
 
     shape = EncoderShape.of(peer[0].auto_model.config)
     flops = 0 if shape is None else 3 * (shape.forward_flops(2 * rows, tokens) + 2 * rows * rows * shape.hidden)
-    return step, flops
+    return step, flops, peer[0].auto_model

@@ -66,6 +66,7 @@ COMPILE_WITHOUT_DEEPSPEED = (
     "process: drop --deepspeed (train.compile itself runs under ZeRO-2: vascl-scale train --set train.compile=true)"
 )
 COMPILED = " compiled"  # the suffix of a compiled step's row name
+ROW_ORDER = " row order"  # the suffix of a step's row as it ran before length sorting (--row-order)
 
 
 def compiled_name(objective: str) -> str:
@@ -156,6 +157,8 @@ def bench_config(
     chunk_size: int = 0,
     seed: int = 0,
     compile: bool = False,
+    chunk_tokens: int = 0,
+    length_buckets: int | str = "auto",
 ) -> RunConfig:
     """The run config a training run with these settings would have (validated the same way)."""
     return config_from_dict(
@@ -168,11 +171,83 @@ def bench_config(
                 "global_batch_size": global_batch,
                 "precision": precision,
                 "chunk_size": chunk_size,
+                "chunk_tokens": chunk_tokens,
+                "length_buckets": length_buckets,
                 "seed": seed,
                 "compile": compile,
             },
         }
     )
+
+
+def text_lines(path: Path, count: int) -> list[str]:
+    """The first ``count`` non-blank lines of a text file (``.gz`` read as gzip), repeated when it
+    has fewer; ValueError naming ``--text`` when it has none."""
+    import gzip
+
+    if not path.is_file():
+        raise ValueError(f"--text {path}: no such file; pass a text file of one sentence per line (.gz allowed)")
+    opener = gzip.open if path.suffix == ".gz" else open
+    lines: list[str] = []
+    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            if line.strip():
+                lines.append(line.strip())
+                if len(lines) == count:
+                    break
+    if not lines:
+        raise ValueError(f"--text {path}: holds no non-blank line")
+    return [lines[index % len(lines)] for index in range(count)]
+
+
+def text_batches(
+    lines: list[str],
+    tokenizer,
+    specs: list[ObjectiveSpec],
+    global_batch: int,
+    rank: int,
+    world_size: int,
+    max_length: int,
+    negatives: int,
+    generator: torch.Generator,
+) -> list[dict]:
+    """This rank's rows of consecutive global batches of real text: each text column of
+    :func:`synthetic_columns` takes the next ``global_batch`` lines, tokenised (truncated to
+    ``max_length``) and padded to its longest row over the global batch, as the loader pads; random
+    labels, 0 or 1, where an objective reads them."""
+    columns = synthetic_columns(specs, negatives)
+    rows = global_batch // world_size
+    own = slice(rank * rows, (rank + 1) * rows)
+    batches, cursor = [], 0
+    while cursor + global_batch * len(columns) <= len(lines):
+        batch = {}
+        for column in columns:
+            texts = lines[cursor : cursor + global_batch]
+            cursor += global_batch
+            tokens = tokenizer(texts, truncation=True, max_length=max_length, padding="longest", return_tensors="pt")
+            batch[column] = {k: v[own] for k, v in tokens.items() if k in ("input_ids", "attention_mask")}
+        for label in dict.fromkeys(spec.label for spec in specs if spec.label is not None):
+            batch[label] = torch.randint(0, len(LABELS), (global_batch,), generator=generator)[own]  # (b,)
+        batches.append(batch)
+    return batches
+
+
+class TokenCounter:
+    """Token positions the encoder computed, summed over its forwards: a forward hook on its input
+    embeddings (called as a module by every model, whoever calls the model's ``forward``), which see
+    (b, L) ids per padded forward and (1, T) per packed one."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.computed = 0
+        model.get_input_embeddings().register_forward_pre_hook(self._count)
+
+    def _count(self, module, args) -> None:
+        self.computed += args[0].numel()
+
+
+def row_order_name(objective: str) -> str:
+    """The row of ``objective``'s step before length sorting (``--row-order``)."""
+    return objective + ROW_ORDER
 
 
 def run_step_bench(
@@ -192,6 +267,10 @@ def run_step_bench(
     compare: str | None = None,
     negatives: int = 1,
     compile: bool = False,
+    text: Path | None = None,
+    chunk_tokens: int = 0,
+    length_buckets: int | str = "auto",
+    row_order: bool = False,
 ) -> dict[str, Any]:
     """Time ``steps`` steps per objective (after ``warmup``) on this rank; every rank returns.
     ``peak_tflops``: the device's peak, for MFU (0: none). ``compare``: a peer
@@ -201,11 +280,16 @@ def run_step_bench(
     (``train.compile``), on a second copy of the model, in the same rounds as the eager steps,
     so the ratio of the two cancels the machine's drift; the compiling is in the compiled rows'
     warm-up steps, whose times are reported apart (``warmup_s``), and the training loop rows
-    run compiled."""
+    run compiled. ``text``: real sentences (one per line), a new global batch each round, every
+    row timed on the same one; else one synthetic batch of full-length rows. ``chunk_tokens``,
+    ``length_buckets``: as ``train.chunk_tokens`` and ``train.length_buckets``. ``row_order``:
+    also time each objective as it ran before length sorting (chunks in row order, one uncached
+    forward), on the same model, in the same rounds."""
     from vascl_scale.bench.loop import run_training_loops
     from vascl_scale.bench.peer import PEERS, comparable_model_directory, sentence_transformers_step
     from vascl_scale.losses import build_objective
     from vascl_scale.precision import train_precision
+    from vascl_scale.train.plan import length_buckets as resolve_length_buckets
     from vascl_scale.train.step import TrainingStep
     from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
 
@@ -215,12 +299,17 @@ def run_step_bench(
         raise ValueError(f"--steps must be >= 1 and --warmup >= 0; got {steps} and {warmup}")
     if compile and deepspeed is not None:
         raise ValueError(COMPILE_WITHOUT_DEEPSPEED)
+    settings = dict(chunk_tokens=chunk_tokens, length_buckets=length_buckets)
     configs = {
-        o: bench_config(o, model, global_batch, max_length, k, eps, precision, chunk_size, seed, compile)
+        o: bench_config(o, model, global_batch, max_length, k, eps, precision, chunk_size, seed, compile, **settings)
         for o in objectives
     }
     first = configs[objectives[0]]
     run_precision = train_precision(first.train.precision)
+    rounds = warmup + steps
+    lines = None
+    if text is not None:
+        lines = text_lines(Path(text), rounds * global_batch * len(synthetic_columns(specs, negatives)))
     loops: dict[str, LoopTimes] = {}
     if compare is not None:
         if compare not in PEERS:
@@ -229,71 +318,102 @@ def run_step_bench(
             raise ValueError(COMPARE_ALONE)
         model_dir = comparable_model_directory(model)
         # Before this process builds anything: the loop's process has the machine to itself.
-        loops = run_training_loops(configs, model_dir, synthetic_columns(specs, negatives), steps, warmup)
+        loops = run_training_loops(configs, model_dir, synthetic_columns(specs, negatives), steps, warmup, lines)
 
     accelerator = build_accelerator(first, deepspeed, run_precision)
     world_size, rank = accelerator.num_processes, accelerator.process_index
     rows = first.per_device_batch_size(world_size)
+    zero_stage = int(accelerator.state.deepspeed_plugin.zero_stage) if deepspeed is not None else 0
 
     def training_steps(compiled: bool) -> tuple[torch.nn.Module, dict[str, TrainingStep]]:
-        """The model (the same initial weights each time) and a step per objective on it."""
+        """The model (the same initial weights each time) and a step per objective on it (and,
+        with ``row_order``, per objective as it ran before length sorting)."""
         torch.manual_seed(seed)
         encoder = build_bench_model(model, first.model.head_dim, pair_classifier=specs[0].classifier)
         encoder.train()
         config = bench_config(
-            objectives[0], model, global_batch, max_length, k, eps, precision, chunk_size, seed, compiled
+            objectives[0], model, global_batch, max_length, k, eps, precision, chunk_size, seed, compiled, **settings
         )
         wrapped, optimizer = prepare_for_training(
             accelerator, encoder, build_optimizer(encoder, config), config.train, rows
         )
-        return encoder, {
-            o: TrainingStep(
-                accelerator,
-                wrapped,
-                optimizer,
-                build_objective(o, configs[o].loss.model_dump()),
-                seed=seed,
-                per_device_batch=rows,
-                chunk_size=chunk_size,
-                precision=run_precision,
+        buckets = resolve_length_buckets(config.train.length_buckets, zero_stage, encoder.packed)
+
+        def step_of(objective: str, sorted_rows: bool) -> TrainingStep:
+            return TrainingStep(
+                accelerator, wrapped, optimizer, build_objective(objective, configs[objective].loss.model_dump()),
+                seed=seed, per_device_batch=rows, chunk_size=chunk_size, precision=run_precision,
+                chunk_tokens=chunk_tokens if sorted_rows else 0, sort_chunks=sorted_rows,
+                length_buckets=buckets if sorted_rows else 1,
             )  # fmt: skip
-            for o in objectives
-        }
+
+        made = {o: step_of(o, True) for o in objectives}
+        if row_order and not compiled:
+            made.update({row_order_name(o): step_of(o, False) for o in objectives})
+        return encoder, made
 
     encoder, steps_of = training_steps(compiled=False)
     device = accelerator.device
     cuda = device.type == "cuda"
+    counters = {}  # row name -> TokenCounter of the encoder it runs
+    ours_counter = TokenCounter(encoder.encoder)
+    passes = 2 if chunk_size else 1  # the cached step (ours and the peer's) encodes every row twice
+
+    def encoded_tokens(step: TrainingStep):
+        """Real tokens a step of ``step`` encodes on this rank in round ``index``: every view's."""
+        return lambda index: sum(
+            int(batch_of(index)[column]["attention_mask"].sum()) for column in step.encoded_columns(batch_of(index))
+        )
 
     def ours(step: TrainingStep):
-        return lambda index: step(batches, index).model_flops
+        return lambda index: step(iter([batch_of(index)]), index).model_flops
 
-    timed = {o: ours(steps_of[o]) for o in objectives}  # name -> (round index -> model FLOPs of the step)
+    timed = {o: ours(step) for o, step in steps_of.items()}  # name -> (round index -> model FLOPs of the step)
+    counters.update(dict.fromkeys(timed, ours_counter))
+    real_tokens = {o: encoded_tokens(step) for o, step in steps_of.items()}  # name -> (round index -> real tokens)
     if compile:
-        _, compiled_steps = training_steps(compiled=True)
+        compiled_encoder, compiled_steps = training_steps(compiled=True)
         timed.update({compiled_name(o): ours(compiled_steps[o]) for o in objectives})
+        real_tokens.update({compiled_name(o): real_tokens[o] for o in objectives})
+        counters.update(dict.fromkeys((compiled_name(o) for o in objectives), TokenCounter(compiled_encoder.encoder)))
     if compare is not None:
-        peer_step, peer_flops = sentence_transformers_step(str(model_dir), rows, max_length, run_precision)
+        peer_step, peer_flops, peer_encoder = sentence_transformers_step(
+            str(model_dir), rows, max_length, run_precision, chunk_size
+        )
 
         def peer(index: int) -> int:
-            peer_step(next(batches)[ANCHOR])
+            peer_step(batch_of(index)[ANCHOR])
             return peer_flops
 
         timed[compare] = peer
+        counters[compare] = TokenCounter(peer_encoder)
+        real_tokens[compare] = lambda index: 2 * int(batch_of(index)[ANCHOR]["attention_mask"].sum())  # two views
 
-    vocab = int(encoder.encoder.config.vocab_size)
     generator = torch.Generator().manual_seed(seed + rank)
-    batches = itertools.repeat(synthetic_batch(specs, rows, max_length, vocab, generator, negatives))  # every step
+    if lines is not None:
+        pool = text_batches(
+            lines, encoder.tokenizer, specs, global_batch, rank, world_size, max_length, negatives, generator
+        )
+    else:
+        vocab = int(encoder.encoder.config.vocab_size)
+        pool = [synthetic_batch(specs, rows, max_length, vocab, generator, negatives)]  # every step
+
+    def batch_of(index: int) -> dict:
+        return pool[index % len(pool)]
 
     times: dict[str, list[float]] = {o: [] for o in timed}
     warmup_times: dict[str, list[float]] = {o: [] for o in timed}
     flops: dict[str, int] = {}
     peak_mb: dict[str, float] = {}
-    for round_index in range(warmup + steps):
+    shares: dict[str, tuple[int, int]] = {o: (0, 0) for o in timed}  # name -> (real, computed) token positions
+    for round_index in range(rounds):
         for objective, run_step in timed.items():
             if cuda:
                 torch.cuda.synchronize()
                 if round_index == warmup:
                     torch.cuda.reset_peak_memory_stats()
+            counter = counters[objective]
+            computed = counter.computed
             started = time.perf_counter()
             flops[objective] = run_step(round_index)
             if cuda:
@@ -301,8 +421,14 @@ def run_step_bench(
                 peak_mb[objective] = max(peak_mb.get(objective, 0.0), torch.cuda.max_memory_allocated() / 2**20)
             elapsed = time.perf_counter() - started
             (times if round_index >= warmup else warmup_times)[objective].append(elapsed)
+            if round_index >= warmup:
+                real, total = shares[objective]
+                shares[objective] = (real + real_tokens[objective](round_index), total + counter.computed - computed)
     own_peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
     rank_peaks_mb = accelerator.gather(torch.tensor([own_peak_mb], dtype=torch.float64, device=device)).tolist()
+    # Real tokens a step of each row encodes over every rank (each view of each column), per timed round.
+    own_tokens = [sum(real_tokens[name](index) for index in range(warmup, rounds)) for name in timed]
+    global_tokens = accelerator.reduce(torch.tensor(own_tokens, device=device), reduction="sum").tolist()
     accelerator.wait_for_everyone()
     accelerator.end_training()  # leave no process-group thread running at exit (see bench comm)
     # Every rank waited for the slowest in the gathers: report rank 0's view.
@@ -312,6 +438,7 @@ def run_step_bench(
         "per_device_batch": rows,
         "world_size": world_size,
         "max_length": max_length,
+        "text": str(text) if text is not None else None,
         "device": str(device),
         "deepspeed": deepspeed,
         "precision": run_precision,
@@ -319,6 +446,8 @@ def run_step_bench(
         "steps": steps,
         "warmup": warmup,
         "chunk_size": chunk_size,
+        "chunk_tokens": chunk_tokens,
+        "length_buckets": steps_of[objectives[0]].length_buckets,
         "peak_tflops": peak_tflops,
         "negatives": negatives if any(spec.hard_negatives for spec in specs) else 0,
         "rows_per_forward": rows_per_forward(rows, chunk_size, views),
@@ -328,7 +457,13 @@ def run_step_bench(
     result = _summary(times, flops, peak_mb, global_batch, setup, loops, compare)
     for name, values in warmup_times.items():
         rows_of = result["compiled"] if name.endswith(COMPILED) else result["objectives"]
-        rows_of[name.removesuffix(COMPILED)]["warmup_s"] = values
+        row = rows_of[name.removesuffix(COMPILED)]
+        row["warmup_s"] = values
+    for name, (real, computed), tokens in zip(shares, shares.values(), global_tokens):
+        row = (result["compiled"] if name.endswith(COMPILED) else result["objectives"])[name.removesuffix(COMPILED)]
+        row["real_token_share"] = passes * real / computed if computed else None  # computed: both passes
+        row["real_tokens_per_step"] = tokens / steps
+        row["tokens_per_s"] = row["real_tokens_per_step"] / row["median_s"]
     return {**result, "rank": rank}
 
 
@@ -357,6 +492,9 @@ def _summary(
     if "vascl" in stats and "simcse" in stats:
         result["vascl_over_simcse"] = stats["vascl"]["median_s"] / stats["simcse"]["median_s"]
     ours = [name for name in stats if name != peer]
+    ordered = {name.removesuffix(ROW_ORDER): row for name, row in stats.items() if name.endswith(ROW_ORDER)}
+    if ordered:
+        result["sorted_over_row_order"] = {o: row["median_s"] / stats[o]["median_s"] for o, row in ordered.items()}
     if compiled:
         result["compiled"] = compiled
         result["compiled_over_eager"] = {o: stats[o]["median_s"] / compiled[o]["median_s"] for o in compiled}
@@ -401,11 +539,16 @@ def step_table(result: dict[str, Any]):
     from rich.table import Table
 
     cached = f"cached, chunks of {result['chunk_size']}" if result["chunk_size"] else "uncached"
+    if result["chunk_size"] and result.get("chunk_tokens"):
+        cached += f" and {result['chunk_tokens']} tokens"
+    if not result["chunk_size"] and result.get("length_buckets", 1) > 1:
+        cached += f", {result['length_buckets']} length buckets"
     if result["negatives"]:
         cached += f", {result['negatives']} hard negatives"
+    rows_from = f"text {Path(result['text']).name}" if result.get("text") else "synthetic full-length rows"
     title = (
         f"bench step: global batch {result['global_batch']} = {result['world_size']} x {result['per_device_batch']}, "
-        f"{cached}, max length {result['max_length']}, {result['device']}, precision {result['precision']}"
+        f"{cached}, max length {result['max_length']}, {rows_from}, {result['device']}, precision {result['precision']}"
         f"{', eager and compiled' if result.get('compile') else ''}, {result['steps']} steps after "
         f"{result['warmup']} warm-up"
     )
@@ -416,24 +559,34 @@ def step_table(result: dict[str, Any]):
         "p10 s",
         "p90 s",
         "sentences/s",
+        "tokens/s",
+        "real-token share",
         "TFLOP/s per device",
         "MFU",
         "peak GPU MiB",
     ):
         table.add_column(column, justify="right")
-    steps = [(name, stats) for name, stats in result["objectives"].items() if name in OBJECTIVES]
+    objectives = result["objectives"]
+    steps = [(name, stats) for name, stats in objectives.items() if name in OBJECTIVES]
+    row_order = [(name, stats) for name, stats in objectives.items() if name.endswith(ROW_ORDER)]
     compiled = [(compiled_name(name), stats) for name, stats in result.get("compiled", {}).items()]
     loop_kind = "train loop, compiled" if compiled else "train loop"
     loops = [(f"{name} {loop_kind}", stats) for name, stats in result.get("loops", {}).items()]
-    peers = [(name, stats) for name, stats in result["objectives"].items() if name not in OBJECTIVES]
-    for name, stats in steps + compiled + loops + peers:
+    peers = [
+        (name, stats) for name, stats in objectives.items() if name not in OBJECTIVES and not name.endswith(ROW_ORDER)
+    ]
+    for name, stats in steps + row_order + compiled + loops + peers:
         peak = stats["peak_memory_mb"]
+        share = stats.get("real_token_share")
+        tokens = stats.get("tokens_per_s")
         table.add_row(
             name,
             f"{stats['median_s']:.4f}",
             f"{stats['p10_s']:.4f}",
             f"{stats['p90_s']:.4f}",
             f"{stats['sentences_per_s']:.1f}",
+            "-" if tokens is None else f"{tokens:.0f}",
+            "-" if share is None else f"{share:.2f}",
             f"{stats['tflops_per_device']:.3g}",
             "-" if stats["mfu"] is None else f"{stats['mfu']:.1%}",
             "-" if peak is None else f"{peak:.0f}",
