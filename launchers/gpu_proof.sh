@@ -20,6 +20,10 @@
 #                   configs/qwen3-0.6b-lora-vascl.yaml (LoRA r = 16, last-token pooling) under
 #                   ZeRO-3 with the cached step: B = 256, chunks of 64, length 128, bf16, stopped
 #                   at step 10 and resumed to 20; steps/s, peak memory, trainable parameters
+#   packed_bench    the carried MiniLM on passages of 1-24 carried sentences at length 512, cached
+#                   (B = 256, chunks of 64), FlashAttention-2: padded length-sorted chunks, the
+#                   same in row order, and packed rows (model.packed) in the same rounds; the dry
+#                   run takes the packed code path through sdpa's dense mask
 #   bench_compiled  bench_uncached with --compile: each step also with the encoder through
 #                   torch.compile, in the same rounds as eager; the compiled rows' warm-up
 #                   steps (the compiling) reported apart; last, as the stage most likely to
@@ -42,7 +46,8 @@ cd "$(dirname "$0")/.."
 REPO="$(pwd)"
 SELF="$REPO/launchers/gpu_proof.sh"
 TOOLS="$REPO/tools/gpu_proof_tools.py"
-STAGES=(install env bench_uncached bench_cached train eval pytest_gpu zero2_bench zero2_train decoder_lora bench_compiled)
+STAGES=(install env bench_uncached bench_cached train eval pytest_gpu zero2_bench zero2_train decoder_lora packed_bench
+  bench_compiled)
 SKIPPED=77  # a stage's exit status for "skipped; the reason is in <stage>.skip"
 
 # ------------------------------------------------------------------ settings of the two modes
@@ -55,6 +60,7 @@ settings() {
     # 2 processes: ZeRO-3 reduces gradients and partitions the optimiser state over two ranks.
     DECODER_MODEL="$CARRY/decoder-model.json" DECODER_VOCAB=320 DECODER_DTYPE=float32 DECODER_PROCESSES=2
     DECODER_BATCH=16 DECODER_CHUNK=4 DECODER_LENGTH=32 DECODER_STEPS=4 DECODER_STOP=2
+    PACKED_LENGTH=48 PACKED_BATCH=16 PACKED_CHUNK=4 PACKED_ATTENTION=sdpa
     EVAL_TASKS=(--task stsb)
     BUDGET_TOTAL="${PROOF_BUDGET_S:-900}" STAGE_BUDGET=240
   else
@@ -64,6 +70,7 @@ settings() {
     ZERO_STEPS=20 ZERO_STOP=10
     DECODER_MODEL=configs/models/qwen3-small.json DECODER_VOCAB=8192 DECODER_DTYPE=bfloat16 DECODER_PROCESSES=1
     DECODER_BATCH=256 DECODER_CHUNK=64 DECODER_LENGTH=128 DECODER_STEPS=20 DECODER_STOP=10
+    PACKED_LENGTH=512 PACKED_BATCH=256 PACKED_CHUNK=64 PACKED_ATTENTION=flash_attention_2
     EVAL_TASKS=()  # all seven: sts12-16, stsb, sickr
     BUDGET_TOTAL="${PROOF_BUDGET_S:-450}" STAGE_BUDGET=
   fi
@@ -72,7 +79,7 @@ settings() {
 # Seconds each stage may take on the GPU (the dry run gives each STAGE_BUDGET); all of them
 # together are held to BUDGET_TOTAL, so late stages get what is left.
 declare -A GPU_BUDGET=([install]=90 [env]=60 [bench_uncached]=90 [bench_cached]=90 [train]=150 [eval]=60
-  [pytest_gpu]=90 [zero2_bench]=120 [zero2_train]=120 [decoder_lora]=180 [bench_compiled]=150)
+  [pytest_gpu]=90 [zero2_bench]=120 [zero2_train]=120 [decoder_lora]=180 [packed_bench]=120 [bench_compiled]=150)
 
 tools() { "$PYTHON" "$TOOLS" "$@"; }
 cli() { "$PYTHON" -m vascl_scale "$@"; }
@@ -169,6 +176,20 @@ stage_decoder_lora() {  # the decoder recipe's LoRA, last-token pooling and ZeRO
     "$DECODER_STEPS" "$DECODER_STOP" --num-processes "$DECODER_PROCESSES" --deepspeed configs/deepspeed/zero3.json \
     --set "model.path=\"$model\"" --set "model.dtype=$DECODER_DTYPE" --set "data.max_length=$DECODER_LENGTH" \
     --set "train.global_batch_size=$DECODER_BATCH" --set "train.chunk_size=$DECODER_CHUNK" --set "loss.k=$TRAIN_K"
+}
+
+stage_packed_bench() {  # padded (length-sorted, and in row order) against packed rows at length 512
+  ensure_model || exit 1
+  if [ "$DRY_RUN" != 1 ]; then
+    local why
+    why="$("$PYTHON" -c 'import flash_attn' 2>&1 | tail -n 1)" \
+      || skip "flash-attn cannot be imported here ($why); pack its wheel into the carry to time packed rows"
+  fi
+  tools passages "$CARRY/data/corpus/train.txt.gz" "$WORK/passages.txt" 24 || exit 1
+  cli bench step --model "$WORK/minilm" --text "$WORK/passages.txt" --max-length "$PACKED_LENGTH" \
+    --global-batch "$PACKED_BATCH" --chunk-size "$PACKED_CHUNK" --objective simcse --steps "$BENCH_STEPS" \
+    --warmup "$BENCH_WARMUP" --precision "$PRECISION" --attn-implementation "$PACKED_ATTENTION" --packed --row-order \
+    --output "$OUT_DIR/$STAGE.json"
 }
 
 stage_eval() {

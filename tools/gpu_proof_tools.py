@@ -441,6 +441,20 @@ WORDS = (
 ).split()
 
 
+def passages(text: Path, target: Path, most: int, seed: int = 0) -> None:
+    """Passages of 1 to ``most`` consecutive sentences of ``text`` (gzip), one per line, into
+    ``target``: rows of widely varied length, as retrieval data has, from the carried sentences."""
+    with gzip.open(text, "rt", encoding="utf-8") as handle:
+        sentences = [line.strip() for line in handle if line.strip()]
+    rng, cursor, written = random.Random(seed), 0, 0
+    with target.open("w", encoding="utf-8") as out:
+        while cursor < len(sentences):
+            count = rng.randint(1, most)
+            out.write(" ".join(sentences[cursor : cursor + count]) + "\n")
+            cursor, written = cursor + count, written + 1
+    print(f"passages: {written} of 1-{most} sentences from {len(sentences)} in {text}")
+
+
 def dry_fixtures(carry: Path) -> None:
     """A carry of tiny stand-ins in the real carry's layout: a random 2-layer BERT with the
     packaged MiniLM tokenizer (stored in bf16, as the real one is), a bert-tiny config for
@@ -497,12 +511,13 @@ def _bench_figures(result: dict[str, Any]) -> dict[str, Any]:
         k: result.get(k)
         for k in ("device", "precision", "compile", "global_batch", "chunk_size", "max_length", "deepspeed")
     }
-    keys = ("median_s", "p10_s", "p90_s", "sentences_per_s", "tflops_per_device", "mfu", "peak_memory_mb", "warmup_s")
+    keys = ("median_s", "p10_s", "p90_s", "sentences_per_s", "tokens_per_s", "real_token_share", "tflops_per_device",
+            "mfu", "peak_memory_mb", "warmup_s")  # fmt: skip
     for name, stats in (result.get("objectives") or {}).items():
         figures[name] = {k: stats.get(k) for k in keys}
     for name, stats in (result.get("compiled") or {}).items():  # bench step --compile: beside the eager rows
         figures[f"{name} compiled"] = {k: stats.get(k) for k in keys}
-    for ratio in ("vascl_over_simcse", "compiled_over_eager"):
+    for ratio in ("vascl_over_simcse", "compiled_over_eager", "packed_over_padded", "sorted_over_row_order"):
         if ratio in result:
             figures[ratio] = result[ratio]
     return figures
@@ -625,8 +640,13 @@ def _brief(stage: str, figures: dict[str, Any]) -> str:
             if isinstance(v, dict) and "median_s" in v
         ]
         compiled = [
-            f"{name} compiled/eager {_number(ratio, '.2f', 'x')}"
-            for name, ratio in (figures.get("compiled_over_eager") or {}).items()
+            f"{name} {label} {_number(ratio, '.2f', 'x')}"
+            for key, label in (
+                ("compiled_over_eager", "compiled/eager"),
+                ("packed_over_padded", "packed/padded"),
+                ("sorted_over_row_order", "sorted/row order"),
+            )
+            for name, ratio in (figures.get(key) or {}).items()
         ]
         return " | ".join(parts + [f"VaSCL/SimCSE {_number(figures.get('vascl_over_simcse'), '.3f')}", *compiled])
     if stage in TRAIN_STAGES:
@@ -720,6 +740,7 @@ def main(argv: list[str] | None = None) -> None:
             ("config", "text", "vocab_size", "dtype", "target"),
             lambda a: decoder_model(Path(a.config), Path(a.text), int(a.vocab_size), a.dtype, Path(a.target)),
         ),
+        "passages": (("text", "target", "most"), lambda a: passages(Path(a.text), Path(a.target), int(a.most))),
         "dry-fixtures": (("carry",), lambda a: dry_fixtures(Path(a.carry))),
         "summary": (("out",), lambda a: summary(Path(a.out))),
     }

@@ -143,6 +143,12 @@ def step(
         "--row-order",
         help="Also time each objective as before length sorting (chunks in row order, one uncached forward).",
     ),
+    attn_implementation: str | None = typer.Option(
+        None, "--attn-implementation", help="model.attn_implementation of every model (e.g. flash_attention_2)."
+    ),
+    packed: bool = typer.Option(
+        False, "--packed", help="Also time each objective with its rows packed (model.packed), on a second model."
+    ),
     negatives: int = typer.Option(
         1, "--negatives", help="Hard-negative columns of the synthetic batch, for simcse_sup (N >= 1)."
     ),
@@ -230,6 +236,9 @@ def step(
         cell_argv += ["--precision", precision] + (["--compile"] if compile else [])
         cell_argv += ["--chunk-tokens", str(chunk_tokens), "--length-buckets", length_buckets]
         cell_argv += (["--text", str(text)] if text else []) + (["--row-order"] if row_order else [])
+        cell_argv += (["--attn-implementation", attn_implementation] if attn_implementation else []) + (
+            ["--packed"] if packed else []
+        )
         cell_argv += ["--peak-tflops", str(peak_tflops)] + (["--compare", compare] if compare else [])
         cell_argv += ["--num-processes", str(num_processes)] + (["--deepspeed", str(deepspeed)] if deepspeed else [])
         cells = run_grid(cell_argv, grid_cells(batches, chunks, num_processes, max_rows_per_forward, views))
@@ -265,6 +274,8 @@ def step(
             chunk_tokens=chunk_tokens,
             length_buckets=buckets,
             row_order=row_order,
+            attn_implementation=attn_implementation,
+            packed=packed,
         )
     except (ValueError, LoopFailedError) as err:
         fail(err)
@@ -287,6 +298,8 @@ def step(
             )
     for objective, speedup in result.get("speedup_over_peer", {}).items():
         console.print(f"vascl-scale {objective}: {speedup:.2f}x the sentences/s of {compare}")
+    for objective, speedup in result.get("packed_over_padded", {}).items():
+        console.print(f"vascl-scale {objective} packed: {speedup:.2f}x the sentences/s of its padded steps")
     for objective, speedup in result.get("sorted_over_row_order", {}).items():
         console.print(f"vascl-scale {objective}: {speedup:.2f}x the sentences/s of its steps in row order")
     for objective, speedup in result.get("compiled_speedup_over_peer", {}).items():

@@ -66,6 +66,7 @@ COMPILE_WITHOUT_DEEPSPEED = (
     "process: drop --deepspeed (train.compile itself runs under ZeRO-2: vascl-scale train --set train.compile=true)"
 )
 COMPILED = " compiled"  # the suffix of a compiled step's row name
+PACKED = " packed"  # the suffix of a step's row with its rows packed (--packed)
 ROW_ORDER = " row order"  # the suffix of a step's row as it ran before length sorting (--row-order)
 
 
@@ -74,22 +75,34 @@ def compiled_name(objective: str) -> str:
     return objective + COMPILED
 
 
-def build_bench_model(model: str, head_dim: int, pair_classifier: bool = False) -> SentenceEncoder:
-    """A Hugging Face ``config.json`` (random init), or pretrained weights named as ``model.path``
-    names them (a directory, ``package:MODULE/SUBDIR``, a hub id); with the pairwise classifier
-    when ``pair_classifier``."""
+def build_bench_model(
+    model: str,
+    head_dim: int,
+    pair_classifier: bool = False,
+    attn_implementation: str | None = None,
+    packed: bool = False,
+) -> SentenceEncoder:
+    """A Hugging Face ``config.json`` (random init, no tokenizer), or pretrained weights named as
+    ``model.path`` names them (a directory, ``package:MODULE/SUBDIR``, a hub id); with the pairwise
+    classifier when ``pair_classifier``, the attention backend ``attn_implementation`` (None:
+    transformers' default), rows packed when ``packed`` (:mod:`vascl_scale.packing`)."""
     path = Path(model)
+    attention = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     if path.is_file() and path.suffix == ".json":
         from transformers import AutoConfig, AutoModel
 
-        encoder = AutoModel.from_config(AutoConfig.from_pretrained(str(path)))
-        return SentenceEncoder(encoder, tokenizer=None, head_dim=head_dim, pair_classifier=pair_classifier)
+        encoder = AutoModel.from_config(AutoConfig.from_pretrained(str(path)), **attention)
+        return SentenceEncoder(
+            encoder, tokenizer=None, head_dim=head_dim, pair_classifier=pair_classifier, packed=packed
+        )
     location = locate_model(model, "--model")
     if not location.directory.is_dir():
         raise ValueError(
             f"--model {model}: expected a model directory, package:MODULE/SUBDIR, a hub id or a Hugging Face config.json"
         )
-    return SentenceEncoder.from_pretrained(location.directory, head_dim=head_dim, pair_classifier=pair_classifier)
+    return SentenceEncoder.from_pretrained(
+        location.directory, head_dim=head_dim, pair_classifier=pair_classifier, packed=packed, **attention
+    )
 
 
 def bench_objectives(names: list[str]) -> list[ObjectiveSpec]:
@@ -271,6 +284,8 @@ def run_step_bench(
     chunk_tokens: int = 0,
     length_buckets: int | str = "auto",
     row_order: bool = False,
+    attn_implementation: str | None = None,
+    packed: bool = False,
 ) -> dict[str, Any]:
     """Time ``steps`` steps per objective (after ``warmup``) on this rank; every rank returns.
     ``peak_tflops``: the device's peak, for MFU (0: none). ``compare``: a peer
@@ -284,7 +299,9 @@ def run_step_bench(
     row timed on the same one; else one synthetic batch of full-length rows. ``chunk_tokens``,
     ``length_buckets``: as ``train.chunk_tokens`` and ``train.length_buckets``. ``row_order``:
     also time each objective as it ran before length sorting (chunks in row order, one uncached
-    forward), on the same model, in the same rounds."""
+    forward), on the same model, in the same rounds. ``attn_implementation``: every model's
+    attention backend; ``packed``: also time each objective with its rows packed
+    (:mod:`vascl_scale.packing`), on a second copy of the model, in the same rounds."""
     from vascl_scale.bench.loop import run_training_loops
     from vascl_scale.bench.peer import PEERS, comparable_model_directory, sentence_transformers_step
     from vascl_scale.losses import build_objective
@@ -325,11 +342,13 @@ def run_step_bench(
     rows = first.per_device_batch_size(world_size)
     zero_stage = int(accelerator.state.deepspeed_plugin.zero_stage) if deepspeed is not None else 0
 
-    def training_steps(compiled: bool) -> tuple[torch.nn.Module, dict[str, TrainingStep]]:
+    def training_steps(compiled: bool, packed_rows: bool = False) -> tuple[torch.nn.Module, dict[str, TrainingStep]]:
         """The model (the same initial weights each time) and a step per objective on it (and,
         with ``row_order``, per objective as it ran before length sorting)."""
         torch.manual_seed(seed)
-        encoder = build_bench_model(model, first.model.head_dim, pair_classifier=specs[0].classifier)
+        encoder = build_bench_model(
+            model, first.model.head_dim, specs[0].classifier, attn_implementation, packed=packed_rows
+        )
         encoder.train()
         config = bench_config(
             objectives[0], model, global_batch, max_length, k, eps, precision, chunk_size, seed, compiled, **settings
@@ -348,7 +367,7 @@ def run_step_bench(
             )  # fmt: skip
 
         made = {o: step_of(o, True) for o in objectives}
-        if row_order and not compiled:
+        if row_order and not compiled and not packed_rows:
             made.update({row_order_name(o): step_of(o, False) for o in objectives})
         return encoder, made
 
@@ -376,6 +395,11 @@ def run_step_bench(
         timed.update({compiled_name(o): ours(compiled_steps[o]) for o in objectives})
         real_tokens.update({compiled_name(o): real_tokens[o] for o in objectives})
         counters.update(dict.fromkeys((compiled_name(o) for o in objectives), TokenCounter(compiled_encoder.encoder)))
+    if packed:
+        packed_encoder, packed_steps = training_steps(compiled=False, packed_rows=True)
+        timed.update({o + PACKED: ours(packed_steps[o]) for o in objectives})
+        real_tokens.update({o + PACKED: real_tokens[o] for o in objectives})
+        counters.update(dict.fromkeys((o + PACKED for o in objectives), TokenCounter(packed_encoder.encoder)))
     if compare is not None:
         peer_step, peer_flops, peer_encoder = sentence_transformers_step(
             str(model_dir), rows, max_length, run_precision, chunk_size
@@ -391,6 +415,8 @@ def run_step_bench(
 
     generator = torch.Generator().manual_seed(seed + rank)
     if lines is not None:
+        if encoder.tokenizer is None:
+            raise ValueError(f"--text needs a --model with a tokenizer to tokenise it; {model} has none")
         pool = text_batches(
             lines, encoder.tokenizer, specs, global_batch, rank, world_size, max_length, negatives, generator
         )
@@ -448,6 +474,7 @@ def run_step_bench(
         "chunk_size": chunk_size,
         "chunk_tokens": chunk_tokens,
         "length_buckets": steps_of[objectives[0]].length_buckets,
+        "attn_implementation": attn_implementation,
         "peak_tflops": peak_tflops,
         "negatives": negatives if any(spec.hard_negatives for spec in specs) else 0,
         "rows_per_forward": rows_per_forward(rows, chunk_size, views),
@@ -492,6 +519,9 @@ def _summary(
     if "vascl" in stats and "simcse" in stats:
         result["vascl_over_simcse"] = stats["vascl"]["median_s"] / stats["simcse"]["median_s"]
     ours = [name for name in stats if name != peer]
+    packed_rows = {name.removesuffix(PACKED): row for name, row in stats.items() if name.endswith(PACKED)}
+    if packed_rows:
+        result["packed_over_padded"] = {o: stats[o]["median_s"] / row["median_s"] for o, row in packed_rows.items()}
     ordered = {name.removesuffix(ROW_ORDER): row for name, row in stats.items() if name.endswith(ROW_ORDER)}
     if ordered:
         result["sorted_over_row_order"] = {o: row["median_s"] / stats[o]["median_s"] for o, row in ordered.items()}
@@ -568,14 +598,16 @@ def step_table(result: dict[str, Any]):
         table.add_column(column, justify="right")
     objectives = result["objectives"]
     steps = [(name, stats) for name, stats in objectives.items() if name in OBJECTIVES]
-    row_order = [(name, stats) for name, stats in objectives.items() if name.endswith(ROW_ORDER)]
+    variants = [(name, stats) for name, stats in objectives.items() if name.endswith((ROW_ORDER, PACKED))]
     compiled = [(compiled_name(name), stats) for name, stats in result.get("compiled", {}).items()]
     loop_kind = "train loop, compiled" if compiled else "train loop"
     loops = [(f"{name} {loop_kind}", stats) for name, stats in result.get("loops", {}).items()]
     peers = [
-        (name, stats) for name, stats in objectives.items() if name not in OBJECTIVES and not name.endswith(ROW_ORDER)
+        (name, stats)
+        for name, stats in objectives.items()
+        if name not in OBJECTIVES and not name.endswith((ROW_ORDER, PACKED))
     ]
-    for name, stats in steps + row_order + compiled + loops + peers:
+    for name, stats in steps + variants + compiled + loops + peers:
         peak = stats["peak_memory_mb"]
         share = stats.get("real_token_share")
         tokens = stats.get("tokens_per_s")
