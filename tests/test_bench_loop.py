@@ -154,7 +154,7 @@ def test_bench_step_on_real_text_counts_tokens_and_times_the_row_order_step_and_
         "--compare", "sentence-transformers", "--output", str(output),
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert losses and losses[0][-1] == 2  # the peer's cached loss, mini-batches of the chunk size
+    assert losses and losses[0][-2:] == (2, 0)  # the peer's cached loss, mini-batches of the chunk size
     report = json.loads(output.read_text())
     rows = report["objectives"]
     ours, before, peer = rows["simcse"], rows["simcse row order"], rows["sentence-transformers"]
@@ -169,12 +169,14 @@ def test_bench_step_on_real_text_counts_tokens_and_times_the_row_order_step_and_
 def test_bench_step_text_is_read_whole_lines_repeated_and_refused_when_missing_or_empty(tmp_path: Path) -> None:
     import gzip
 
-    from vascl_scale.bench.step import text_lines
+    from vascl_scale.bench import text_lines
 
     path = tmp_path / "lines.txt.gz"
     with gzip.open(path, "wt", encoding="utf-8") as handle:
         handle.write("one\n\n two \nthree\n")
-    assert text_lines(path, 5) == ["one", "two", "three", "one", "two"]
+    assert text_lines(path, 5, repeat=True) == ["one", "two", "three", "one", "two"]
+    with pytest.raises(ValueError, match="has 3 non-blank lines"):
+        text_lines(path, 5)
     (tmp_path / "blank.txt").write_text("\n \n")
     for missing in (tmp_path / "absent.txt", tmp_path / "blank.txt"):
         with pytest.raises(ValueError, match="--text"):

@@ -651,7 +651,10 @@ def test_the_log_names_unread_columns_and_the_first_dropped_partial_batch_once(
     ), drops
     records = [json.loads(line) for line in (tmp_path / "simcse" / "metrics.jsonl").read_text().splitlines()]
     assert [r["data/samples_dropped"] for r in records] == [0, 0, 8, 8, 16]  # epochs 0 and 1 ended by step 5
-    assert "one encoder forward per loss call holds the activations of 64 sentences (4 views of 16)" in lines
+    assert (
+        "the encoder forwards of a loss call hold the activations of 64 sentences (4 views of 16), "
+        "in 4 length-sorted forwards" in lines
+    )
     supervised = [json.loads(line) for line in (tmp_path / "simcse_sup" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in supervised] == [1, 2] and all(math.isfinite(r["loss/simcse_sup"]) for r in supervised)
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from vascl_scale.data.columns import LABELS
-from vascl_scale.lengths import group_inputs, length_sorted_buckets, restore_rows, row_lengths
+from vascl_scale.lengths import group_inputs, length_sorted_buckets, restore_rows, row_lengths, token_budget_groups
 from vascl_scale.packing import packed_model_inputs, pool_packed
 from vascl_scale.tokenizer import load_tokenizer
 
@@ -301,34 +301,42 @@ class SentenceEncoder(nn.Module):
         batch_size: int = 64,
         max_length: int = 256,
         normalize: bool = False,
+        max_tokens: int = 0,
     ) -> np.ndarray:
         """Pooled embeddings (N, d) without the head, in eval mode, float32, input order.
 
-        Texts are batched by length so that padding stays short; the order is restored.
+        The texts are tokenised once, unpadded (truncated to ``max_length`` tokens), and taken
+        longest first by token count into forwards of at most ``batch_size`` texts and, with
+        ``max_tokens`` > 0, at most ``max_tokens`` padded tokens (rows x the forward's longest
+        row; a text over it goes alone), each padded to its own longest row
+        (:func:`vascl_scale.lengths.token_budget_groups`). Which texts share a forward changes
+        an embedding only by float rounding: each row is encoded under its own attention mask.
         """
         if self.tokenizer is None:
             raise ValueError("this SentenceEncoder has no tokenizer; load it with from_pretrained")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0 (0: no token budget); got {max_tokens}")
+        out = np.zeros((len(texts), self.hidden_size), dtype=np.float32)
+        if not len(texts):  # a fast tokenizer refuses an empty list
+            return out
+        tokenized = self.tokenizer(list(texts), truncation=True, max_length=max_length)  # N lists of ids, unpadded
+        inputs = [name for name in tokenized.keys() if name in ("input_ids", "attention_mask", "token_type_ids")]
+        lengths = torch.tensor([len(ids) for ids in tokenized["input_ids"]])  # (N,) tokens per text
         was_training = self.training
         self.eval()
         device = next(self.parameters()).device
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
-        out = np.zeros((len(texts), self.hidden_size), dtype=np.float32)
         try:
-            for start in range(0, len(order), batch_size):
-                idx = order[start : start + batch_size]
-                batch = self.tokenizer(
-                    [texts[i] for i in idx],
-                    padding=True,
-                    truncation=True,
-                    max_length=max_length,
-                    return_tensors="pt",
-                ).to(device)
-                emb = self(**{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")})
+            for rows in token_budget_groups(lengths, batch_size, max_tokens):
+                index = rows.tolist()
+                batch = self.tokenizer.pad(
+                    {name: [tokenized[name][i] for i in index] for name in inputs}, return_tensors="pt"
+                ).to(device)  # (r, L), L the group's longest text
+                emb = self(**batch)  # (r, d)
                 if normalize:
                     emb = torch.nn.functional.normalize(emb.float(), dim=-1)
-                out[idx] = emb.float().cpu().numpy()
+                out[index] = emb.float().cpu().numpy()
         finally:
             self.train(was_training)
         return out

@@ -24,7 +24,6 @@ systems as texts/s do; computed TFLOP/s count the forwards as padded, what the d
 
 from __future__ import annotations
 
-import gzip
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vascl_scale.bench import text_lines
 from vascl_scale.flops import EncoderShape, tflops_and_mfu
 from vascl_scale.lengths import token_budget_groups
 from vascl_scale.model import SentenceEncoder
@@ -46,22 +46,6 @@ PEERS = ("sentence-transformers",)
 def token_sorted_name(max_tokens: int) -> str:
     """The row of :meth:`SentenceEncoder.encode` under the token budget ``max_tokens`` (0: none)."""
     return f"token-sorted, {max_tokens}-token budget" if max_tokens else "token-sorted"
-
-
-def read_texts(path: Path, count: int) -> list[str]:
-    """The first ``count`` non-blank lines of ``path`` (``.gz`` read through), without line ends;
-    ValueError when it has fewer."""
-    if not path.is_file():
-        raise ValueError(f"--text {path}: no such file")
-    texts: list[str] = []
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as lines:
-        for line in lines:
-            if line.strip():
-                texts.append(line.rstrip("\r\n"))
-                if len(texts) == count:
-                    return texts
-    raise ValueError(f"--text {path} has {len(texts)} non-blank lines; --texts {count} asks for more")
 
 
 def character_batches(texts: Sequence[str], batch_size: int) -> list[list[int]]:
@@ -137,7 +121,7 @@ def run_encode_bench(
         raise ValueError("--precision takes auto, no or bf16 for evaluation; got 'fp16'")
     device = local_device_type()
     run_precision = resolve_precision(precision, device, "--precision")
-    rows = read_texts(text, texts)
+    rows = text_lines(text, texts)
     directory = locate_model(model, "--model").directory
     transformers.utils.logging.disable_progress_bar()  # a bar per loaded model is noise in the report
     encoder = SentenceEncoder.from_pretrained(directory).to(device).eval()

@@ -3,7 +3,7 @@
 Unsupervised SimCSE as sentence-transformers runs it: a ``SentenceTransformer`` (the same model
 directory: encoder, mean pooling) trained with ``MultipleNegativesRankingLoss`` (scale 20, i.e.
 temperature 0.05), or with ``--chunk-size`` its cached form ``CachedMultipleNegativesRankingLoss``
-(mini-batches of the chunk size), on pairs of one sentence with itself, so dropout makes the
+(mini-batches of the chunk size; with ``--chunk-tokens`` its token budget), on pairs of one sentence with itself, so dropout makes the
 two views; AdamW.
 Its model FLOPs are counted as vascl-scale's SimCSE's (:mod:`vascl_scale.flops`): the encoder's
 forward and backward of 2b sequences, and the (b, b) logits of its one direction.
@@ -38,7 +38,7 @@ def comparable_model_directory(model: str) -> Path:
 
 
 def sentence_transformers_step(
-    model: str, rows: int, tokens: int, precision: str, chunk_size: int = 0
+    model: str, rows: int, tokens: int, precision: str, chunk_size: int = 0, chunk_tokens: int = 0
 ) -> tuple[Callable[[dict], None], int, torch.nn.Module]:
     """One optimiser step of the peer on a batch's anchor column, (rows, tokens), its model FLOPs,
     and its Hugging Face model (what its forwards run, to count their tokens).
@@ -46,7 +46,9 @@ def sentence_transformers_step(
     ``model``: a model directory (:func:`comparable_model_directory`; the peer loads weights and
     tokenizer from it); ``precision``: resolved (``no`` or ``bf16``), the peer's forward under the
     same autocast; ``chunk_size`` > 0: its cached loss, ``CachedMultipleNegativesRankingLoss``
-    with mini-batches of that many sentences (GradCache; each mini-batch cut to its longest row).
+    with mini-batches of that many sentences (GradCache; each mini-batch cut to its longest row),
+    and with ``chunk_tokens`` its own token budget (``mini_batch_num_tokens``: real tokens per
+    mini-batch, in the order rows arrive).
     """
     assert Path(model).is_dir(), model
     from sentence_transformers import SentenceTransformer
@@ -60,7 +62,9 @@ def sentence_transformers_step(
     peer.max_seq_length = tokens
     peer.train()
     if chunk_size:
-        loss = losses.CachedMultipleNegativesRankingLoss(peer, scale=20.0, mini_batch_size=chunk_size)
+        loss = losses.CachedMultipleNegativesRankingLoss(
+            peer, scale=20.0, mini_batch_size=chunk_size, mini_batch_num_tokens=chunk_tokens or None
+        )
     else:
         loss = losses.MultipleNegativesRankingLoss(peer, scale=20.0)
     optimizer = torch.optim.AdamW(peer.parameters(), lr=3e-5)

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from vascl_scale.bench import text_lines
 from vascl_scale.config import RunConfig, config_from_dict
 from vascl_scale.data.columns import ANCHOR, LABELS, negative
 from vascl_scale.figures import save_figure
@@ -193,26 +194,6 @@ def bench_config(
     )
 
 
-def text_lines(path: Path, count: int) -> list[str]:
-    """The first ``count`` non-blank lines of a text file (``.gz`` read as gzip), repeated when it
-    has fewer; ValueError naming ``--text`` when it has none."""
-    import gzip
-
-    if not path.is_file():
-        raise ValueError(f"--text {path}: no such file; pass a text file of one sentence per line (.gz allowed)")
-    opener = gzip.open if path.suffix == ".gz" else open
-    lines: list[str] = []
-    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            if line.strip():
-                lines.append(line.strip())
-                if len(lines) == count:
-                    break
-    if not lines:
-        raise ValueError(f"--text {path}: holds no non-blank line")
-    return [lines[index % len(lines)] for index in range(count)]
-
-
 def text_batches(
     lines: list[str],
     tokenizer,
@@ -326,7 +307,7 @@ def run_step_bench(
     rounds = warmup + steps
     lines = None
     if text is not None:
-        lines = text_lines(Path(text), rounds * global_batch * len(synthetic_columns(specs, negatives)))
+        lines = text_lines(Path(text), rounds * global_batch * len(synthetic_columns(specs, negatives)), repeat=True)
     loops: dict[str, LoopTimes] = {}
     if compare is not None:
         if compare not in PEERS:
@@ -402,7 +383,7 @@ def run_step_bench(
         counters.update(dict.fromkeys((o + PACKED for o in objectives), TokenCounter(packed_encoder.encoder)))
     if compare is not None:
         peer_step, peer_flops, peer_encoder = sentence_transformers_step(
-            str(model_dir), rows, max_length, run_precision, chunk_size
+            str(model_dir), rows, max_length, run_precision, chunk_size, chunk_tokens
         )
 
         def peer(index: int) -> int:

@@ -401,8 +401,8 @@ class TrainConfig(_Strict):
     order restored for the objective), each chunk cut to its longest row; the batch is unchanged."""
     length_buckets: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     """The uncached step's forwards: the batch's rows in this many length-sorted groups, each cut
-    to its longest row. auto: LENGTH_BUCKETS_AUTO, and 1 under ZeRO-3 (each forward gathers the
-    parameters again) or with packed rows (no padding to save)."""
+    to its longest row. auto: 4 (measured: docs/speed.md), and 1 under ZeRO-3 (each forward gathers
+    the parameters again) or with packed rows (no padding to save)."""
     max_steps: int = Field(4883, ge=1)
     """optimiser steps; 4883 x 1024 is about 5 epochs of 1M sentences"""
     seed: int = Field(42, ge=0, le=2**32 - 1)
