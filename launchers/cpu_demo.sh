@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The end-to-end CPU demo (the README's main command): on 2 idle cores, 5 min 37 s with native
-# bf16 (AVX512-BF16, Zen 5), about 20 minutes without (AVX2 only: float32); README has the table.
+# bf16 (AVX512-BF16, Zen 5), 12 min 59 s without (AVX2 only: float32); README has the table.
 #   1. prepare: a shuffled slice of the Wikipedia corpus -> WebDataset shards
 #   2. train:   VaSCL on the packaged all-MiniLM-L6-v2, 2 ranks (configs/cpu-demo.yaml)
 #   3. eval:    STS, clustering and few-shot intent on the trained model (eval all); with
