@@ -17,8 +17,9 @@ its backward, then clipping (outside DeepSpeed, which clips itself) and the upda
 The cached loss call (``chunk_size`` c > 0; GradCache, Gao et al. 2021, for a neighbourhood
 objective) holds the activations of c sentences at a time instead of n b:
 
-1. each view's b rows go through the encoder in chunks of c without gradient, the RNG
-   state before every (view, chunk) forward kept (the chunk boundaries are fixed first);
+1. each view's b rows go through the encoder in chunks of at most c without gradient, the RNG
+   state before every (view, chunk) forward kept (the chunks are fixed first: rows of similar
+   length, at most ``chunk_tokens`` padded tokens, each cut to its longest row, :meth:`TrainingStep.chunk_plan`);
 2. the objective runs on the whole global batch of these embeddings, made leaves (float32 or
    wider), with the rank's b labels where it reads them, and ``autograd.grad`` gives
    d loss / d e (the gathers' backward already sums what every rank's loss sends to this
@@ -77,8 +78,7 @@ def loss_call_seed(seed: int, loss_call: int, rank: int) -> int:
 
 
 def chunk_count(rows: int, chunk_size: int) -> int:
-    """Chunks of at most ``chunk_size`` rows per view of ``rows`` rows without a token budget
-    (one more with each chunk a budget splits)."""
+    """Chunks per view of ``rows`` rows cut by ``chunk_size`` alone (a token budget only adds chunks)."""
     assert 0 < chunk_size <= rows, (chunk_size, rows)
     return -(-rows // chunk_size)
 
