@@ -15,6 +15,9 @@
 #   pytest_gpu      the tests marked gpu
 #   zero2_bench     bench_uncached under DeepSpeed ZeRO-2 (configs/deepspeed/zero2.json)
 #   zero2_train     train under ZeRO-2, stopped at step 10 and resumed to 20
+#   fsdp_train      train under FSDP2 (configs/fsdp/full-shard.yaml) with the cached step,
+#                   stopped at step 10 and resumed to 20 from its DCP checkpoint (the dry run:
+#                   2 CPU processes, so the shards are real)
 #   decoder_lora    a random Qwen3-style decoder (configs/models/qwen3-small.json: hidden 1024,
 #                   8 layers) with a byte-level BPE tokenizer trained on the carried sentences,
 #                   configs/qwen3-0.6b-lora-vascl.yaml (LoRA r = 16, last-token pooling) under
@@ -46,8 +49,8 @@ cd "$(dirname "$0")/.."
 REPO="$(pwd)"
 SELF="$REPO/launchers/gpu_proof.sh"
 TOOLS="$REPO/tools/gpu_proof_tools.py"
-STAGES=(install env bench_uncached bench_cached train eval pytest_gpu zero2_bench zero2_train decoder_lora packed_bench
-  bench_compiled)
+STAGES=(install env bench_uncached bench_cached train eval pytest_gpu zero2_bench zero2_train fsdp_train decoder_lora
+  packed_bench bench_compiled)
 SKIPPED=77  # a stage's exit status for "skipped; the reason is in <stage>.skip"
 
 # ------------------------------------------------------------------ settings of the two modes
@@ -56,7 +59,7 @@ settings() {
     PRECISION=no  # bf16 is refused on CPUs without native bf16: the dry run checks plumbing, not speed
     BENCH_MODEL="$CARRY/bench-model.json" BENCH_BATCH=32 BENCH_LENGTH=16 BENCH_CHUNK=8 BENCH_STEPS=2 BENCH_WARMUP=1
     TRAIN_BATCH=16 TRAIN_CHUNK=4 TRAIN_STEPS=8 TRAIN_STOP=4 TRAIN_LOG=2 TRAIN_WORKERS=0 TRAIN_K=4
-    ZERO_STEPS=4 ZERO_STOP=2
+    ZERO_STEPS=4 ZERO_STOP=2 FSDP_PROCESSES=2
     # 2 processes: ZeRO-3 reduces gradients and partitions the optimiser state over two ranks.
     DECODER_MODEL="$CARRY/decoder-model.json" DECODER_VOCAB=320 DECODER_DTYPE=float32 DECODER_PROCESSES=2
     DECODER_BATCH=16 DECODER_CHUNK=4 DECODER_LENGTH=32 DECODER_STEPS=4 DECODER_STOP=2
@@ -67,7 +70,7 @@ settings() {
     PRECISION=bf16
     BENCH_MODEL=configs/models/bert-base.json BENCH_BATCH=1024 BENCH_LENGTH=32 BENCH_CHUNK=256 BENCH_STEPS=10 BENCH_WARMUP=3
     TRAIN_BATCH=1024 TRAIN_CHUNK=256 TRAIN_STEPS=200 TRAIN_STOP=100 TRAIN_LOG=10 TRAIN_WORKERS=2 TRAIN_K=16
-    ZERO_STEPS=20 ZERO_STOP=10
+    ZERO_STEPS=20 ZERO_STOP=10 FSDP_PROCESSES=1
     DECODER_MODEL=configs/models/qwen3-small.json DECODER_VOCAB=8192 DECODER_DTYPE=bfloat16 DECODER_PROCESSES=1
     DECODER_BATCH=256 DECODER_CHUNK=64 DECODER_LENGTH=128 DECODER_STEPS=20 DECODER_STOP=10
     PACKED_LENGTH=512 PACKED_BATCH=256 PACKED_CHUNK=64 PACKED_ATTENTION=flash_attention_2
@@ -79,7 +82,7 @@ settings() {
 # Seconds each stage may take on the GPU (the dry run gives each STAGE_BUDGET); all of them
 # together are held to BUDGET_TOTAL, so late stages get what is left.
 declare -A GPU_BUDGET=([install]=90 [env]=60 [bench_uncached]=90 [bench_cached]=90 [train]=150 [eval]=60
-  [pytest_gpu]=90 [zero2_bench]=120 [zero2_train]=120 [decoder_lora]=180 [packed_bench]=120 [bench_compiled]=150)
+  [pytest_gpu]=90 [zero2_bench]=120 [zero2_train]=120 [fsdp_train]=120 [decoder_lora]=180 [packed_bench]=120 [bench_compiled]=150)
 
 tools() { "$PYTHON" "$TOOLS" "$@"; }
 cli() { "$PYTHON" -m vascl_scale "$@"; }
@@ -165,6 +168,9 @@ stop_and_resume() {  # STEPS STOP [train options...]: the carried MiniLM with co
 }
 stage_train() { stop_and_resume "$TRAIN_STEPS" "$TRAIN_STOP"; }
 stage_zero2_train() { need_deepspeed; stop_and_resume "$ZERO_STEPS" "$ZERO_STOP" --deepspeed configs/deepspeed/zero2.json; }
+stage_fsdp_train() {
+  stop_and_resume "$ZERO_STEPS" "$ZERO_STOP" --fsdp configs/fsdp/full-shard.yaml --num-processes "$FSDP_PROCESSES"
+}
 
 stage_decoder_lora() {  # the decoder recipe's LoRA, last-token pooling and ZeRO-3 on a random decoder
   need_deepspeed

@@ -82,10 +82,11 @@ def step_parts(
     chunk_tokens: int = 0,
     sort_chunks: bool = True,
     length_buckets: int = 1,
+    fsdp=None,
 ):
     """Accelerator, prepared model and optimiser, recording objective and TrainingStep (the cached
     step's chunks sorted by length unless ``sort_chunks`` is off; the uncached step's forwards in
-    ``length_buckets`` length-sorted groups)."""
+    ``length_buckets`` length-sorted groups; ``fsdp``: the model sharded by these FSDP2 settings)."""
     from vascl_scale.losses.spec import objective_spec
     from vascl_scale.train.step import TrainingStep
     from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
@@ -97,6 +98,10 @@ def step_parts(
     )  # fmt: skip
     model.train()
     accelerator = build_accelerator(config, None, "no")
+    if fsdp is not None:
+        from vascl_scale.train.fsdp import shard_model
+
+        shard_model(model, fsdp, "no", accelerator.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5) if sgd else build_optimizer(model, config)
     rows = config.per_device_batch_size(accelerator.num_processes)
     prepared, prepared_optimizer = prepare_for_training(accelerator, model, optimizer, config.train, rows)
@@ -105,6 +110,7 @@ def step_parts(
         accelerator, prepared, prepared_optimizer, recorder, seed=config.train.seed, per_device_batch=rows,
         grad_accum_steps=grad_accum_steps, chunk_size=chunk_size, chunk_tokens=chunk_tokens,
         sort_chunks=sort_chunks, length_buckets=length_buckets,
+        reduce_every_backward=fsdp is not None and fsdp.gradient_sync == "backward",
     )  # fmt: skip
     return accelerator, model, step, recorder
 

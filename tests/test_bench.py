@@ -178,7 +178,8 @@ def test_bench_comm_measured_equals_computed(tiny_config: Path, tmp_path: Path, 
     # backward all-reduce twice (d loss / d e, then the head); z*'s once (detached).
     assert vascl_calls.count("all_gather") == 3 and vascl_calls.count("all_reduce") == (3 if chunk_size else 2)
     shares = report["gather_share_of_gradient_traffic"]["vascl"]
-    assert set(shares) == {"ddp", "zero2", "zero3"} and all(0 < s for s in shares.values())
+    assert set(shares) == {"ddp", "zero2", "zero3", "fsdp_full_shard", "fsdp_shard_grad_op"}
+    assert all(0 < s for s in shares.values())
 
 
 def test_traffic_formulas_known_answers() -> None:
@@ -189,6 +190,9 @@ def test_traffic_formulas_known_answers() -> None:
     traffic = computed_traffic(110_000_000, 768, 128, 1024, 8)
     assert traffic["gradients"]["ddp"] == pytest.approx(2 * 7 / 8 * 440e6)
     assert traffic["gradients"]["zero3"] == pytest.approx(4 * 7 / 8 * 440e6)
+    # FSDP2: one reduce-scatter; full_shard gathers for the forward and the backward, shard_grad_op once.
+    assert traffic["gradients"]["fsdp_full_shard"] == pytest.approx(3 * 7 / 8 * 440e6)
+    assert traffic["gradients"]["fsdp_shard_grad_op"] == pytest.approx(2 * 7 / 8 * 440e6)
     # VaSCL gathers at B = 1024, W = 8, b = 128: [z1; z2], e1, z* and two backward all-reduces (the training
     # step checks no row counts across ranks: its batches are the run plan's).
     calls = gather_collectives("vascl", 1024, 8, 768, 128, 4)
@@ -206,6 +210,9 @@ def test_traffic_formulas_known_answers() -> None:
     assert cached["gradients"]["ddp"] == traffic["gradients"]["ddp"]
     assert cached["gradients"]["zero2"] == pytest.approx((4 + 1) * 7 / 8 * 440e6)
     assert cached["gradients"]["zero3"] == pytest.approx((4 + 1 + 8 + 4) * 7 / 8 * 440e6)
+    # FSDP2 reduces once per step however many backwards; full_shard gathers for 8 forwards and 4 backwards.
+    assert cached["gradients"]["fsdp_full_shard"] == pytest.approx((1 + 8 + 4) * 7 / 8 * 440e6)
+    assert cached["gradients"]["fsdp_shard_grad_op"] == pytest.approx((1 + 4) * 7 / 8 * 440e6)
 
 
 def test_bench_models_are_named_as_model_path_names_them(tmp_path: Path) -> None:

@@ -390,23 +390,35 @@ def _adapter_and_head(run: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
-@pytest.mark.e2e
-@pytest.mark.deepspeed
-@pytest.mark.parametrize("stage", [2, 3])
-def test_zero_stopped_and_resumed_equals_ddp_with_lora(decoders, decoder_workspace, decoder_ddp_run, tmp_path, stage):
-    from tests.train_helpers import ZERO2, ZERO3, run_train
+# (engine, its option, its file under the repository): ZeRO-2/3, and FSDP2 (its units: the decoder's layers).
+LORA_ENGINES = [
+    pytest.param("zero2", "--deepspeed", "configs/deepspeed/zero2.json", marks=pytest.mark.deepspeed, id="zero2"),
+    pytest.param("zero3", "--deepspeed", "configs/deepspeed/zero3.json", marks=pytest.mark.deepspeed, id="zero3"),
+    pytest.param("fsdp", "--fsdp", "configs/fsdp/full-shard.yaml", id="fsdp2"),
+]
 
-    deepspeed = ZERO2 if stage == 2 else ZERO3
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("engine, option, path", LORA_ENGINES)
+def test_sharded_engines_stopped_and_resumed_equal_ddp_with_lora(
+    decoders, decoder_workspace, decoder_ddp_run, tmp_path, engine, option, path
+):
+    from tests.train_helpers import REPO, run_train
+
+    engine_file = str(REPO / path)
     config = _decoder_config(decoders, decoder_workspace, tmp_path / "config.yaml")
     run = tmp_path / "run"
-    run_train(config, run, "--num-processes", "2", "--deepspeed", deepspeed, "--max-steps", "2", timeout=420)
-    run_train(config, run, "--num-processes", "2", "--deepspeed", deepspeed, "--resume", timeout=300)
+    first = run_train(config, run, "--num-processes", "2", option, engine_file, "--max-steps", "2", timeout=420)
+    if engine == "fsdp":
+        assert "FSDP2 full_shard over 2 ranks: 2 units (Qwen3DecoderLayer)" in first.stderr
+    run_train(config, run, "--num-processes", "2", option, engine_file, "--resume", timeout=300)
     ours, reference = _adapter_and_head(run), _adapter_and_head(decoder_ddp_run)
     assert sorted(ours) == sorted(reference)
     for name, value in reference.items():
-        torch.testing.assert_close(ours[name], value, atol=1e-6, rtol=0, msg=f"ZeRO-{stage}: {name} differs from DDP")
+        torch.testing.assert_close(ours[name], value, atol=1e-6, rtol=0, msg=f"{engine}: {name} differs from DDP")
     summary = json.loads((run / "run_summary.json").read_text())
-    assert summary["resumed_at_step"] == 2 and summary["zero_stage"] == stage
+    assert summary["resumed_at_step"] == 2 and summary["engine"] == ("fsdp" if engine == "fsdp" else "deepspeed")
+    assert summary["zero_stage"] == {"zero2": 2, "zero3": 3, "fsdp": 0}[engine]
     assert 0 < summary["parameters"]["trainable"] < summary["parameters"]["total"]
 
 

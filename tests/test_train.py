@@ -700,12 +700,12 @@ def test_resume_compares_the_paths_as_written(tmp_path: Path, monkeypatch: pytes
     checkpoint = save_checkpoint(_OneProcessAccelerator(), tmp_path / "run", config("$VASCL_TEST_ROOT/m"), state, {}, 5)
     saved_file = checkpoint / "config.yaml"
     assert yaml.safe_load(saved_file.read_text())["model"]["path"] == "$VASCL_TEST_ROOT/m"
-    check_resume_compatible(checkpoint, config("$VASCL_TEST_ROOT/m"), 1, ("anchor",))
+    check_resume_compatible(checkpoint, config("$VASCL_TEST_ROOT/m"), 1, ("anchor",), "ddp")
     with pytest.raises(ValueError, match=rf"model.path: '\$VASCL_TEST_ROOT/m' -> '{tmp_path}/m'"):
-        check_resume_compatible(checkpoint, config(f"{tmp_path}/m"), 1, ("anchor",))
+        check_resume_compatible(checkpoint, config(f"{tmp_path}/m"), 1, ("anchor",), "ddp")
     # A config.yaml saved with the paths expanded (before they were saved as written) still matches.
     saved_file.write_text(saved_file.read_text().replace("$VASCL_TEST_ROOT", str(tmp_path)))
-    check_resume_compatible(checkpoint, config("$VASCL_TEST_ROOT/m"), 1, ("anchor",))
+    check_resume_compatible(checkpoint, config("$VASCL_TEST_ROOT/m"), 1, ("anchor",), "ddp")
 
 
 class _RunsCode:

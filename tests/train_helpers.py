@@ -206,4 +206,4 @@ def plain_plan(config):
 
     backbone = BackbonePlan(decoder=False, append_eos=False, dtype="float32")
     written = config.as_written().to_dict()
-    return RunPlan(config, 1, 1, "no", "", None, 0, (), None, (), (), None, False, written, backbone, 1)
+    return RunPlan(config, 1, 1, "no", "", None, 0, None, (), None, (), (), None, False, written, backbone, 1)

@@ -550,7 +550,7 @@ def _pytest_figures(path: Path) -> dict[str, Any]:
     }
 
 
-TRAIN_STAGES = ("train", "zero2_train", "decoder_lora")  # train-report's JSON
+TRAIN_STAGES = ("train", "zero2_train", "fsdp_train", "decoder_lora")  # train-report's JSON
 
 
 def _figures(stage: str, out: Path) -> dict[str, Any]:

@@ -150,3 +150,39 @@ def require_equal_rows(rows: int, what: str = "per-rank batch") -> None:
             f"gathered rank by rank); got {counts} across {world_size} ranks. Make the global "
             "batch size a multiple of the world size and drop incomplete last batches."
         )
+
+
+def average_gradients(parameters: list[torch.nn.Parameter]) -> None:
+    """Average the gradients of ``parameters`` over all ranks, in place, as DDP does (one flat
+    all-reduce): the parameters an FSDP2 run keeps whole on every rank (the heads,
+    :mod:`vascl_scale.train.fsdp`). Parameters without a gradient are skipped."""
+    _, world_size = world()
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if world_size == 1 or not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    _note("all_reduce", flat, world_size)
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def device_mesh(device_type: str, replicas: int, shard_size: int):
+    """The FSDP2 mesh of all ranks: ``replicas`` x ``shard_size`` (dims "replicate", "shard") for
+    hybrid sharding, one "shard" dim when ``replicas`` is 1."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    _, world_size = world()
+    assert replicas * shard_size == world_size, (replicas, shard_size, world_size)
+    if replicas == 1:
+        return init_device_mesh(device_type, (shard_size,), mesh_dim_names=("shard",))
+    return init_device_mesh(device_type, (replicas, shard_size), mesh_dim_names=("replicate", "shard"))
+
+
+def global_norm(local_norm: Tensor) -> Tensor:
+    """A plain tensor of a norm computed from sharded (DTensor) gradients: the whole norm, on every rank."""
+    full_tensor = getattr(local_norm, "full_tensor", None)
+    return full_tensor() if full_tensor is not None else local_norm

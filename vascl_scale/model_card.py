@@ -64,6 +64,7 @@ class CardFacts:
     embedding_dimension: int
     vascl_scale_version: str
     stsb_dev_spearman: float | None = None  # the model-selection score of these weights, when evaluated
+    fsdp_strategy: str | None = None  # FSDP2's sharding_strategy when FSDP2 trained them
     # What `vascl-scale eval <command>` measured on these weights, by command (attach_evaluation).
     evaluations: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -185,6 +186,8 @@ def _model_index_results(facts: CardFacts) -> list[dict[str, Any]]:
 
 
 def _engine(facts: CardFacts) -> str:
+    if facts.fsdp_strategy is not None:
+        return f"FSDP2 {facts.fsdp_strategy}, {facts.world_size} processes"
     if facts.zero_stage:
         return f"DeepSpeed ZeRO-{facts.zero_stage}, {facts.world_size} processes"
     if facts.world_size == 1:

@@ -165,6 +165,7 @@ def step(
     deepspeed: Path | None = typer.Option(
         None, "--deepspeed", help="DeepSpeed JSON, e.g. configs/deepspeed/zero2.json."
     ),
+    fsdp: Path | None = typer.Option(None, "--fsdp", help="FSDP2 settings, e.g. configs/fsdp/full-shard.yaml."),
     max_rows_per_forward: int = typer.Option(
         1 << 30,
         "--max-rows-per-forward",
@@ -213,10 +214,14 @@ def step(
             raise ValueError(f"--text {text}: no such file; pass a text file of one sentence per line (.gz allowed)")
         _check_outputs(output=output, plot=plot)
         views = bench_views(bench_objectives(objectives), negatives)
-        if compare is not None and (num_processes > 1 or deepspeed is not None):
+        if compare is not None and (num_processes > 1 or deepspeed is not None or fsdp is not None):
             raise ValueError(COMPARE_ALONE)
-        if compile and deepspeed is not None:
+        if compile and (deepspeed is not None or fsdp is not None):
             raise ValueError(COMPILE_WITHOUT_DEEPSPEED)
+        if fsdp is not None:
+            from vascl_scale.config import load_fsdp_config
+
+            load_fsdp_config(fsdp)  # its errors before any worker starts
     except ValueError as err:
         fail(err)
     if len(batches) * len(chunks) > 1:
@@ -241,6 +246,7 @@ def step(
         )
         cell_argv += ["--peak-tflops", str(peak_tflops)] + (["--compare", compare] if compare else [])
         cell_argv += ["--num-processes", str(num_processes)] + (["--deepspeed", str(deepspeed)] if deepspeed else [])
+        cell_argv += ["--fsdp", str(fsdp)] if fsdp else []
         cells = run_grid(cell_argv, grid_cells(batches, chunks, num_processes, max_rows_per_forward, views))
         print_table(grid_table(cells, objectives[0]))
         if plot is not None and any("result" in c for c in cells):
@@ -250,7 +256,9 @@ def step(
             save_result({"cells": cells}, output)
         return
 
-    code = run_here_or_launch(LaunchPlan(processes_per_machine=num_processes, deepspeed=deepspeed is not None))
+    code = run_here_or_launch(
+        LaunchPlan(processes_per_machine=num_processes, process_group=deepspeed is not None or fsdp is not None)
+    )
     if code is not None:  # the launcher: its workers measured
         raise typer.Exit(code)
     try:
@@ -265,6 +273,7 @@ def step(
             eps=eps,
             precision=precision,
             deepspeed=str(deepspeed) if deepspeed is not None else None,
+            fsdp=str(fsdp) if fsdp is not None else None,
             chunk_size=chunks[0],
             peak_tflops=peak_tflops,
             compare=compare,

@@ -13,7 +13,9 @@ reduce-scatter or an all-gather of a partitioned N-byte tensor sends (W - 1) / W
   other collective runs in a loss call.
 * Gradient traffic: DDP all-reduces every trainable gradient; ZeRO-2 reduce-scatters the
   gradients and all-gathers the updated parameters; ZeRO-3 also all-gathers the parameters in
-  the forward and again in the backward.
+  the forward and again in the backward. FSDP2 (``gradient_sync: step``) reduce-scatters the
+  gradients once per step; full_shard all-gathers the parameters for each forward and each
+  backward, shard_grad_op once per backward (:mod:`vascl_scale.train.fsdp`).
 
 The cached step (``--chunk-size`` c, m = ceil(b / c) chunks per view) sends the same DDP
 gradient all-reduce once per step, and its gathers run their backward twice (once for d loss
@@ -113,6 +115,13 @@ def computed_traffic(
         "zero2": reduce_scatters + ring_bytes_sent("all_gather_partitioned", parameters, w),
         "zero3": reduce_scatters
         + (1 + forwards + backwards) * ring_bytes_sent("all_gather_partitioned", parameters, w),
+        # FSDP2 with gradient_sync: step reduce-scatters once per step; full_shard gathers the
+        # parameters for every forward and backward, shard_grad_op once per backward (they stay
+        # gathered from a forward until the next backward is done).
+        "fsdp_full_shard": ring_bytes_sent("reduce_scatter", gradients, w)
+        + (forwards + backwards) * ring_bytes_sent("all_gather_partitioned", parameters, w),
+        "fsdp_shard_grad_op": ring_bytes_sent("reduce_scatter", gradients, w)
+        + backwards * ring_bytes_sent("all_gather_partitioned", parameters, w),
     }
     gathers = {
         objective: sum(

@@ -64,7 +64,7 @@ logger = logging.getLogger(__name__)
 COMPARE_ALONE = "--compare runs on one process without DeepSpeed (the peer is a single-process trainer)"
 COMPILE_WITHOUT_DEEPSPEED = (
     "--compile times compiled steps beside eager ones on a second copy of the model, and DeepSpeed takes one engine per "
-    "process: drop --deepspeed (train.compile itself runs under ZeRO-2: vascl-scale train --set train.compile=true)"
+    "process: drop --deepspeed / --fsdp (train.compile itself runs under ZeRO-2: vascl-scale train --set train.compile=true)"
 )
 COMPILED = " compiled"  # the suffix of a compiled step's row name
 PACKED = " packed"  # the suffix of a step's row with its rows packed (--packed)
@@ -255,6 +255,7 @@ def run_step_bench(
     eps: float = 15.0,
     precision: str = "auto",
     deepspeed: str | None = None,
+    fsdp: str | None = None,
     seed: int = 0,
     chunk_size: int = 0,
     peak_tflops: float = 0.0,
@@ -282,11 +283,15 @@ def run_step_bench(
     also time each objective as it ran before length sorting (chunks in row order, one uncached
     forward), on the same model, in the same rounds. ``attn_implementation``: every model's
     attention backend; ``packed``: also time each objective with its rows packed
-    (:mod:`vascl_scale.packing`), on a second copy of the model, in the same rounds."""
+    (:mod:`vascl_scale.packing`), on a second copy of the model, in the same rounds. ``fsdp``:
+    an FSDP2 settings file (``vascl-scale train --fsdp``): the model sharded by it."""
     from vascl_scale.bench.loop import run_training_loops
     from vascl_scale.bench.peer import PEERS, comparable_model_directory, sentence_transformers_step
+    from vascl_scale.config import load_fsdp_config
     from vascl_scale.losses import build_objective
     from vascl_scale.precision import train_precision
+    from vascl_scale.train.fsdp import shard_model
+    from vascl_scale.train.plan import gathers_per_forward
     from vascl_scale.train.plan import length_buckets as resolve_length_buckets
     from vascl_scale.train.step import TrainingStep
     from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
@@ -295,8 +300,11 @@ def run_step_bench(
     views = bench_views(specs, negatives)
     if steps < 1 or warmup < 0:
         raise ValueError(f"--steps must be >= 1 and --warmup >= 0; got {steps} and {warmup}")
-    if compile and deepspeed is not None:
+    if compile and (deepspeed is not None or fsdp is not None):
         raise ValueError(COMPILE_WITHOUT_DEEPSPEED)
+    if fsdp is not None and deepspeed is not None:
+        raise ValueError(f"--fsdp {fsdp} and --deepspeed {deepspeed} name two engines; pass one of them")
+    fsdp_settings = load_fsdp_config(fsdp) if fsdp is not None else None
     settings = dict(chunk_tokens=chunk_tokens, length_buckets=length_buckets)
     configs = {
         o: bench_config(o, model, global_batch, max_length, k, eps, precision, chunk_size, seed, compile, **settings)
@@ -312,7 +320,7 @@ def run_step_bench(
     if compare is not None:
         if compare not in PEERS:
             raise ValueError(f"--compare takes {', '.join(PEERS)}; got {compare!r}")
-        if deepspeed is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if deepspeed is not None or fsdp is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise ValueError(COMPARE_ALONE)
         model_dir = comparable_model_directory(model)
         # Before this process builds anything: the loop's process has the machine to itself.
@@ -334,10 +342,14 @@ def run_step_bench(
         config = bench_config(
             objectives[0], model, global_batch, max_length, k, eps, precision, chunk_size, seed, compiled, **settings
         )
+        if fsdp_settings is not None:
+            shard_model(encoder, fsdp_settings, run_precision, accelerator.device)
         wrapped, optimizer = prepare_for_training(
             accelerator, encoder, build_optimizer(encoder, config), config.train, rows
         )
-        buckets = resolve_length_buckets(config.train.length_buckets, zero_stage, encoder.packed)
+        buckets = resolve_length_buckets(
+            config.train.length_buckets, gathers_per_forward(zero_stage, fsdp_settings), encoder.packed
+        )
 
         def step_of(objective: str, sorted_rows: bool) -> TrainingStep:
             return TrainingStep(
@@ -345,6 +357,7 @@ def run_step_bench(
                 seed=seed, per_device_batch=rows, chunk_size=chunk_size, precision=run_precision,
                 chunk_tokens=chunk_tokens if sorted_rows else 0, sort_chunks=sorted_rows,
                 length_buckets=buckets if sorted_rows else 1,
+                reduce_every_backward=fsdp_settings is not None and fsdp_settings.gradient_sync == "backward",
             )  # fmt: skip
 
         made = {o: step_of(o, True) for o in objectives}
@@ -448,6 +461,7 @@ def run_step_bench(
         "text": str(text) if text is not None else None,
         "device": str(device),
         "deepspeed": deepspeed,
+        "fsdp": fsdp,
         "precision": run_precision,
         "compile": compile,
         "steps": steps,

@@ -5,7 +5,7 @@ expanded, the batch split, the precision, the resume state) is the run plan's jo
 (:mod:`vascl_scale.train.plan`).
 """
 
-from vascl_scale.config.loader import MAX_YAML_VALUES, apply_override, load_config, save_config
+from vascl_scale.config.loader import MAX_YAML_VALUES, apply_override, load_config, load_fsdp_config, save_config
 from vascl_scale.config.schema import (
     ALL_TRACKERS,
     MAX_GLOBAL_BATCH,
@@ -15,6 +15,7 @@ from vascl_scale.config.schema import (
     CheckpointConfig,
     DataConfig,
     EvalConfig,
+    FsdpConfig,
     LossConfig,
     MixSource,
     ModelConfig,
@@ -33,6 +34,7 @@ __all__ = [
     "CardConfig",
     "CheckpointConfig",
     "DataConfig",
+    "FsdpConfig",
     "EvalConfig",
     "LossConfig",
     "MixSource",
@@ -43,5 +45,6 @@ __all__ = [
     "apply_override",
     "config_from_dict",
     "load_config",
+    "load_fsdp_config",
     "save_config",
 ]

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from vascl_scale.config.schema import RunConfig, config_from_dict
+from vascl_scale.config.schema import FsdpConfig, RunConfig, _first_error, config_from_dict
 from vascl_scale.log import shown, shown_name
 
 # Values a config document may hold once its YAML aliases are expanded. A real config holds a
@@ -168,6 +168,24 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> Ru
     for assignment in overrides:
         apply_override(data, assignment)
     return config_from_dict(data)
+
+
+def load_fsdp_config(path: str | os.PathLike) -> FsdpConfig:
+    """The FSDP2 settings of ``--fsdp FILE`` (YAML, safe loader), validated; errors name the file."""
+    path = Path(path)
+    where = f"--fsdp {path}"
+    if not path.is_file():
+        raise ValueError(f"{where}: no such file (see configs/fsdp/ for examples)")
+    try:
+        loaded = _parse_yaml(path.read_text(encoding="utf-8"), where)
+    except UnicodeDecodeError:
+        raise ValueError(f"{where}: not UTF-8 text; save it as UTF-8") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ValueError(f"{where}: the top level must be a mapping of FSDP2 settings")
+    try:
+        return FsdpConfig.model_validate(loaded or {})
+    except ValidationError as err:
+        raise ValueError(f"{where}: {_first_error(err, FsdpConfig)}") from None
 
 
 def save_config(config: RunConfig, path: str | os.PathLike) -> None:

@@ -401,8 +401,9 @@ class TrainConfig(_Strict):
     order restored for the objective), each chunk cut to its longest row; the batch is unchanged."""
     length_buckets: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     """The uncached step's forwards: the batch's rows in this many length-sorted groups, each cut
-    to its longest row. auto: 4 (measured: docs/speed.md), and 1 under ZeRO-3 (each forward gathers
-    the parameters again) or with packed rows (no padding to save)."""
+    to its longest row. auto: 4 (measured: docs/speed.md), and 1 under ZeRO-3 and FSDP2's
+    full_shard and hybrid_shard (each forward gathers the parameters again) or with packed rows
+    (no padding to save)."""
     max_steps: int = Field(4883, ge=1)
     """optimiser steps; 4883 x 1024 is about 5 epochs of 1M sentences"""
     seed: int = Field(42, ge=0, le=2**32 - 1)
@@ -413,8 +414,8 @@ class TrainConfig(_Strict):
     compile: bool = False
     """Run the encoder through ``torch.compile`` (inductor), its parameters and checkpoints
     unchanged: each new input shape, grad mode and train/eval mode compiles once (tens of seconds
-    on a CPU, in the step that meets it). With DDP and ZeRO-2, not ZeRO-3 (its per-layer
-    parameter gathering). Off by default: on 2 CPU cores it gained nothing for MiniLM after 25-35 s
+    on a CPU, in the step that meets it). With DDP, ZeRO-2 and FSDP2 (each block compiled
+    before it is sharded), not ZeRO-3 (its per-layer parameter gathering). Off by default: on 2 CPU cores it gained nothing for MiniLM after 25-35 s
     of compiling (docs/speed.md); measure it where it runs (``bench step --compile``)."""
     output_dir: NonEmpty = "runs/vascl"
     """the run directory: config.yaml, metrics.jsonl, checkpoints/, last/, best/ and final/"""
@@ -490,6 +491,44 @@ class CardConfig(_Strict):
     """languages of the training data, e.g. [en]"""
     license: str | None = None
     """a hub licence id, e.g. apache-2.0"""
+
+
+class FsdpConfig(_StrictFields):
+    """The FSDP2 engine (``vascl-scale train --fsdp FILE``, ``torch.distributed.fsdp.fully_shard``):
+    a file of its own beside the run's config, as a DeepSpeed JSON is (configs/fsdp/). The
+    strategies keep accelerate's and FSDP1's names; the parameters' compute dtype comes from
+    ``train.precision``."""
+
+    sharding_strategy: Literal["full_shard", "shard_grad_op", "hybrid_shard"] = "full_shard"
+    """full_shard: parameters, gradients and optimiser state sharded over every rank, each
+    block's parameters gathered for its forward and again for its backward (ZeRO-3's memory);
+    shard_grad_op: gathered once per forward and kept until the backward is done (ZeRO-2's
+    traffic, more memory); hybrid_shard: full_shard within a group of shard_size ranks,
+    replicated across groups (gradients all-reduced between them): many machines"""
+    shard_size: int = Field(0, ge=0)
+    """hybrid_shard: ranks per shard group, dividing the world size; 0: the ranks of one machine"""
+    cpu_offload: bool = False
+    """keep the sharded parameters, gradients and optimiser state in CPU memory (FSDP2's
+    CPUOffloadPolicy): the optimiser step runs on the CPU; for backbones that do not fit otherwise"""
+    reduce_dtype: Literal["float32", "bf16"] = "float32"
+    """with train.precision bf16 (bf16 parameters in the forward and backward), the dtype the
+    gradients are reduced in; float32 sums the ranks' gradients without bf16 rounding"""
+    gradient_sync: Literal["step", "backward"] = "step"
+    """step: gradients are reduced once per optimiser step (the cached step's and accumulation's
+    other backwards keep unsharded gradients, as DDP does); backward: each backward
+    reduce-scatters (ZeRO's way: sharded gradient memory, n m times the traffic of a cached step)"""
+    transformer_layer_cls_to_wrap: list[NonEmpty] | None = None
+    """class names of the blocks sharded as units (accelerate's key); unset: the backbone's
+    ``_no_split_modules`` (BertLayer, Qwen3DecoderLayer, ...)"""
+
+    @model_validator(mode="after")
+    def _shard_size_is_hybrid(self) -> FsdpConfig:
+        if self.shard_size and self.sharding_strategy != "hybrid_shard":
+            raise ValueError(
+                f"shard_size = {self.shard_size} sizes hybrid_shard's groups, and sharding_strategy is "
+                f"{self.sharding_strategy!r}; remove shard_size or set sharding_strategy: hybrid_shard"
+            )
+        return self
 
 
 class RunConfig(_Strict):

@@ -4,10 +4,14 @@ Layout of ``<run>/checkpoints/step-00000100/``:
 
 - accelerate's state (``accelerator.save_state``): model and head (one module), optimiser
   and per-rank RNG states; under DeepSpeed the engine's (ZeRO-partitioned) checkpoint;
+  under FSDP2 instead ``fsdp/``, the model's and the optimiser's shards written by
+  ``torch.distributed.checkpoint`` (DCP: a ``__<rank>_0.distcp`` per rank and a ``.metadata``;
+  :mod:`vascl_scale.train.fsdp`). No RNG state is needed there: the step seeds every loss
+  call's randomness from (seed, loss call, rank), and the data stream keeps its own position;
 - ``data/rank-00000.pt``: each rank's position in its training stream;
 - ``config.yaml``: the config of the run that wrote it, its paths as written;
-- ``trainer_state.json``: step, scheduler, best score, world size and the size of every
-  other file of the checkpoint. Written last: it is the completion marker.
+- ``trainer_state.json``: step, scheduler, best score, world size, the engine that wrote it
+  and the size of every other file of the checkpoint. Written last: it is the completion marker.
 
 Every rank writes into ``checkpoints/.tmp-step-00000100``; after a barrier, rank 0 lists the
 files, writes ``trainer_state.json`` and renames the directory. A checkpoint is deleted by
@@ -18,10 +22,13 @@ truncated afterwards) is not complete: ``--resume`` falls back to the newest com
 Requires the run directory on a file system that every machine sees.
 
 Loading is safe: accelerate reads its files with ``torch.load(weights_only=True)`` or
-safetensors, but DeepSpeed reads its own with ``weights_only=False``. So before anything is
-loaded, :func:`verify_checkpoint_files` refuses symlinks that leave the checkpoint directory,
-opens every pickle-based file that any loader may read with ``weights_only=True`` and a short
-allowlist of DeepSpeed's plain data types, and every safetensors file with safetensors.
+safetensors, but DeepSpeed reads its own with ``weights_only=False``, and DCP unpickles its
+``.metadata`` and the non-tensor entries of its ``.distcp`` files (the optimiser's settings)
+without restriction. So before anything is loaded, :func:`verify_checkpoint_files` refuses
+symlinks that leave the checkpoint directory, opens every pickle-based file that any loader
+may read with ``weights_only=True`` and a short allowlist of DeepSpeed's plain data types,
+every DCP ``.metadata`` with an unpickler that knows only DCP's metadata types, and every
+non-tensor DCP entry with ``weights_only=True``, and every safetensors file with safetensors.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -48,6 +56,18 @@ STATE_FILE = "trainer_state.json"
 _NAME = re.compile(r"^step-(\d{8})$")
 # Files that loaders read with pickle (torch.load): accelerate's .bin / .pkl, DeepSpeed's .pt.
 PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".pkl"}
+ENGINE_NAMES = {"ddp": "DDP", "deepspeed": "DeepSpeed", "fsdp": "FSDP2"}
+ENGINE_OPTIONS = {"ddp": "neither --deepspeed nor --fsdp", "deepspeed": "--deepspeed FILE", "fsdp": "--fsdp FILE"}
+# What a DCP .metadata pickle may name besides DCP's own metadata module.
+_DCP_GLOBALS = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("pathlib", "Path"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("collections", "OrderedDict"),
+}
 
 
 @dataclass
@@ -63,6 +83,8 @@ class TrainerState:
     columns: list[str] | None = None
     # Size in bytes of every other file of the checkpoint, by path relative to it (all ranks').
     files: dict[str, int] = field(default_factory=dict)
+    # "ddp", "deepspeed" or "fsdp" (vascl_scale.train.plan.engine_name); None: written before it was saved.
+    engine: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2)
@@ -151,12 +173,12 @@ def resolve_resume(target: str, run_dir: Path) -> Path:
 
 
 def check_resume_compatible(
-    checkpoint: Path, config: RunConfig, world_size: int, columns: tuple[str, ...]
+    checkpoint: Path, config: RunConfig, world_size: int, columns: tuple[str, ...], engine: str
 ) -> TrainerState:
     """The saved state, after checking that this run can continue it, before anything is loaded:
     the same objective, model (backbone, pooling, head, adapter: every ``model`` key), global
-    batch, ``columns`` of the data's batches and world size. Each change is named, saved value
-    against asked."""
+    batch, ``columns`` of the data's batches, ``engine`` and world size. Each change is named,
+    saved value against asked."""
     state = TrainerState.from_file(checkpoint / STATE_FILE)
     saved = _saved_config(checkpoint)
     # config.yaml holds the paths as written (expanded in files saved before that): compare
@@ -181,6 +203,12 @@ def check_resume_compatible(
             f"--resume {checkpoint}: {'; '.join(problems)}; resume with the config the checkpoint was written "
             "with (its config.yaml) and its data, or start a new run with another --output (to train its weights "
             "on from there, set model.path to the run's export: final/ or best/)"
+        )
+    if state.engine is not None and state.engine != engine:
+        raise ValueError(
+            f"--resume {checkpoint}: it was written by the {ENGINE_NAMES[state.engine]} engine and this run uses "
+            f"{ENGINE_NAMES[engine]}; their checkpoints differ in layout, so resume with the engine that wrote it "
+            f"({ENGINE_OPTIONS[state.engine]}), or start a new run from its export (set model.path to final/ or best/)"
         )
     if state.world_size != world_size:
         raise ValueError(
@@ -229,8 +257,10 @@ def save_checkpoint(
     state: TrainerState,
     data_state: dict[str, Any],
     keep_last: int,
+    sharded: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None,
 ) -> Path:
-    """Write a complete checkpoint atomically (all ranks call this); returns its path."""
+    """Write a complete checkpoint atomically (all ranks call this); returns its path.
+    ``sharded``: the model and optimiser of an FSDP2 run, saved through DCP instead of accelerate."""
     root = Path(run_dir) / CHECKPOINTS
     final = root / checkpoint_name(state.step)
     staging = root / f".tmp-{final.name}"
@@ -240,7 +270,12 @@ def save_checkpoint(
             shutil.rmtree(stale, ignore_errors=True)
         staging_directory(final)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(staging))
+    if sharded is not None:
+        from vascl_scale.train.fsdp import SHARDED_STATE, save_sharded
+
+        save_sharded(*sharded, staging / SHARDED_STATE)
+    else:
+        accelerator.save_state(str(staging))
     path = data_state_path(staging, accelerator.process_index)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(data_state, path)
@@ -308,7 +343,9 @@ def verify_checkpoint_files(checkpoint: Path) -> None:
         files = _files_inside(checkpoint)
         for path in files:
             try:
-                if path.suffix in PICKLE_SUFFIXES:
+                if path.name == ".metadata":
+                    _check_dcp_directory(path.parent)
+                elif path.suffix in PICKLE_SUFFIXES:
                     with torch.serialization.safe_globals(_safe_globals()):
                         torch.load(path, map_location="cpu", weights_only=True, mmap=True)
                 elif path.suffix == ".safetensors":
@@ -320,11 +357,59 @@ def verify_checkpoint_files(checkpoint: Path) -> None:
         raise ValueError(f"refusing checkpoint {checkpoint}: {err}; {previous_checkpoint_hint(checkpoint)}") from err
 
 
-def load_checkpoint(accelerator, checkpoint: Path) -> dict[str, Any]:
-    """Restore accelerate's state from ``checkpoint``; returns this rank's data position."""
+class _DcpMetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's metadata types, torch's sizes and dtypes, and nothing else."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = (
+            module == "torch.distributed.checkpoint.metadata"
+            or (module, name) in _DCP_GLOBALS
+            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        )
+        if not allowed:
+            raise pickle.UnpicklingError(f"a DCP .metadata may not name {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _check_dcp_directory(directory: Path) -> None:
+    """DCP's ``.metadata`` read with :class:`_DcpMetadataUnpickler`; every non-tensor entry it
+    points to (bytes in a ``.distcp`` file, which DCP would unpickle freely) with ``weights_only=True``."""
+    import io
+
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    with open(directory / ".metadata", "rb") as handle:
+        metadata = _DcpMetadataUnpickler(handle).load()
+    for index, where in metadata.storage_data.items():
+        if not isinstance(metadata.state_dict_metadata.get(index.fqn), BytesStorageMetadata):
+            continue
+        path = directory / where.relative_path
+        if not path.resolve().is_relative_to(directory.resolve()):
+            raise ValueError(f"{directory / '.metadata'} points outside its directory ({where.relative_path})")
+        with open(path, "rb") as handle:
+            handle.seek(where.offset)
+            payload = handle.read(where.length)
+        try:
+            torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+        except Exception as err:
+            raise ValueError(
+                f"{path}: entry {index.fqn} cannot be loaded safely ({type(err).__name__}: {err})"
+            ) from err
+
+
+def load_checkpoint(
+    accelerator, checkpoint: Path, sharded: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None
+) -> dict[str, Any]:
+    """Restore the run's state from ``checkpoint`` (``sharded``: an FSDP2 run's model and
+    optimiser, through DCP); returns this rank's data position."""
     verify_checkpoint_files(checkpoint)
     try:
-        accelerator.load_state(str(checkpoint))
+        if sharded is not None:
+            from vascl_scale.train.fsdp import SHARDED_STATE, load_sharded
+
+            load_sharded(*sharded, checkpoint / SHARDED_STATE)
+        else:
+            accelerator.load_state(str(checkpoint))
         return torch.load(data_state_path(checkpoint, accelerator.process_index), weights_only=True)
     except Exception as err:  # files that passed the checks but do not fit this model or run
         raise ValueError(

@@ -22,6 +22,9 @@ def train_command(
     deepspeed: Path | None = typer.Option(
         None, "--deepspeed", help="DeepSpeed JSON, e.g. configs/deepspeed/zero2.json."
     ),
+    fsdp: Path | None = typer.Option(
+        None, "--fsdp", help="FSDP2 settings (YAML), e.g. configs/fsdp/full-shard.yaml; not with --deepspeed."
+    ),
     num_processes: int = typer.Option(1, "--num-processes", help="Processes on this machine."),
     num_machines: int = typer.Option(1, "--num-machines"),
     machine_rank: int = typer.Option(0, "--machine-rank"),
@@ -73,7 +76,12 @@ def train_command(
             run_here_or_launch(LaunchPlan())  # watch the launcher
         elif in_distributed_worker():  # a worker of another launcher (torchrun, srun) plans for itself
             run_plan = make_plan(
-                run_config, world_size=worker_world_size(), deepspeed=deepspeed, resume=resume_target, lock="workers"
+                run_config,
+                world_size=worker_world_size(),
+                deepspeed=deepspeed,
+                fsdp=fsdp,
+                resume=resume_target,
+                lock="workers",
             )
             if process_rank() == 0:
                 write_plan(run_plan, plan_path(run_plan.run_dir))
@@ -85,12 +93,17 @@ def train_command(
                 machine_rank=machine_rank,
                 main_process_ip=main_process_ip,
                 main_process_port=main_process_port,
-                deepspeed=deepspeed is not None,
+                process_group=deepspeed is not None or fsdp is not None,
             )
             # Machine 0 holds the shared run directory for the workers of every machine.
             holder = "here" if launch.machine_rank == 0 else "launcher"
             run_plan = make_plan(
-                run_config, world_size=launch.world_size, deepspeed=deepspeed, resume=resume_target, lock=holder
+                run_config,
+                world_size=launch.world_size,
+                deepspeed=deepspeed,
+                fsdp=fsdp,
+                resume=resume_target,
+                lock=holder,
             )
             written = write_plan(run_plan, plan_path(run_plan.run_dir, launch.machine_rank))
             logger.info("run plan: %s (the workers read it)", written)

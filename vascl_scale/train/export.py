@@ -14,6 +14,8 @@ embeddings equal :meth:`SentenceEncoder.encode`) and, beside them, the projectio
 
 Under ZeRO-3 the parameters are sharded; ``accelerator.get_state_dict`` gathers the full
 state on rank 0 (the DeepSpeed config must set ``stage3_gather_16bit_weights_on_model_save``).
+Under FSDP2 :func:`vascl_scale.train.fsdp.full_state_dict` gathers every shard on rank 0 in
+CPU memory; the backbone is saved as its own class (``BertModel``, not FSDP2's subclass).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from vascl_scale.fs import replace_directory, staging_directory
 from vascl_scale.model import CLASSIFIER_FILE
 from vascl_scale.model_card import CardFacts, write_model_card
 from vascl_scale.sentence_transformers_format import write_sentence_transformers_files
+from vascl_scale.train.fsdp import full_state_dict, is_sharded
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +46,8 @@ def export_model(
 ) -> None:
     """Write ``target`` atomically from the (possibly wrapped) model, with the card of ``card``
     and the query / document ``prompts`` of sentence-transformers (:func:`export_prompts`); all ranks call this."""
-    state = accelerator.get_state_dict(model)  # full state on the main process (ZeRO-3 gathers)
+    # The full state on the main process: ZeRO-3 and FSDP2 gather their shards.
+    state = full_state_dict(model) if is_sharded(model) else accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         encoder_module = accelerator.unwrap_model(model)
         encoder_state, head_state, classifier_state = (

@@ -5,15 +5,15 @@ with more than one process, it re-runs its own command line (``python -m vascl_s
 under ``accelerate launch``; accelerate starts the workers through torch's elastic agent, which
 also ends the surviving workers when one of them dies. Inside a worker (``RANK`` and
 ``WORLD_SIZE`` set by ``accelerate launch``, ``torchrun``, the ``deepspeed`` launcher, or an
-``srun`` script that exports them) it trains. One process with DeepSpeed trains in place in a
-one-rank process group (:func:`become_single_rank`): DeepSpeed needs a group even then.
+``srun`` script that exports them) it trains. One process with DeepSpeed or FSDP2 trains in
+place in a one-rank process group (:func:`become_single_rank`): both need a group even then.
 
 The elastic agent starts each worker in a new session, so a signal to the launcher's process
 group (a SIGKILL from a scheduler or a terminal) misses the workers: every worker therefore
 watches its parent (:func:`exit_with_parent`) and exits when the launcher is gone, instead of
 training on as an orphan.
 
-DeepSpeed is configured in the worker from ``--deepspeed`` (see
+DeepSpeed and FSDP2 are configured in the worker from ``--deepspeed`` / ``--fsdp`` (see
 :mod:`vascl_scale.train.trainer`), so every launcher gives the same run; accelerate's
 launcher is used in its torchrun mode (``--multi_gpu``), which also works on CPU with gloo.
 """
@@ -60,7 +60,8 @@ class LaunchPlan:
     machine_rank: int = 0
     main_process_ip: str | None = None
     main_process_port: int | None = None
-    deepspeed: bool = False
+    process_group: bool = False
+    """one process trains in a one-rank process group (DeepSpeed and FSDP2 need one)"""
 
     def __post_init__(self) -> None:
         if self.processes_per_machine < 1:
@@ -81,7 +82,7 @@ class LaunchPlan:
 
     @property
     def needs_launcher(self) -> bool:
-        """One process trains in place (in a one-rank group under DeepSpeed); more need a launcher."""
+        """One process trains in place (in a one-rank group under DeepSpeed and FSDP2); more need a launcher."""
         return self.world_size > 1
 
     def accelerate_arguments(self, worker_argv: list[str]) -> list[str]:
@@ -105,7 +106,8 @@ class LaunchPlan:
 def become_single_rank() -> None:
     """Make this process rank 0 of a one-rank process group (torchrun's environment).
 
-    DeepSpeed initialises torch.distributed even for one process; accelerate's launcher
+    DeepSpeed initialises torch.distributed even for one process, and FSDP2 shards over a
+    process group's mesh; accelerate's launcher
     refuses ``--multi_gpu`` with one process, so the group is formed here, in place.
     """
     os.environ.update(
@@ -233,8 +235,8 @@ def run_here_or_launch(launch: LaunchPlan, worker_argv: list[str] | None = None)
     """The one way a command (``train``, ``bench step``) runs on its ranks.
 
     None when this process is to do the work itself: it is a worker of a launcher (it then
-    watches its parent, :func:`exit_with_parent`), or the only process (under DeepSpeed, in a
-    one-rank group, :func:`become_single_rank`). Otherwise the exit status of the workers
+    watches its parent, :func:`exit_with_parent`), or the only process (under DeepSpeed and
+    FSDP2, in a one-rank group, :func:`become_single_rank`). Otherwise the exit status of the workers
     :func:`launch_workers` started with ``worker_argv`` (default: this command line).
     ``sweep`` runs each cell as a ``vascl-scale train`` command, so its cells start the same way;
     ``bench comm`` always measures on workers it launches (:func:`launch_workers`), one included.
@@ -244,6 +246,6 @@ def run_here_or_launch(launch: LaunchPlan, worker_argv: list[str] | None = None)
         return None
     if launch.needs_launcher:
         return launch_workers(launch, worker_argv)
-    if launch.deepspeed:
+    if launch.process_group:
         become_single_rank()
     return None

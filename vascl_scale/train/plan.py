@@ -3,7 +3,7 @@
 ``vascl-scale train`` loads the config (as written, with its ``--set`` overrides) and makes one
 :class:`RunPlan` from it (:func:`make_plan`): the paths expanded (a hub id located in the cache,
 its commit pinned), the batch split (per-device batch, accumulation), the precision and why, the
-engine (DDP or DeepSpeed, its config file and ZeRO stage), the trackers, the checkpoint to resume
+engine (DDP, DeepSpeed with its config file and ZeRO stage, or FSDP2 with its settings), the trackers, the checkpoint to resume
 from (checked against the config), the columns of every training batch, and the dev set for model
 selection. Every check on the config that needs the machine (files, manifests, installed
 packages) is here, so a bad run fails in the launcher with one error instead of in every worker.
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from vascl_scale.backbone import BackbonePlan, plan_backbone
-from vascl_scale.config import MixSource, RunConfig, config_from_dict
+from vascl_scale.config import FsdpConfig, MixSource, RunConfig, config_from_dict, load_fsdp_config
 from vascl_scale.data.augment import check_augmenter
 from vascl_scale.data.columns import AUGMENTED, columns_to_read
 from vascl_scale.data.mix_plan import check_same_columns
@@ -76,6 +76,8 @@ class RunPlan:
     """a DeepSpeed JSON (``--deepspeed``, or an ``accelerate launch --config_file``'s), or None: DDP"""
     zero_stage: int
     """the DeepSpeed file's ZeRO stage; 0 without DeepSpeed"""
+    fsdp: FsdpConfig | None
+    """the FSDP2 settings of ``--fsdp FILE`` (:mod:`vascl_scale.train.fsdp`), or None"""
     trackers: tuple[str, ...]
     """where rank 0 sends the metrics (:func:`vascl_scale.train.tracking.resolve_trackers`)"""
     resume_from: str | None
@@ -102,11 +104,22 @@ class RunPlan:
     def run_dir(self) -> Path:
         return Path(self.config.train.output_dir)
 
+    @property
+    def parameters_sharded(self) -> bool:
+        """Whether every forward is a collective (ZeRO-3, FSDP2): then every rank must encode."""
+        return self.zero_stage == 3 or self.fsdp is not None
+
+    @property
+    def engine(self) -> str:
+        """ "ddp", "deepspeed" or "fsdp" (:func:`engine_name`)."""
+        return engine_name(self.deepspeed_config, self.fsdp)
+
     def to_json(self) -> str:
         # Not dataclasses.asdict: it deep-copies every field, the lock's open file included.
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("config", "run_lock")}
         values["config"] = self.config.to_dict()
         values["backbone"] = asdict(self.backbone)
+        values["fsdp"] = self.fsdp.model_dump() if self.fsdp is not None else None
         values["written_config"] = self.config.as_written().to_dict()
         return json.dumps(values, indent=2)
 
@@ -118,7 +131,9 @@ class RunPlan:
         config._written = written
         tuples = {name: tuple(values.pop(name)) for name in ("trackers", "read_columns", "columns")}
         backbone = BackbonePlan(**values.pop("backbone"))
-        return cls(config=config, backbone=backbone, **tuples, **values)
+        fsdp = values.pop("fsdp")
+        fsdp = FsdpConfig.model_validate(fsdp) if fsdp is not None else None
+        return cls(config=config, backbone=backbone, fsdp=fsdp, **tuples, **values)
 
     def check_worker(self, config: RunConfig, world_size: int, where: Path) -> None:
         """ValueError unless a worker started with ``config`` on ``world_size`` ranks runs this plan
@@ -156,13 +171,15 @@ def make_plan(
     *,
     world_size: int = 1,
     deepspeed: str | os.PathLike | None = None,
+    fsdp: str | os.PathLike | None = None,
     resume: str | None = None,
     lock: LockHolder = "here",
 ) -> RunPlan:
     """The plan of a run of ``config`` (as loaded) on ``world_size`` ranks; every check in one place.
 
     ``deepspeed``: a DeepSpeed JSON (None: the one an ``accelerate launch --config_file`` of the
-    DeepSpeed type passed down, if any; else DDP). ``resume``: ``"latest"``, a run directory or a
+    DeepSpeed type passed down, if any; else DDP). ``fsdp``: an FSDP2 settings file (``--fsdp``;
+    not together with DeepSpeed). ``resume``: ``"latest"``, a run directory or a
     checkpoint. ``lock``: who holds the run directory (:data:`LockHolder`); with ``"here"`` this
     process takes the lock before the directory is checked and the plan keeps it
     (:attr:`RunPlan.run_lock`).
@@ -174,6 +191,7 @@ def make_plan(
     trackers = resolve_trackers(train.report_to)
     deepspeed_config = _deepspeed_config(deepspeed)
     zero_stage = _zero_stage(deepspeed_config) if deepspeed_config is not None else 0
+    fsdp_settings = _fsdp_settings(fsdp, deepspeed_config, precision)
     if train.compile and zero_stage == 3:
         raise ValueError(
             "train.compile: true does not run under ZeRO-3 (its per-layer parameter gathering breaks the compiled "
@@ -181,7 +199,7 @@ def make_plan(
         )
     read_columns, columns = data_columns(resolved)
     backbone = plan_backbone(resolved.model, Path(resolved.model.path), local_device_type())
-    buckets = length_buckets(train.length_buckets, zero_stage, backbone.packed)
+    buckets = length_buckets(train.length_buckets, gathers_per_forward(zero_stage, fsdp_settings), backbone.packed)
     dev_set = _dev_set(resolved)
     run_dir = Path(train.output_dir)
     check_writable(run_dir)
@@ -191,7 +209,8 @@ def make_plan(
         resume_from = None
         if resume is not None:
             resume_from = resolve_resume(resume, run_dir)
-            check_resume_compatible(resume_from, resolved, world_size, columns)
+            engine = engine_name(deepspeed_config, fsdp_settings)
+            check_resume_compatible(resume_from, resolved, world_size, columns, engine)
     except BaseException:
         if run_lock is not None:
             run_lock.release()
@@ -204,6 +223,7 @@ def make_plan(
         precision_reason=precision_reason(train.precision, precision, local_device_type(), "train.precision"),
         deepspeed_config=deepspeed_config,
         zero_stage=zero_stage,
+        fsdp=fsdp_settings,
         trackers=trackers,
         resume_from=str(resume_from) if resume_from is not None else None,
         read_columns=read_columns,
@@ -217,13 +237,28 @@ def make_plan(
     )
 
 
-def length_buckets(setting: int | str, zero_stage: int, packed: bool) -> int:
-    """train.length_buckets resolved: ``auto`` is :data:`LENGTH_BUCKETS_AUTO`, except 1 under
-    ZeRO-3 (each forward gathers every layer's parameters again) and with packed rows (nothing
-    padded to save); a number is kept."""
+def engine_name(deepspeed_config: str | None, fsdp: FsdpConfig | None) -> str:
+    """ "ddp", "deepspeed" or "fsdp": what shards (or replicates) the model; each checkpoint records it."""
+    if fsdp is not None:
+        return "fsdp"
+    return "deepspeed" if deepspeed_config is not None else "ddp"
+
+
+def gathers_per_forward(zero_stage: int, fsdp: FsdpConfig | None) -> bool:
+    """Whether each forward all-gathers the parameters again: ZeRO-3, FSDP2 but shard_grad_op."""
+    if fsdp is not None:
+        return fsdp.sharding_strategy != "shard_grad_op"
+    return zero_stage == 3
+
+
+def length_buckets(setting: int | str, gathers_per_forward: bool, packed: bool) -> int:
+    """train.length_buckets resolved: ``auto`` is :data:`LENGTH_BUCKETS_AUTO`, except 1 where
+    each forward gathers every layer's parameters again (ZeRO-3, FSDP2's full and hybrid
+    sharding: :func:`gathers_per_forward`) and with packed rows (nothing padded to
+    save); a number is kept."""
     if setting != "auto":
         return int(setting)
-    return 1 if zero_stage == 3 or packed else LENGTH_BUCKETS_AUTO
+    return 1 if gathers_per_forward or packed else LENGTH_BUCKETS_AUTO
 
 
 def plan_path(run_dir: Path, machine_rank: int = 0) -> Path:
@@ -274,6 +309,30 @@ def _deepspeed_config(deepspeed: str | os.PathLike | None) -> str | None:
     if not Path(deepspeed).is_file():
         raise ValueError(f"--deepspeed {deepspeed}: no such file")
     return str(deepspeed)
+
+
+def _fsdp_settings(fsdp: str | os.PathLike | None, deepspeed_config: str | None, precision: str) -> FsdpConfig | None:
+    """The validated settings of ``--fsdp``, or None; refused beside a DeepSpeed config, with
+    fp16, and under an ``accelerate launch`` of accelerate's own FSDP type."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        raise ValueError(
+            "accelerate launch was given an FSDP config (distributed_type: FSDP); vascl-scale shards with its own "
+            "FSDP2 engine: launch with a plain multi-GPU accelerate config and pass --fsdp configs/fsdp/full-shard.yaml"
+        )
+    if fsdp is None:
+        return None
+    if deepspeed_config is not None:
+        raise ValueError(
+            f"--fsdp {fsdp} and --deepspeed {deepspeed_config} name two engines; pass one of them "
+            "(docs/engines.md compares them)"
+        )
+    settings = load_fsdp_config(fsdp)
+    if precision == "fp16":
+        raise ValueError(
+            f"--fsdp {fsdp} with train.precision fp16: the FSDP2 engine has no loss scaling; "
+            "set train.precision to bf16 (or no)"
+        )
+    return settings
 
 
 def _zero_stage(deepspeed_config: str) -> int:

@@ -36,11 +36,15 @@ objective) holds the activations of c sentences at a time instead of n b:
 Step 3 gives the parameters exactly the gradient of the one-forward step whose forwards draw
 these masks. Each backward is scaled as a loss is (accumulation, fp16 loss scale). Gradient
 reduction happens once per optimiser step: under DDP every backward but the step's last runs
-in ``no_sync``; under DeepSpeed each backward is one of the engine's (ZeRO-2/3 reset their
-gradient hooks per backward) and only the step's last is its accumulation boundary. ZeRO-2/3
-still reduce-scatter the gradients of every backward (their design: a rank keeps only its
-partition), so a cached step moves n m times the gradient bytes of an uncached one there, m
-chunks per view (``vascl-scale bench comm``).
+in ``no_sync``; under FSDP2 the backbone's gradient sync is off for them
+(``set_requires_gradient_sync(False)``: each rank accumulates unsharded gradients, as DDP
+does) unless ``reduce_every_backward`` (the ``--fsdp`` file's ``gradient_sync: backward``), and
+the heads, whole on every rank, are averaged once after the step's last backward
+(:mod:`vascl_scale.train.fsdp`); under DeepSpeed each backward is one of the engine's
+(ZeRO-2/3 reset their gradient hooks per backward) and only the step's last is its
+accumulation boundary. ZeRO-2/3 still reduce-scatter the gradients of every backward (their
+design: a rank keeps only its partition), so a cached step moves n m times the gradient bytes
+of an uncached one there, m chunks per view (``vascl-scale bench comm``).
 
 Randomness is a function of (seed, loss call, rank): the dropout masks are seeded per loss
 call and rank; VaSCL's initial directions come from a generator seeded per loss call only,
@@ -60,10 +64,12 @@ from torch import Tensor
 
 from vascl_scale.data.batch import Batch, Padding, widen
 from vascl_scale.data.columns import TOKEN_KEYS
+from vascl_scale.distributed import average_gradients
 from vascl_scale.flops import EncoderShape
 from vascl_scale.lengths import row_lengths, token_budget_groups, trimmed
 from vascl_scale.losses import Objective, ObjectiveOutput
 from vascl_scale.precision import autocast
+from vascl_scale.train.fsdp import clip_grad_norm_, is_sharded, set_gradient_sync
 
 MODEL_INPUTS = TOKEN_KEYS  # what the encoder's forward takes of a column's tensors
 
@@ -130,6 +136,7 @@ class TrainingStep:
         chunk_tokens: int = 0,
         sort_chunks: bool = True,
         length_buckets: int = 1,
+        reduce_every_backward: bool = False,
     ) -> None:
         self.accelerator = accelerator
         self.model = model
@@ -155,6 +162,8 @@ class TrainingStep:
         # cached loss call's first backward, so the last one touches them with zero.
         self.ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
         module = accelerator.unwrap_model(model)
+        self.fsdp = is_sharded(module)  # FSDP2: the backbone sharded, the heads whole on every rank
+        self.reduce_every_backward = reduce_every_backward  # FSDP2 only: sync every backward
         self.packed = module.packed  # a chunk's tokens are its real ones, not rows x its longest
         self.encoder_shape = EncoderShape.of(module.encoder.config)
         # Views of different widths are padded to one as the tokenizer pads; a model without a
@@ -175,6 +184,13 @@ class TrainingStep:
         )
         encoder = 3 * self.encoder_shape.forward_flops(views * rows, tokens)
         return encoder + self.objective.model_flops(views, rows, global_rows, head.hidden_size, head.out_dim)
+
+    @property
+    def sharded_state(self) -> tuple[torch.nn.Module, torch.optim.Optimizer] | None:
+        """Under FSDP2, the model and the (unwrapped) optimiser that checkpoints save through DCP; else None."""
+        if not self.fsdp:
+            return None
+        return self.model, getattr(self.optimizer, "optimizer", self.optimizer)
 
     @property
     def head(self) -> torch.nn.Module:
@@ -313,7 +329,7 @@ class TrainingStep:
         final_span = len(spans) - 1
         for index, ((view, chunk_rows), state) in enumerate(zip(spans, states)):
             final = index == final_span and self.accelerator.sync_gradients
-            with nullcontext() if final or not self.ddp else self.model.no_sync():
+            with self._gradient_sync(final):
                 state.restore()
                 with self._autocast():
                     chunk = self.model(**self.chunk_inputs(views[view], chunk_rows))  # (c, d), the masks of pass 1
@@ -341,6 +357,14 @@ class TrainingStep:
         released = [p for p in self._head_parameters() if p.ds_status == ZeroParamStatus.NOT_AVAILABLE]
         return GatheredParameters(released)  # a no-op when none is released
 
+    def _gradient_sync(self, sync: bool) -> AbstractContextManager:
+        """The coming backwards reduce the gradients over the ranks (``sync``) or only accumulate
+        them on each rank: DDP's ``no_sync``, FSDP2's gradient sync flag (module doc)."""
+        if self.fsdp:
+            set_gradient_sync(self.model, sync or self.reduce_every_backward)
+            return nullcontext()
+        return nullcontext() if sync or not self.ddp else self.model.no_sync()
+
     def _backward(self, value: Tensor, *, final: bool) -> None:
         """Back-propagate a loss-like scalar, divided by the accumulation steps (and fp16-scaled);
         ``final``: the optimiser step's last backward on this rank (DeepSpeed's boundary)."""
@@ -364,10 +388,7 @@ class TrainingStep:
         flops = 0
         for micro in range(accum):
             # accelerate's accumulate() skips no_sync for a DDP of one process: reduce once anyway.
-            with (
-                acc.accumulate(self.model),
-                self.model.no_sync() if self.ddp and not acc.sync_gradients else nullcontext(),
-            ):
+            with acc.accumulate(self.model), self._gradient_sync(acc.sync_gradients):
                 call = step * accum + micro
                 batch = next(batches)
                 flops += self.loss_call_flops(len(self.encoded_columns(batch)), self.view_width(batch))
@@ -377,8 +398,13 @@ class TrainingStep:
                     out = self.loss_call(batch, call, with_stats)
                     self._require_finite(out.loss, step)
                     self._backward(out.loss, final=acc.sync_gradients)
+                if self.fsdp and acc.sync_gradients:  # the heads: whole on every rank, averaged as DDP would
+                    average_gradients(list(self._head_parameters()))
                 if self.max_grad_norm > 0 and acc.sync_gradients and not self.deepspeed:
-                    acc.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+                    if self.fsdp:  # sharded and whole gradients: accelerate's clipping takes one kind
+                        clip_grad_norm_(list(self.model.parameters()), self.max_grad_norm)
+                    else:
+                        acc.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
                 self.optimizer.step()  # a no-op until the last micro step (accelerate / DeepSpeed)
                 self.optimizer.zero_grad()
             for name, value in {"loss": out.loss.detach(), **out.terms}.items():

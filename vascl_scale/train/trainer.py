@@ -45,6 +45,7 @@ from vascl_scale.train.checkpoint import (
     save_checkpoint,
 )
 from vascl_scale.train.export import export_model
+from vascl_scale.train.fsdp import is_sharded, shard_model
 from vascl_scale.train.plan import RunPlan
 from vascl_scale.train.run_lock import RunDirectoryLock
 from vascl_scale.train.step import MODEL_INPUTS, NonFiniteLossError, TrainingStep, chunk_count, rows_per_forward
@@ -165,8 +166,11 @@ def prepare_for_training(
 ):
     """``accelerator.prepare`` of the model and optimiser; under DeepSpeed, its "auto" batch
     sizes are filled first from the ``train`` section and the per-device batch (our stream is no
-    accelerate DataLoader). With ``train.compile`` the encoder is compiled first
-    (:func:`compile_encoder`)."""
+    accelerate DataLoader). A model FSDP2 has sharded (:func:`vascl_scale.train.fsdp.shard_model`,
+    its optimiser built on the sharded parameters) is not wrapped: only the optimiser is
+    prepared. With ``train.compile`` the encoder is compiled first (:func:`compile_encoder`)."""
+    if is_sharded(model):  # FSDP2 (shard_model, which compiles per block): only the optimiser is prepared
+        return model, accelerator.prepare(optimizer)
     plugin = accelerator.state.deepspeed_plugin
     if plugin is not None:
         plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = per_device_batch
@@ -283,6 +287,7 @@ def build_trainer(plan: RunPlan) -> Trainer:
     state = TrainerState(step=0, world_size=plan.world_size, scheduler={})
     if resume_from is not None:
         state = TrainerState.from_file(resume_from / STATE_FILE)
+    state.engine = plan.engine  # saved with each checkpoint: a resume under another engine is refused
     acc.wait_for_everyone()
     if acc.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -297,6 +302,8 @@ def build_trainer(plan: RunPlan) -> Trainer:
         f"; LoRA rank {config.model.lora.r} on the backbone, the heads in full" if config.model.lora.r else "",
     )
 
+    if plan.fsdp is not None:  # before the optimiser, which must hold the sharded parameters
+        logger.info("%s", shard_model(model, plan.fsdp, plan.precision, acc.device, config.train.compile))
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config.optim.warmup_steps)
     # The scheduler stays outside prepare(): the loop steps it once per optimiser step and
@@ -319,13 +326,14 @@ def build_trainer(plan: RunPlan) -> Trainer:
         chunk_tokens=config.train.chunk_tokens,
         sort_chunks=config.train.sort_chunks,
         length_buckets=plan.length_buckets,
+        reduce_every_backward=plan.fsdp is not None and plan.fsdp.gradient_sync == "backward",
     )
     stream = build_stream(plan, model.tokenizer, acc.process_index)
     assert set(stream.columns) == set(plan.columns), (stream.columns, plan.columns)
     state.columns = list(plan.columns)  # saved with each checkpoint: a resume on other columns is refused
     _log_batch_arithmetic(plan, len(step.objective.spec.encoded_columns(plan.columns)))
     if resume_from is not None:
-        stream.load_state_dict(load_checkpoint(acc, resume_from))
+        stream.load_state_dict(load_checkpoint(acc, resume_from, step.sharded_state))
         scheduler.load_state_dict(state.scheduler)
         logger.info("resumed from %s at step %d", resume_from, state.step)
     dev_pairs = None
@@ -424,8 +432,8 @@ class Trainer:
             return module.encode(texts, batch_size=self.config.eval.batch_size, max_length=self.config.eval.max_length)
 
         score = None
-        # ZeRO-3 gathers each submodule's shards in its forward: every rank must encode.
-        if self.accelerator.is_main_process or self.plan.zero_stage == 3:
+        # ZeRO-3 and FSDP2 gather each submodule's shards in its forward: every rank must encode.
+        if self.accelerator.is_main_process or self.plan.parameters_sharded:
             score = spearman_score(encode, self.dev_pairs)
         self.accelerator.wait_for_everyone()
         return score
@@ -439,6 +447,7 @@ class Trainer:
             self.state,
             self.stream.state_dict(),
             self.config.checkpoint.keep_last,
+            self.step.sharded_state,
         )
 
     def _card(self, dev_score: float | None) -> CardFacts:
@@ -453,6 +462,7 @@ class Trainer:
             embedding_dimension=self.accelerator.unwrap_model(self.step.model).hidden_size,
             vascl_scale_version=__version__,
             stsb_dev_spearman=dev_score if dev_score is not None and math.isfinite(dev_score) else None,
+            fsdp_strategy=self.plan.fsdp.sharding_strategy if self.plan.fsdp is not None else None,
         )
 
     def _export(self, name: str, dev_score: float | None) -> None:
@@ -468,7 +478,7 @@ class Trainer:
 
     def _select(self, step: int, metrics: MetricsSink | NullMetricsSink) -> float | None:
         """Evaluate; export last/ and, when the dev score improved, best/. Returns the dev score
-        (None when off; on rank 0 only, unless under ZeRO-3)."""
+        (None when off; on rank 0 only, unless the parameters are sharded: ZeRO-3, FSDP2)."""
         score = self._evaluate()
         self._export("last", score)
         if score is None:
@@ -612,8 +622,9 @@ class Trainer:
             "exports": exports,
             "world_size": plan.world_size,
             "precision": plan.precision,
-            "engine": "deepspeed" if plan.deepspeed_config is not None else "ddp",
+            "engine": plan.engine,
             "zero_stage": plan.zero_stage,
+            "fsdp": plan.fsdp.model_dump() if plan.fsdp is not None else None,
             "parameters": self.parameters,
         }
         replace_file(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2, allow_nan=False))
