@@ -83,10 +83,13 @@ def step_parts(
     sort_chunks: bool = True,
     length_buckets: int = 1,
     fsdp=None,
+    compile_blocks: bool = False,
+    max_grad_norm: float = 0.0,
 ):
     """Accelerator, prepared model and optimiser, recording objective and TrainingStep (the cached
     step's chunks sorted by length unless ``sort_chunks`` is off; the uncached step's forwards in
-    ``length_buckets`` length-sorted groups; ``fsdp``: the model sharded by these FSDP2 settings)."""
+    ``length_buckets`` length-sorted groups; ``fsdp``: the model sharded by these FSDP2 settings,
+    its blocks compiled first with ``compile_blocks``)."""
     from vascl_scale.losses.spec import objective_spec
     from vascl_scale.train.step import TrainingStep
     from vascl_scale.train.trainer import build_accelerator, build_optimizer, prepare_for_training
@@ -101,7 +104,7 @@ def step_parts(
     if fsdp is not None:
         from vascl_scale.train.fsdp import shard_model
 
-        shard_model(model, fsdp, "no", accelerator.device)
+        shard_model(model, fsdp, "no", accelerator.device, compile_blocks)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5) if sgd else build_optimizer(model, config)
     rows = config.per_device_batch_size(accelerator.num_processes)
     prepared, prepared_optimizer = prepare_for_training(accelerator, model, optimizer, config.train, rows)
@@ -110,7 +113,7 @@ def step_parts(
         accelerator, prepared, prepared_optimizer, recorder, seed=config.train.seed, per_device_batch=rows,
         grad_accum_steps=grad_accum_steps, chunk_size=chunk_size, chunk_tokens=chunk_tokens,
         sort_chunks=sort_chunks, length_buckets=length_buckets,
-        reduce_every_backward=fsdp is not None and fsdp.gradient_sync == "backward",
+        reduce_every_backward=fsdp is not None and fsdp.gradient_sync == "backward", max_grad_norm=max_grad_norm,
     )  # fmt: skip
     return accelerator, model, step, recorder
 

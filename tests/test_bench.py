@@ -57,6 +57,7 @@ def test_bench_step_reports_medians_and_the_ratio(tiny_config: Path, tmp_path: P
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # compiling takes minutes on 2 cores; test_compile proves the compiled step in CI
 def test_bench_step_compile_times_compiled_beside_eager_and_reports_the_compiling_apart(
     tiny_config: Path, tmp_path: Path
 ) -> None:

@@ -108,7 +108,8 @@ def test_compile_refuses_zero3(tmp_path: Path):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("mode", ["plain", "cached"])
+# The plain step in the slow tier: the cached one compiles the same encoder, plus the replay.
+@pytest.mark.parametrize("mode", [pytest.param("plain", marks=pytest.mark.slow), "cached"])
 def test_compiled_step_equals_eager(mode):
     import torch._inductor.config as inductor
 

@@ -249,7 +249,7 @@ def lora_objectives_on_slice(rank: int, world_size: int) -> dict[str, dict[str, 
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 ranks: the slow tier
 def test_lora_decoder_many_ranks_equal_one_process(world_size: int) -> None:
     reference = lora_objectives_on_slice(0, 1)
     model = tiny_lora_decoder(seed=0)
@@ -323,7 +323,7 @@ def lora_cached_calls(
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("world_size", [pytest.param(1, marks=pytest.mark.slow), 2])  # 1 rank: the slow tier
 def test_lora_decoder_cached_equals_uncached(world_size: int) -> None:
     from tests.gloo import run_as_launched
 
@@ -392,7 +392,14 @@ def _adapter_and_head(run: Path) -> dict[str, torch.Tensor]:
 
 # (engine, its option, its file under the repository): ZeRO-2/3, and FSDP2 (its units: the decoder's layers).
 LORA_ENGINES = [
-    pytest.param("zero2", "--deepspeed", "configs/deepspeed/zero2.json", marks=pytest.mark.deepspeed, id="zero2"),
+    # ZeRO-2 in the slow tier: ZeRO-3 is the decoder recipe's engine, and ZeRO-2 has its own LoRA-free runs.
+    pytest.param(
+        "zero2",
+        "--deepspeed",
+        "configs/deepspeed/zero2.json",
+        marks=[pytest.mark.deepspeed, pytest.mark.slow],
+        id="zero2",
+    ),
     pytest.param("zero3", "--deepspeed", "configs/deepspeed/zero3.json", marks=pytest.mark.deepspeed, id="zero3"),
     pytest.param("fsdp", "--fsdp", "configs/fsdp/full-shard.yaml", id="fsdp2"),
 ]

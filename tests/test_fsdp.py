@@ -108,16 +108,21 @@ def _full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: getattr(p, "full_tensor", lambda p=p: p)().detach().clone() for name, p in model.named_parameters()}
 
 
-def fsdp_and_ddp_steps(rank: int, world_size: int, cases: list[str], settings: dict[str, FsdpConfig]) -> dict:
-    """Per objective, uncached and cached: one optimiser step (SGD, dropout off) under DDP and
-    under each of ``settings``: the loss, VaSCL's neighbours and perturbation, the parameters after it."""
+def fsdp_and_ddp_steps(
+    rank: int, world_size: int, cases: list[str], settings: dict[str, FsdpConfig], max_grad_norm: float = 0.0
+) -> dict:
+    """Per objective, uncached and cached: one optimiser step (SGD, dropout off, the gradients
+    clipped to ``max_grad_norm`` if > 0) under DDP and under each of ``settings``: the loss,
+    VaSCL's neighbours and perturbation, the parameters after it."""
     results = {}
     rows = GLOBAL_BATCH // world_size
     for case in cases:
         objective, loss, columns = OBJECTIVE_CASES[case]
         for mode, chunk_size in (("uncached", 0), ("cached", min(CHUNK, rows))):
             for engine, fsdp in {"ddp": None, **settings}.items():
-                _, model, step, recorder = step_parts(objective, loss, chunk_size, 0.0, sgd=True, fsdp=fsdp)
+                _, model, step, recorder = step_parts(
+                    objective, loss, chunk_size, 0.0, sgd=True, fsdp=fsdp, max_grad_norm=max_grad_norm
+                )
                 result = step(iter([_case_batch(rank, world_size, columns)]), 0)
                 results[case, mode, engine] = {
                     "loss": result.terms["loss"],
@@ -164,12 +169,14 @@ def test_fsdp2_steps_equal_ddp_steps_for_every_objective_on_2_ranks() -> None:
 
 
 @pytest.mark.e2e
-def test_fsdp2_and_hybrid_sharding_equal_ddp_on_4_ranks() -> None:
+def test_fsdp2_and_hybrid_sharding_equal_ddp_on_4_ranks_with_clipping() -> None:
     settings = {
         "full_shard": SETTINGS["full_shard"],
         "hybrid 2 x 2": FsdpConfig(sharding_strategy="hybrid_shard", shard_size=2),
     }
-    results = run_as_launched(fsdp_and_ddp_steps, 4, ["vascl"], settings)
+    # A norm far below the gradients': every step is clipped, the sharded backbone's and the whole
+    # heads' gradients by one global norm (vascl_scale.train.fsdp.clip_grad_norm_).
+    results = run_as_launched(fsdp_and_ddp_steps, 4, ["vascl"], settings, 1e-3)
     _assert_same_steps(results, list(settings))
 
 
@@ -189,3 +196,63 @@ def test_a_dcp_entry_that_is_no_plain_data_is_refused_before_dcp_unpickles_it(tm
     checkpoint = tampered
     with pytest.raises(ValueError, match=r"__0_0.distcp: entry lr cannot be loaded safely \(UnpicklingError"):
         verify_checkpoint_files(checkpoint)
+
+
+def bf16_compute_dtypes(rank: int, world_size: int) -> dict[str, str]:
+    """One bf16 forward and backward of a tiny encoder sharded with train.precision bf16: the
+    dtype of a block's weight inside its forward, of the stored shards and of their gradients."""
+    import torch.distributed as dist
+
+    from tests.tiny import tiny_encoder, token_batch
+    from vascl_scale.train.fsdp import shard_model
+
+    assert dist.is_initialized() and world_size == 2
+    model = tiny_encoder(seed=0, dtype=torch.float32)
+    shard_model(model, FsdpConfig(reduce_dtype="float32"), "bf16", torch.device("cpu"))
+    seen = {}
+    query = model.encoder.encoder.layer[0].attention.self.query
+
+    def note_dtype(module, args) -> None:  # a pre-hook that returns nothing leaves the arguments alone
+        seen.setdefault("compute", str(module.weight.dtype))
+
+    query.register_forward_pre_hook(note_dtype)
+    ids, mask = token_batch(4, 6, seed=rank)
+    model(input_ids=ids, attention_mask=mask).float().pow(2).sum().backward()
+    shard = query.weight
+    return {**seen, "stored": str(shard.dtype), "gradient": str(shard.grad.dtype), "local": str(type(shard).__name__)}
+
+
+def test_bf16_precision_computes_in_bf16_and_keeps_float32_shards_and_gradients() -> None:
+    from tests.gloo import run_on_ranks
+
+    for dtypes in run_on_ranks(bf16_compute_dtypes, 2):
+        assert dtypes == {
+            "compute": "torch.bfloat16",
+            "stored": "torch.float32",
+            "gradient": "torch.float32",
+            "local": "DTensor",
+        }
+
+
+def compiled_and_eager_fsdp_steps(rank: int, world_size: int) -> dict:
+    """VaSCL's cached step under FSDP2 full_shard, eager and with each block compiled (train.compile)."""
+    from torch._inductor import config as inductor
+
+    results = {}
+    for name, compiled in (("eager", False), ("compiled", True)):
+        _, model, step, _ = step_parts("vascl", {}, CHUNK, 0.0, sgd=True, fsdp=FsdpConfig(), compile_blocks=compiled)
+        with inductor.patch(fallback_random=True):
+            result = step(iter([_case_batch(rank, world_size, {})]), 0)
+        results[name] = {"loss": result.terms["loss"], "parameters": _full_parameters(model)}
+    return portable(results)
+
+
+@pytest.mark.slow
+def test_fsdp2_with_compiled_blocks_equals_eager_fsdp2() -> None:
+    for rank, results in enumerate(run_as_launched(compiled_and_eager_fsdp_steps, 2, timeout=900)):
+        eager, compiled = results["eager"], results["compiled"]
+        torch.testing.assert_close(compiled["loss"], eager["loss"], rtol=1e-9, atol=1e-11, msg=f"rank {rank}")
+        for name, value in eager["parameters"].items():
+            torch.testing.assert_close(
+                compiled["parameters"][name], value, rtol=1e-9, atol=1e-11, msg=lambda m, n=name: f"{n}: {m}"
+            )

@@ -257,7 +257,14 @@ def _assert_same_run(
 @pytest.mark.e2e
 @pytest.mark.parametrize(
     "objective,stop_at,ranks",
-    [("simcse", None, 2), ("vascl", None, 2), ("simcse_sup", 2, 2), ("pairsupcon", None, 2), ("simcse_sup", None, 4)],
+    [
+        # simcse and pairsupcon on 2 ranks in the slow tier: vascl (2 ranks), simcse_sup (2, resumed; 4) stay in CI.
+        pytest.param("simcse", None, 2, marks=pytest.mark.slow),
+        ("vascl", None, 2),
+        ("simcse_sup", 2, 2),
+        pytest.param("pairsupcon", None, 2, marks=pytest.mark.slow),
+        ("simcse_sup", None, 4),
+    ],
 )
 def test_ddp_ranks_in_global_mode_end_with_the_one_process_weights(
     workspace, tmp_path, one_process_runs, objective, stop_at, ranks
@@ -267,7 +274,9 @@ def test_ddp_ranks_in_global_mode_end_with_the_one_process_weights(
 
 @pytest.mark.e2e
 @pytest.mark.deepspeed
-@pytest.mark.parametrize("objective", ["simcse", "simcse_sup"])
+@pytest.mark.parametrize(
+    "objective", [pytest.param("simcse", marks=pytest.mark.slow), "simcse_sup"]
+)  # simcse: slow tier
 def test_two_zero2_ranks_in_global_mode_end_with_the_one_process_weights(
     workspace, tmp_path, one_process_runs, objective
 ):

@@ -116,7 +116,12 @@ def test_bad_engine_choices_are_refused_before_any_worker_starts(
         "two engines": (["--fsdp", FULL_SHARD, "--deepspeed", ZERO2], "name two engines; pass one of them"),
         # A DDP run's checkpoint: its layout is accelerate's, not DCP's.
         "another engine's checkpoint": (
-            ["--fsdp", FULL_SHARD, "--resume-from", str(ddp_references("vascl") / "checkpoints" / "step-00000002")],
+            [
+                "--fsdp",
+                FULL_SHARD,
+                "--resume-from",
+                str(ddp_references("vascl", CACHED_CHUNK) / "checkpoints" / "step-00000002"),
+            ],
             "it was written by the DDP engine and this run uses FSDP2; their checkpoints differ in layout, "
             "so resume with the engine that wrote it (neither --deepspeed nor --fsdp)",
         ),
