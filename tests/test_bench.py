@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -332,3 +333,23 @@ def test_bench_matmul_refuses_bf16_where_it_is_emulated_and_empty_options(monkey
     for arguments in (["--precision", ","], ["--size", "0"], ["--size", ","], ["--repeats", "0"]):
         result = CliRunner().invoke(app, ["bench", "matmul", *arguments])
         assert result.exit_code != 0 and "--" in result.output, arguments
+
+
+@pytest.mark.e2e
+def test_bench_step_times_the_step_under_fsdp2_on_two_ranks(tiny_config: Path, tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.train_helpers import REPO, cli_env
+
+    output = tmp_path / "fsdp.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "vascl_scale", "bench", "step", "--model", str(tiny_config), "--global-batch", "16",
+         "--k", "4", "--steps", "2", "--warmup", "1", "--max-length", "8", "--chunk-size", "4",
+         "--num-processes", "2", "--fsdp", str(REPO / "configs" / "fsdp" / "full-shard.yaml"), "--output", str(output)],
+        cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(output.read_text())
+    assert report["world_size"] == 2 and report["fsdp"].endswith("full-shard.yaml")
+    assert set(report["objectives"]) == {"vascl", "simcse"}
+    assert "= 2 x 8, FSDP2 (full-shard.yaml), cached, chunks of 4" in " ".join((result.stdout + result.stderr).split())

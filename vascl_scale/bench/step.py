@@ -571,8 +571,14 @@ def step_table(result: dict[str, Any]):
     if result["negatives"]:
         cached += f", {result['negatives']} hard negatives"
     rows_from = f"text {Path(result['text']).name}" if result.get("text") else "synthetic full-length rows"
+    engine = (
+        f", FSDP2 ({Path(result['fsdp']).name})"
+        if result.get("fsdp")
+        else (f", DeepSpeed ({Path(result['deepspeed']).name})" if result.get("deepspeed") else "")
+    )
     title = (
-        f"bench step: global batch {result['global_batch']} = {result['world_size']} x {result['per_device_batch']}, "
+        f"bench step: global batch {result['global_batch']} = {result['world_size']} x {result['per_device_batch']}"
+        f"{engine}, "
         f"{cached}, max length {result['max_length']}, {rows_from}, {result['device']}, precision {result['precision']}"
         f"{', eager and compiled' if result.get('compile') else ''}, {result['steps']} steps after "
         f"{result['warmup']} warm-up"
