@@ -21,6 +21,7 @@ SETTINGS = {
     "full_shard": FsdpConfig(),
     "shard_grad_op": FsdpConfig(sharding_strategy="shard_grad_op"),
     "reduce every backward": FsdpConfig(gradient_sync="backward"),
+    "cpu offload": FsdpConfig(cpu_offload=True),  # on a CPU the code path, not the memory it saves
 }
 
 
@@ -109,11 +110,17 @@ def _full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def fsdp_and_ddp_steps(
-    rank: int, world_size: int, cases: list[str], settings: dict[str, FsdpConfig], max_grad_norm: float = 0.0
+    rank: int,
+    world_size: int,
+    cases: list[str],
+    settings: dict[str, FsdpConfig],
+    max_grad_norm: float = 0.0,
+    grad_accum_steps: int = 1,
 ) -> dict:
     """Per objective, uncached and cached: one optimiser step (SGD, dropout off, the gradients
-    clipped to ``max_grad_norm`` if > 0) under DDP and under each of ``settings``: the loss,
-    VaSCL's neighbours and perturbation, the parameters after it."""
+    clipped to ``max_grad_norm`` if > 0, ``grad_accum_steps`` loss calls on the same rows) under
+    DDP and under each of ``settings``: the loss, VaSCL's neighbours and perturbation, the
+    parameters after it."""
     results = {}
     rows = GLOBAL_BATCH // world_size
     for case in cases:
@@ -121,9 +128,10 @@ def fsdp_and_ddp_steps(
         for mode, chunk_size in (("uncached", 0), ("cached", min(CHUNK, rows))):
             for engine, fsdp in {"ddp": None, **settings}.items():
                 _, model, step, recorder = step_parts(
-                    objective, loss, chunk_size, 0.0, sgd=True, fsdp=fsdp, max_grad_norm=max_grad_norm
-                )
-                result = step(iter([_case_batch(rank, world_size, columns)]), 0)
+                    objective, loss, chunk_size, 0.0, grad_accum_steps=grad_accum_steps, sgd=True, fsdp=fsdp,
+                    max_grad_norm=max_grad_norm,
+                )  # fmt: skip
+                result = step(iter([_case_batch(rank, world_size, columns)] * grad_accum_steps), 0)
                 results[case, mode, engine] = {
                     "loss": result.terms["loss"],
                     "parameters": _full_parameters(model),
@@ -169,14 +177,15 @@ def test_fsdp2_steps_equal_ddp_steps_for_every_objective_on_2_ranks() -> None:
 
 
 @pytest.mark.e2e
-def test_fsdp2_and_hybrid_sharding_equal_ddp_on_4_ranks_with_clipping() -> None:
+def test_fsdp2_and_hybrid_sharding_equal_ddp_on_4_ranks_with_clipping_and_accumulation() -> None:
     settings = {
         "full_shard": SETTINGS["full_shard"],
         "hybrid 2 x 2": FsdpConfig(sharding_strategy="hybrid_shard", shard_size=2),
     }
     # A norm far below the gradients': every step is clipped, the sharded backbone's and the whole
-    # heads' gradients by one global norm (vascl_scale.train.fsdp.clip_grad_norm_).
-    results = run_as_launched(fsdp_and_ddp_steps, 4, ["vascl"], settings, 1e-3)
+    # heads' gradients by one global norm (vascl_scale.train.fsdp.clip_grad_norm_). Two loss calls
+    # per step: the first's backwards accumulate unsharded, the second's last reduces them.
+    results = run_as_launched(fsdp_and_ddp_steps, 4, ["vascl"], settings, 1e-3, 2)
     _assert_same_steps(results, list(settings))
 
 

@@ -392,7 +392,13 @@ TRAIN_POINTS = {
     "final-export-staged-not-renamed": (Pause("os.rename", r"/\.tmp-final -> ", rank=0), "resume"),
 }
 TRAIN_ROWS = [
-    *(pytest.param("ddp", point, id=f"ddp-{point}") for point in TRAIN_POINTS),
+    # The final export's rename in the slow tier: the same staging and rename as the checkpoints'.
+    *(
+        pytest.param(
+            "ddp", point, id=f"ddp-{point}", marks=[pytest.mark.slow] if point.startswith("final-export") else []
+        )
+        for point in TRAIN_POINTS
+    ),
     *(
         # The slow tier: the save and rename code is the engines' one; DDP's rows stay in CI.
         pytest.param("zero2", point, id=f"zero2-{point}", marks=[pytest.mark.deepspeed, pytest.mark.slow])
