@@ -1,6 +1,6 @@
 """FSDP2, the second sharded engine (vascl_scale.train.fsdp): its settings, its refusals, its
 steps on real gloo ranks against DDP's, and its checkpoints' safety checks. The CLI runs
-(stopped, resumed, exported, against DDP's runs) are in tests/test_train_fsdp.py."""
+(stopped, resumed, exported, against DDP's runs) are in tests/test_train.py (its FSDP2 section)."""
 
 from __future__ import annotations
 
