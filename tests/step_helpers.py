@@ -55,16 +55,17 @@ class RecordingObjective:
 
         self.name, self.loss, self.inner = objective, loss, build_objective(objective, loss.model_dump())
         self.spec = self.inner.spec
+        self.needs_text_hashes, self.needs_guide = self.inner.needs_text_hashes, self.inner.needs_guide
         self.calls: list[dict[str, torch.Tensor]] = []
 
     def __call__(self, views, head, generator=None, with_stats=False, **declared):
         from vascl_scale.losses import ObjectiveOutput
         from vascl_scale.losses.vascl import vascl_objective
 
-        if self.name != "vascl":
+        if self.name != "vascl" or declared or self.loss.matryoshka_dims:  # records the plain VaSCL only
             return self.inner(views, head, generator, with_stats, **declared)
         e1, e2 = views
-        out = vascl_objective(e1, e2, head, generator=generator, with_stats=False, **self.inner.settings)
+        out = vascl_objective(e1, e2, head, generator=generator, with_stats=False, **self.inner.keywords)
         self.calls.append({"neighbours": out.neighbours.clone(), "delta": out.delta.detach().clone()})
         return ObjectiveOutput(out.loss, {"simcse": out.simcse.detach()})
 

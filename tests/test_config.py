@@ -98,7 +98,8 @@ def test_defaults_follow_appendix_a() -> None:
         ({"model": {}, "data": {"train": "x"}}, "missing key model.path"),
         (
             minimal(loss={"kk": 3}),
-            "unknown key loss.kk; allowed keys in loss: beta, contrast_type, detach, eps, eps_mode, hard_negative_weight, k",
+            "unknown key loss.kk; allowed keys in loss: beta, contrast_type, contrastive_weight, detach, eps, eps_mode, "
+            "false_negative_margin, false_negatives, guide_model, hard_negative_weight, k",
         ),
         (minimal(loss={"similarity": "l2"}), "loss.similarity must be one of 'dot', 'cosine'"),
         (
@@ -108,7 +109,7 @@ def test_defaults_follow_appendix_a() -> None:
         (minimal(extra={"a": 1}), "unknown key extra"),
         (
             minimal(objective="moco"),
-            "objective must be one of 'vascl', 'simcse', 'simcse_sup', 'pairsupcon'; got 'moco'",
+            "objective must be one of 'vascl', 'simcse', 'simcse_sup', 'pairsupcon', 'distill_kl', 'margin_mse'; got 'moco'",
         ),
         (minimal(loss={"hard_negative_weight": "heavy"}), "loss.hard_negative_weight must be a number; got 'heavy'"),
         (minimal(model={"pooling": "max"}), "model.pooling must be one of 'mean', 'cls'"),
@@ -297,7 +298,10 @@ def test_numbers_take_ints_and_numeric_strings_and_sections_validate_alone() -> 
         ValueError, match=r"^data.mode must be one of 'auto', 'exact', 'resampled', 'global'; got 'fast'$"
     ):
         DataConfig(train="x", mode="fast")
-    with pytest.raises(ValueError, match=r"^unknown key loss.kk; allowed keys in loss: beta, contrast_type, detach, "):
+    with pytest.raises(
+        ValueError,
+        match=r"^unknown key loss.kk; allowed keys in loss: beta, contrast_type, contrastive_weight, detach, ",
+    ):
         LossConfig(kk=1)
     with pytest.raises(ValidationError, match="frozen"):
         config.loss.k = 3  # validated once: a config is never changed after load

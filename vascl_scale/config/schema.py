@@ -336,6 +336,29 @@ class LossConfig(_Strict):
     more (the authors' default); "orig", all alike (NT-Xent)."""
     beta: Number = 1.0
     """PairSupCon: loss = beta x instance loss + pairwise classification loss"""
+    false_negatives: Literal["none", "duplicates", "margin"] = "none"
+    """candidates removed from every anchor's in-batch negatives, over the global batch:
+    "duplicates", those whose text equals the anchor's or its positive's (by a hash of each
+    row's text); "margin", those scoring above the positive's score minus
+    false_negative_margin (the model's own cosines, or guide_model's); counted per step as the
+    term false_negatives (docs/objectives.md)"""
+    false_negative_margin: Number = 0.0
+    """margin: a negative is masked when its score exceeds the positive's minus this
+    (margin_strategy absolute, in [0, 2)) or the positive's times (1 - this) (relative, in [0, 1))"""
+    margin_strategy: Literal["absolute", "relative"] = "absolute"
+    """how false_negative_margin applies, as GIST's (sentence-transformers' GISTEmbedLoss) margin_strategy"""
+    guide_model: str | None = None
+    """false_negatives margin: a frozen encoder (a vascl-scale export, a sentence-transformers
+    or Hugging Face directory) whose cosines decide, GISTEmbed's guide; none: the model's own"""
+    matryoshka_dims: list[int] = []
+    """the objective summed over these prefixes of the embedding, the largest the model's
+    dimension (e.g. [384, 128, 64] for MiniLM); empty: the whole embedding only"""
+    matryoshka_weights: list[Number] = []
+    """one weight per matryoshka_dims entry; empty: each 1"""
+    teacher_temperature: Number = 1.0
+    """distill_kl: divides the teacher's scores before their softmax (the student's cosines are divided by temperature)"""
+    contrastive_weight: Number = 1.0
+    """distill_kl and margin_mse: the weight of supervised SimCSE's in-batch term beside the distillation term"""
 
     @model_validator(mode="after")
     def _rules(self) -> LossConfig:

@@ -24,6 +24,9 @@ No torch: the config and the objectives' declarations import it.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import re
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -34,9 +37,16 @@ ANCHOR = "anchor"
 POSITIVE = "positive"
 PAIRED = "paired"  # the text of a labelled pair beside its anchor: similar to it (label 1) or not (0)
 LABEL = "label"
+# Teacher scores per row: its anchor against each of its candidates, the positive then every hard
+# negative (a tar member <key>.scores.json, a JSON list of numbers): distillation's column.
+SCORES = "scores"
 LABELS = (0, 1)  # the values of a label: 0 the pair is not similar, 1 it is
 # Columns of one integer per sample (a tar member <key>.<column>.cls) instead of a text.
 LABEL_COLUMNS = (LABEL,)
+# Columns of a list of numbers per sample (a tar member <key>.<column>.json).
+SCORE_COLUMNS = (SCORES,)
+# The columns of numbers, not texts: nothing in them is tokenised.
+VALUE_COLUMNS = LABEL_COLUMNS + SCORE_COLUMNS
 # The columns of labelled pairs, in order.
 LABELLED_PAIR = (ANCHOR, PAIRED, LABEL)
 # The columns of a single-text sample: one sentence, which every objective reads as its anchor.
@@ -49,6 +59,19 @@ NEGATIVE = "negative"
 PROMPT_COLUMNS = (ANCHOR, POSITIVE, PAIRED, NEGATIVE)
 # What a column's name may be: it is also a tar member's name part, between two dots.
 _COLUMN_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def text_hash(payload: bytes) -> int:
+    """A row's text as a signed 64-bit integer (BLAKE2b): what ``loss.false_negatives:
+    duplicates`` compares across ranks instead of the text, which never leaves its rank. Two
+    different texts collide with probability about 2^-64 per pair."""
+    return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "little", signed=True)
+
+
+def text_hash_column(column: str) -> str:
+    """The batch key of ``column``'s text hashes, (b,) int64 (the loader's, when the objective
+    masks duplicates): not a column name (it holds a dot), so it never meets a data column."""
+    return f"{column}.hash"
 
 
 def negative(index: int) -> str:
@@ -86,7 +109,12 @@ def written_fields(columns: Sequence[str]) -> list[tuple[str, str | None]]:
     if tuple(columns) == SINGLE_TEXT:
         return [("txt", "ids")]
     return [
-        (f"{column}.cls", None) if column in LABEL_COLUMNS else (f"{column}.txt", f"{column}.ids") for column in columns
+        (f"{column}.cls", None)
+        if column in LABEL_COLUMNS
+        else (f"{column}.json", None)
+        if column in SCORE_COLUMNS
+        else (f"{column}.txt", f"{column}.ids")
+        for column in columns
     ]
 
 
@@ -96,6 +124,8 @@ def sample_fields(column: str, kind: str) -> tuple[str, ...]:
     A label column has one field whatever the kind, ``<column>.cls``."""
     if column in LABEL_COLUMNS:
         return (f"{column}.cls",)
+    if column in SCORE_COLUMNS:
+        return (f"{column}.json",)
     own = f"{column}.{kind}"
     return (own, kind) if column == ANCHOR else (own,)
 
@@ -106,6 +136,22 @@ def parse_label(payload: bytes) -> int:
     if text not in {str(value) for value in LABELS}:
         raise ValueError(f"a label member holds {shown(text)}, not one of {', '.join(map(str, LABELS))}")
     return int(text)
+
+
+def parse_scores(payload: bytes) -> tuple[float, ...]:
+    """The teacher scores a ``<key>.scores.json`` member holds: a JSON list of finite numbers;
+    ValueError otherwise."""
+    try:
+        values = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"a scores member is not JSON ({err})") from err
+    if (
+        not isinstance(values, list)
+        or not values
+        or not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+    ):
+        raise ValueError(f"a scores member holds {shown(values)}, not a list of finite numbers")
+    return tuple(float(v) for v in values)
 
 
 def columns_to_read(

@@ -97,12 +97,17 @@ from vascl_scale.data.columns import (
     AUGMENTED,
     LABEL_COLUMNS,
     POSITIVE,
+    SCORE_COLUMNS,
     SINGLE_TEXT,
     TOKEN_KEYS,
+    VALUE_COLUMNS,
     columns_to_read,
     parse_label,
+    parse_scores,
     prompt_of,
     sample_fields,
+    text_hash,
+    text_hash_column,
 )
 from vascl_scale.data.layout import GLOBAL, MAX_PASSES_WITHOUT_BATCH, StreamLayout, seed_of
 from vascl_scale.data.shards import (
@@ -174,9 +179,11 @@ class _PieceDataset(IterableDataset):
         augment: AugmentSpec = AugmentSpec(),
         columns: tuple[str, ...] = SINGLE_TEXT,
         prompts: dict[str, str] | None = None,
+        text_hashes: bool = False,
     ) -> None:
         super().__init__()
         self.columns = columns  # read from the data; data.augment adds the positive
+        self.text_hashes = text_hashes  # each text column's rows hashed (loss.false_negatives: duplicates)
         self.prompts = dict(prompts or {})  # model.prompts: put before a column's texts, tokenised with them
         self.augment = augment
         self._augmenter = None  # built in each worker on first use (a masked LM does not pickle cheaply)
@@ -251,13 +258,18 @@ class _PieceDataset(IterableDataset):
         if not samples or placeholder:
             return piece
         payloads = {column: [sample[index] for sample in samples] for index, column in enumerate(self.columns)}
-        labels = {
-            column: np.asarray(payloads.pop(column), dtype=np.int64)
+        values = {  # (rows,) labels, (rows, n) teacher scores
+            column: np.asarray(payloads.pop(column), dtype=np.int64 if column in LABEL_COLUMNS else np.float32)
             for column in self.columns
-            if column in LABEL_COLUMNS
+            if column in VALUE_COLUMNS
         }
         if self.use_stored_ids:
-            piece["columns"] = {**{column: self._pad_stored_ids(ids) for column, ids in payloads.items()}, **labels}
+            hashes = self._hashes(payloads)
+            piece["columns"] = {
+                **{column: self._pad_stored_ids(ids) for column, ids in payloads.items()},
+                **values,
+                **hashes,
+            }
             return piece
         if self.augment.kind != "none":
             # The anchor stays the original text unless both are augmented; the view number in the
@@ -266,8 +278,24 @@ class _PieceDataset(IterableDataset):
             if self.augment.views == "both":
                 payloads[ANCHOR] = self._augmented(anchors, where, 1)
             payloads[POSITIVE] = self._augmented(anchors, where, 2)
-        piece["columns"] = {**{column: self._tokens(texts, column) for column, texts in payloads.items()}, **labels}
+        hashes = self._hashes({column: [text.encode("utf-8") for text in texts] for column, texts in payloads.items()})
+        piece["columns"] = {
+            **{column: self._tokens(texts, column) for column, texts in payloads.items()},
+            **values,
+            **hashes,
+        }
         return piece
+
+    def _hashes(self, payloads: dict[str, list[bytes]]) -> dict[str, np.ndarray]:
+        """Each text column's (rows,) int64 text hashes (:func:`vascl_scale.data.columns.text_hash`)
+        under its hash key, when the objective masks duplicates; else none. A row's text as read
+        (augmented where data.augment changed it, without a prompt), or its stored token ids."""
+        if not self.text_hashes:
+            return {}
+        return {
+            text_hash_column(column): np.fromiter((text_hash(p) for p in rows), dtype=np.int64, count=len(rows))
+            for column, rows in payloads.items()
+        }
 
     def _pad_stored_ids(self, payloads: list[bytes]) -> dict[str, np.ndarray]:
         """One column's token ids stored by ``data prepare --tokenizer`` -> the tokenizer's padded arrays."""
@@ -313,7 +341,11 @@ class _PieceDataset(IterableDataset):
         fields = [sample_fields(column, kind) for column in self.columns]
         # A payload as the piece takes it: a label's int, stored ids as they are, a text decoded.
         decoders = [
-            parse_label if column in LABEL_COLUMNS else (bytes if self.use_stored_ids else _utf8)
+            parse_label
+            if column in LABEL_COLUMNS
+            else parse_scores
+            if column in SCORE_COLUMNS
+            else (bytes if self.use_stored_ids else _utf8)
             for column in self.columns
         ]
         try:
@@ -334,7 +366,7 @@ class _PieceDataset(IterableDataset):
             return
         except TimeoutError as err:  # a stalled command is a setup problem, not a bad shard: stop
             raise CorruptShardError(f"pipe: source {url} stalled: {err}") from err
-        except (OSError, EOFError, ValueError) as err:  # ValueError: bad header, UTF-8 or label
+        except (OSError, EOFError, ValueError) as err:  # ValueError: bad header, UTF-8, label or scores
             self._bad_shard("corrupt", url, f"{type(err).__name__}: {err} after {read} samples", events)
             return
         if expected is not None and read != expected:
@@ -637,6 +669,7 @@ def build_train_stream(
     num_nodes: int = 1,
     columns: Collection[str] | None = None,
     prompts: dict[str, str] | None = None,
+    text_hashes: bool = False,
 ) -> TrainStream:
     """The infinite batch stream of one rank, from the ``data`` section (validated there).
 
@@ -670,6 +703,9 @@ def build_train_stream(
             tokenised with them. Shards store texts, and ids stored by ``data prepare --tokenizer``
             hold the text alone (a prompt is a choice of the run, not of the data): a prompted
             column is tokenised from its text.
+        text_hashes: give each batch the hash of every text column's rows too, under
+            :func:`vascl_scale.data.columns.text_hash_column` ((b,) int64): what
+            ``loss.false_negatives: duplicates`` compares across ranks.
     """
     # The section's settings, under the names the stream's code uses.
     source, max_length, num_workers, mode = data.train, data.max_length, data.num_workers, data.mode
@@ -706,7 +742,7 @@ def build_train_stream(
         use_stored_ids = False
     layout = StreamLayout(shards, resolved_mode, seed, rank, world_size, workers, per_device_batch_size, shuffle_buffer)
     dataset = _PieceDataset(
-        layout, tokenizer, max_length, on_corrupt, use_stored_ids, pipe_timeout, augment, read, prompts
+        layout, tokenizer, max_length, on_corrupt, use_stored_ids, pipe_timeout, augment, read, prompts, text_hashes
     )
     if augment.kind != "none":
         logger.info(

@@ -54,20 +54,23 @@ def _masked_logits(
     dtype: torch.dtype,
     weighted_index: Tensor | None = None,
     weight: float = 0.0,
+    excluded: Tensor | None = None,
 ) -> Tensor:
-    """sim / tau (A, C) in ``dtype``, each anchor's own column (``self_index``) at -inf and
-    ``weight`` added to its ``weighted_index`` columns (supervised SimCSE's hard negatives)."""
+    """sim / tau (A, C) in ``dtype``, each anchor's own column (``self_index``) and its
+    ``excluded`` cells (A, C) (false negatives) at -inf, and ``weight`` added to its
+    ``weighted_index`` columns (supervised SimCSE's hard negatives)."""
     logits = anchors.to(dtype) @ candidates.to(dtype).T / temperature  # (A, C)
     rows = torch.arange(anchors.shape[0], device=anchors.device)
     if weighted_index is not None and weight != 0.0:
         assert weighted_index.dim() == 2, weighted_index.shape  # (A, k): k distinct columns per anchor
         cells = (rows[:, None], weighted_index)  # (A, 1) broadcast against (A, k)
         logits = logits.index_put(cells, logits[cells] + weight)  # out of place: autograd
-    if self_index is None:
+    if self_index is None and excluded is None:
         return logits
-    is_self = torch.zeros_like(logits, dtype=torch.bool)
-    is_self[rows, self_index] = True
-    return logits.masked_fill(is_self, float("-inf"))
+    removed = torch.zeros_like(logits, dtype=torch.bool) if excluded is None else excluded.clone()
+    if self_index is not None:
+        removed[rows, self_index] = True
+    return logits.masked_fill(removed, float("-inf"))
 
 
 def _nt_xent_block_sum(
@@ -78,10 +81,13 @@ def _nt_xent_block_sum(
     temperature: float,
     weighted_index: Tensor | None,
     weight: float,
+    excluded: Tensor | None,
 ) -> Tensor:
     """NT-Xent summed over one block of anchors (a, D) against all candidates (C, D)."""
     with full_precision(anchors) as dtype:
-        logits = _masked_logits(anchors, candidates, self_index, temperature, dtype, weighted_index, weight)  # (a, C)
+        logits = _masked_logits(
+            anchors, candidates, self_index, temperature, dtype, weighted_index, weight, excluded
+        )  # (a, C)
         return F.cross_entropy(logits, positive_index, reduction="sum")
 
 
@@ -93,6 +99,7 @@ def nt_xent(
     temperature: float,
     weighted_index: Tensor | None = None,
     weight: float = 0.0,
+    excluded: Tensor | None = None,
 ) -> Tensor:
     """Mean NT-Xent over anchors; each anchor's own column is removed from its candidates.
 
@@ -103,7 +110,9 @@ def nt_xent(
     ``self_index`` None: the anchors are not among the candidates (supervised SimCSE), nothing
     is masked. ``weighted_index`` (A, k): k distinct columns per anchor whose logits get
     ``weight`` added (log space: their exponentials are scaled by e^weight; SimCSE's
-    hard_negative_weight on an anchor's own hard negatives).
+    hard_negative_weight on an anchor's own hard negatives). ``excluded`` (A, C) bool: cells
+    removed from the softmax like the anchor's own column (false negatives,
+    :mod:`vascl_scale.losses.false_negatives`); never an anchor's positive.
     Past :data:`LOGITS_BLOCK_ELEMENTS` logits, blocks of anchor rows are summed and divided
     by A: the same value and gradient, with one block's logits alive at a time.
     """
@@ -111,7 +120,7 @@ def nt_xent(
     if rows * columns <= LOGITS_BLOCK_ELEMENTS:
         with full_precision(anchors) as dtype:
             logits = _masked_logits(
-                anchors, candidates, self_index, temperature, dtype, weighted_index, weight
+                anchors, candidates, self_index, temperature, dtype, weighted_index, weight, excluded
             )  # (A, C)
             return F.cross_entropy(logits, positive_index)
     from torch.utils.checkpoint import checkpoint
@@ -130,11 +139,19 @@ def nt_xent(
             temperature,
             block(weighted_index, start, start + size),
             weight,
+            block(excluded, start, start + size),
             use_reentrant=False,
         )
         for start in range(0, rows, size)
     )
     return total / rows
+
+
+def cosines(anchors: Tensor, candidates: Tensor) -> Tensor:
+    """(A, C) similarities of L2-normalised (A, D) and (C, D) rows, without gradient, in float32
+    or wider (the scores a false-negative margin reads)."""
+    with torch.no_grad(), full_precision(anchors) as dtype:
+        return anchors.detach().to(dtype) @ candidates.detach().to(dtype).T
 
 
 def neighbourhood_nll(anchor: Tensor, positive: Tensor, negatives: Tensor, temperature: float) -> Tensor:

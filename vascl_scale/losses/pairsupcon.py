@@ -46,6 +46,7 @@ from torch import Tensor
 
 from vascl_scale import distributed
 from vascl_scale.losses.contrastive import check_features, full_precision
+from vascl_scale.losses.false_negatives import FalseNegatives, objective_mask
 from vascl_scale.losses.rules import check_contrast_type, check_temperature
 
 
@@ -65,13 +66,32 @@ def hard_contrastive_loss(
     contrast_type: str = "hardneg",
     *,
     check_rows: bool = True,
+    false_negatives: FalseNegatives | None = None,
 ) -> Tensor:
     """The authors' ``HardConLoss`` over the global batch (module docstring), this rank's value.
 
     z1, z2: (b, D) L2-normalised features of the two texts of this rank's b pairs; labels (b,)
     their labels, 1 for the pairs whose two texts are positives of each other. Returns W times
     this rank's anchors' share of L_inst, so that the mean over ranks is L_inst of the global batch.
+    ``false_negatives`` (:mod:`vascl_scale.losses.false_negatives`, its evidence per view, (z1,
+    z2)): candidates removed from N_a; under "hardneg" the mean weight is over the rest.
     """
+    return hard_contrastive_loss_and_mask(
+        z1, z2, labels, temperature, contrast_type, check_rows=check_rows, false_negatives=false_negatives
+    )[0]
+
+
+def hard_contrastive_loss_and_mask(
+    z1: Tensor,
+    z2: Tensor,
+    labels: Tensor,
+    temperature: float = 0.05,
+    contrast_type: str = "hardneg",
+    *,
+    check_rows: bool = True,
+    false_negatives: FalseNegatives | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`hard_contrastive_loss` and the (2b, W 2b) mask of the false negatives it removed (or None)."""
     check_features("z1", z1, "z2", z2)
     check_temperature(temperature)
     check_contrast_type(contrast_type)
@@ -96,12 +116,13 @@ def hard_contrastive_loss(
         torch.cat([second, first]),
     )  # (2b,): each anchor's own row, its pair's
     is_anchor = torch.cat([labels == 1, labels == 1])  # (2b,): the authors' posmask
+    masked = objective_mask(false_negatives, local, candidates, [0, 1], [0, 1], partner_index, self_index)
     with full_precision(local) as dtype:
         positive = (z1.to(dtype) * z2.to(dtype)).sum(dim=-1) / temperature  # (b,) s_i+
         positive = torch.cat([positive, positive])  # (2b,): both texts of a pair share it
         logits = local.to(dtype) @ candidates.to(dtype).T / temperature  # (2b, W 2b)
         anchors = torch.arange(2 * rows, device=z1.device)
-        not_negative = torch.zeros_like(logits, dtype=torch.bool)
+        not_negative = torch.zeros_like(logits, dtype=torch.bool) if masked is None else masked.clone()
         not_negative[anchors, self_index] = True
         not_negative[anchors, partner_index] = True
         negatives = logits.masked_fill(not_negative, float("-inf"))  # (2b, W 2b): the 2B - 2 negatives per row
@@ -109,13 +130,18 @@ def hard_contrastive_loss(
         if (
             contrast_type == "hardneg"
         ):  # log N_a = log (2B - 2) + log sum_j e^{2 s_aj} - log sum_j e^{s_aj}, weights not detached
-            log_negatives = math.log(candidates.shape[0] - 2) + torch.logsumexp(2 * negatives, dim=1) - log_sum
+            if masked is None:
+                count = torch.full_like(log_sum, math.log(candidates.shape[0] - 2))
+            else:  # each row's own number of negatives left, at least one (else N_a = 0 below)
+                count = (~not_negative).sum(dim=1).clamp_min(1).to(dtype).log()  # (2b,)
+            log_negatives = count + torch.logsumexp(2 * negatives, dim=1) - log_sum
+            log_negatives = torch.where(torch.isinf(log_sum), log_sum, log_negatives)  # no negative left: N_a = 0
         else:
             log_negatives = log_sum
         per_anchor = torch.logaddexp(positive, log_negatives) - positive  # (2b,) l_a = -log(e^{s+} / (e^{s+} + N_a))
         total = torch.where(is_anchor, per_anchor, torch.zeros_like(per_anchor)).sum()
     positives = distributed.sum_over_ranks(is_anchor.sum())  # P: the label-1 anchors of the global batch
-    return world_size * total / positives.clamp_min(1)
+    return world_size * total / positives.clamp_min(1), masked
 
 
 def pair_classification_loss(logits: Tensor, labels: Tensor) -> Tensor:

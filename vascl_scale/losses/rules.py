@@ -12,6 +12,8 @@ import math
 SIMILARITIES = ("dot", "cosine")
 CONTRAST_TYPES = ("orig", "hardneg")  # PairSupCon's HardConLoss: contrast_type Orig | HardNeg
 STRENGTH_MODES = ("absolute", "relative", "relative_instance")
+FALSE_NEGATIVE_KINDS = ("none", "duplicates", "margin")
+MARGIN_STRATEGIES = ("absolute", "relative")
 
 
 def _is_int(value: object) -> bool:
@@ -82,4 +84,50 @@ def check_neighbour_count(
         raise ValueError(
             f"{prefix}k must be < {batch_name} - 1 = {global_batch - 1}; got {k} (each instance has B - 1 "
             f"others and needs k + 2 <= B); lower {prefix}k or raise the global batch size"
+        )
+
+
+def check_false_negatives(kind: str, margin: float, strategy: str, guide_model: str | None, prefix: str = "") -> None:
+    """The false-negative rule (:mod:`vascl_scale.losses.false_negatives`)."""
+    if kind not in FALSE_NEGATIVE_KINDS:
+        raise ValueError(f"{prefix}false_negatives must be one of {', '.join(FALSE_NEGATIVE_KINDS)}; got {kind!r}")
+    if strategy not in MARGIN_STRATEGIES:
+        raise ValueError(f"{prefix}margin_strategy must be one of {', '.join(MARGIN_STRATEGIES)}; got {strategy!r}")
+    upper = 1 if strategy == "relative" else 2  # a cosine margin: the scores differ by at most 2
+    if not (math.isfinite(margin) and 0 <= margin < upper):
+        raise ValueError(
+            f"{prefix}false_negative_margin must be in [0, {upper}) with margin_strategy {strategy!r} (a negative is "
+            f"masked when it scores above the positive's score {'minus' if upper == 2 else 'times 1 minus'} it); got {margin}"
+        )
+    if guide_model is not None and kind != "margin":
+        raise ValueError(
+            f"{prefix}guide_model scores the candidates for false_negatives 'margin'; set {prefix}false_negatives "
+            f"to margin, or drop {prefix}guide_model (false_negatives is {kind!r})"
+        )
+
+
+def check_matryoshka(dims: list[int], weights: list[float], prefix: str = "") -> None:
+    """Matryoshka prefixes: distinct positive integers, and one positive weight per prefix or none."""
+    if not all(_is_int(d) and d >= 1 for d in dims) or len(set(dims)) != len(dims):
+        raise ValueError(f"{prefix}matryoshka_dims must be distinct integers >= 1, e.g. [384, 128, 64]; got {dims}")
+    if weights and len(weights) != len(dims):
+        raise ValueError(
+            f"{prefix}matryoshka_weights needs one weight per dimension of {prefix}matryoshka_dims ({len(dims)}), or "
+            f"none (each 1); got {len(weights)}"
+        )
+    if not all(math.isfinite(w) and w > 0 for w in weights):
+        raise ValueError(f"{prefix}matryoshka_weights must be finite numbers > 0; got {weights}")
+
+
+def check_distillation(teacher_temperature: float, contrastive_weight: float, prefix: str = "") -> None:
+    """The distillation objectives' own settings (:mod:`vascl_scale.losses.distill`)."""
+    if not (math.isfinite(teacher_temperature) and teacher_temperature > 0):
+        raise ValueError(
+            f"{prefix}teacher_temperature (dividing the teacher's scores before their softmax) must be > 0; "
+            f"got {teacher_temperature}"
+        )
+    if not (math.isfinite(contrastive_weight) and contrastive_weight >= 0):
+        raise ValueError(
+            f"{prefix}contrastive_weight (of the in-batch term beside the distillation term) must be a finite "
+            f"number >= 0; got {contrastive_weight}"
         )

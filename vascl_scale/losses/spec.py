@@ -30,11 +30,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vascl_scale.data.columns import ANCHOR, LABEL, PAIRED, POSITIVE, negative, negative_columns
+from vascl_scale.data.columns import ANCHOR, LABEL, PAIRED, POSITIVE, SCORES, negative, negative_columns
 from vascl_scale.losses.rules import (
     check_beta,
     check_contrast_type,
+    check_distillation,
+    check_false_negatives,
     check_hard_negative_weight,
+    check_matryoshka,
     check_neighbour_count,
     check_temperature,
     check_vascl_settings,
@@ -60,6 +63,7 @@ class ObjectiveSpec:
     # Rules on the settings and the global batch that no single key's check can make (ValueError).
     rules: Callable[[Settings, int], None] = _no_rules
     label: str | None = None  # the label column it reads (one integer per row), passed to it as ``labels``
+    scores: str | None = None  # the teacher-score column it reads ((b, 1 + N) floats), passed to it as ``scores``
     classifier: bool = False  # it trains the model's pairwise classifier, passed to it as ``classifier``
     # The keys of the ``loss`` section it reads (its implementation takes these and no other; the
     # model card states them as the objective's settings).
@@ -72,8 +76,13 @@ class ObjectiveSpec:
     def columns_read(self, available: Sequence[str]) -> tuple[str, ...]:
         """The columns of ``available`` (the data's, in its order) that it reads: its inputs and
         hard negatives there, and its label."""
-        wanted = {*self.inputs, *self.negatives(available), *(() if self.label is None else (self.label,))}
+        wanted = {*self.inputs, *self.negatives(available), *self.value_columns}
         return tuple(column for column in available if column in wanted)
+
+    @property
+    def value_columns(self) -> tuple[str, ...]:
+        """The columns of numbers it reads: its label, its teacher scores."""
+        return tuple(column for column in (self.label, self.scores) if column is not None)
 
     def unread_columns(self, available: Sequence[str]) -> tuple[str, ...]:
         """The columns of ``available`` that it does not read (the training log names them)."""
@@ -84,8 +93,7 @@ class ObjectiveSpec:
         """The columns it needs that ``available`` has neither of nor a stand-in for (with
         ``hard_negatives``, ``negative_0`` when the data has no hard negative)."""
         missing = [c for c in self.inputs if c not in available and self.stand_ins.get(c) not in available]
-        if self.label is not None and self.label not in available:
-            missing.append(self.label)
+        missing.extend(column for column in self.value_columns if column not in available)
         if self.hard_negatives and not self.negatives(available):
             missing.append(negative(0))
         return tuple(missing)
@@ -111,6 +119,20 @@ def _vascl_rules(settings: Settings, global_batch_size: int) -> None:
     check_neighbour_count(settings["k"], global_batch_size, "loss.", "train.global_batch_size")
 
 
+def _pairsupcon_rules(settings: Settings, global_batch_size: int) -> None:
+    del global_batch_size
+    if settings["matryoshka_dims"]:
+        raise ValueError(
+            "loss.matryoshka_dims does not apply to objective 'pairsupcon': its pairwise classifier reads the whole "
+            "embedding, which a prefix cannot feed; drop loss.matryoshka_dims or choose another objective"
+        )
+
+
+# The keys of the distillation objectives (vascl_scale.losses.distill): supervised SimCSE's, for
+# the in-batch term weighted beside the distillation term, and their own.
+_DISTILL_KEYS = ("temperature", "hard_negative_weight", "teacher_temperature", "contrastive_weight")
+
+
 # A second dropout view of the anchor where the data has no positive.
 _POSITIVE_OR_ANCHOR = {POSITIVE: ANCHOR}
 
@@ -131,9 +153,33 @@ OBJECTIVES: dict[str, ObjectiveSpec] = {
     ),
     # PairSupCon's labelled pairs (text1, text2, pairsimi) and its pairwise classification head.
     "pairsupcon": ObjectiveSpec(
-        "pairsupcon", (ANCHOR, PAIRED), label=LABEL, classifier=True, loss_keys=("temperature", "contrast_type", "beta")
+        "pairsupcon",
+        (ANCHOR, PAIRED),
+        label=LABEL,
+        classifier=True,
+        rules=_pairsupcon_rules,
+        loss_keys=("temperature", "contrast_type", "beta"),
+    ),
+    # A teacher's scores of each anchor's positive and hard negatives (the scores column), and
+    # supervised SimCSE's in-batch term beside them (loss.contrastive_weight).
+    "distill_kl": ObjectiveSpec(
+        "distill_kl", (ANCHOR, POSITIVE), hard_negatives=True, scores=SCORES, loss_keys=_DISTILL_KEYS
+    ),
+    "margin_mse": ObjectiveSpec(
+        "margin_mse", (ANCHOR, POSITIVE), hard_negatives=True, scores=SCORES, loss_keys=_DISTILL_KEYS
     ),
 }
+
+# The keys every objective reads (the loss call's options around its maths): the model card
+# states those that are set.
+COMMON_LOSS_KEYS = (
+    "false_negatives",
+    "false_negative_margin",
+    "margin_strategy",
+    "guide_model",
+    "matryoshka_dims",
+    "matryoshka_weights",
+)
 
 
 def objective_spec(name: str, key: str = "objective") -> ObjectiveSpec:
@@ -158,6 +204,15 @@ def check_loss_settings(settings: Settings) -> None:
     check_hard_negative_weight(settings["hard_negative_weight"], prefix="loss.")
     check_contrast_type(settings["contrast_type"], prefix="loss.")
     check_beta(settings["beta"], prefix="loss.")
+    check_false_negatives(
+        settings["false_negatives"],
+        settings["false_negative_margin"],
+        settings["margin_strategy"],
+        settings["guide_model"],
+        prefix="loss.",
+    )
+    check_matryoshka(settings["matryoshka_dims"], settings["matryoshka_weights"], prefix="loss.")
+    check_distillation(settings["teacher_temperature"], settings["contrastive_weight"], prefix="loss.")
     check_vascl_settings(
         k=settings["k"],
         xi=settings["xi"],

@@ -46,6 +46,7 @@ from torch import Tensor
 
 from vascl_scale import distributed
 from vascl_scale.losses.contrastive import check_features, full_precision, neighbourhood_nll
+from vascl_scale.losses.false_negatives import FalseNegatives
 from vascl_scale.losses.rules import check_neighbour_count, check_temperature, check_vascl_settings
 from vascl_scale.losses.simcse import simcse_from_gathered
 
@@ -67,6 +68,7 @@ class VaSCLOutput:
     neighbours: Tensor  # (b, k) global row indices of N(i)
     delta: Tensor  # (b, d) the virtual augmentation, ||delta_i|| = eps
     stats: dict[str, float]  # empty unless asked for (with_stats): computing it syncs with the host
+    false_negatives: Tensor | None = None  # (2b, W 2b) the SimCSE term's masked candidates, None without masking
 
 
 def project(head: Head, embeddings: Tensor) -> Tensor:
@@ -74,18 +76,29 @@ def project(head: Head, embeddings: Tensor) -> Tensor:
     return F.normalize(head(embeddings), dim=-1)
 
 
-def nearest_neighbours(queries: Tensor, keys: Tensor, k: int, query_offset: int, similarity: str = "dot") -> Tensor:
+def nearest_neighbours(
+    queries: Tensor,
+    keys: Tensor,
+    k: int,
+    query_offset: int,
+    similarity: str = "dot",
+    excluded: Tensor | None = None,
+) -> Tensor:
     """Top-k rows of ``keys`` (B, d) by similarity with ``queries`` (b, d), self excluded.
 
     ``similarity``: "dot", the raw inner product (the authors' choice: it favours
     neighbours of large norm), or "cosine". Query j is row ``query_offset + j`` of keys, and
-    is never its own neighbour. Returns (b, k) indices into keys, most similar first.
+    is never its own neighbour. ``excluded`` (b, B) bool: rows ranked after every other (the
+    query's false negatives), taken only where fewer than k others remain. Returns (b, k)
+    indices into keys, most similar first.
     """
     with torch.no_grad(), full_precision(queries) as dtype:
         queries, keys = queries.to(dtype), keys.to(dtype)
         if similarity == "cosine":
             queries, keys = F.normalize(queries, dim=-1), F.normalize(keys, dim=-1)
         scores = queries @ keys.T  # (b, B)
+        if excluded is not None:
+            scores = scores.masked_fill(excluded, torch.finfo(dtype).min)
         rows = torch.arange(queries.shape[0], device=queries.device)
         scores[rows, query_offset + rows] = float("-inf")
         return scores.topk(k, dim=1).indices
@@ -169,6 +182,7 @@ def vascl_objective(
     xi_mode: str = "absolute",
     with_stats: bool = True,
     check_rows: bool = True,
+    false_negatives: FalseNegatives | None = None,
 ) -> VaSCLOutput:
     """Eq. 6 for this rank's slice; see the module docstring. Returns all intermediate results.
 
@@ -182,6 +196,13 @@ def vascl_objective(
     backbones whose embedding norms differ; "relative_instance" in units of each row's own
     ||e1_i|| (so ||delta_i|| / ||e1_i|| = eps for every i); "absolute" is the paper's Delta.
     The norms are constants (no gradient), like Delta itself.
+
+    ``false_negatives`` (:mod:`vascl_scale.losses.false_negatives`, its evidence per view,
+    (e1, e2)): the SimCSE term removes them from each anchor's candidates, and the neighbour
+    search ranks them last. Eq. 5 scores the anchor against its neighbours as negatives, so a
+    copy of the anchor (or of its positive) taken as a neighbour would be pushed away from it:
+    the K nearest stay the nearest rows that are not the same text (duplicates) or not scored as
+    close as the positive (margin). A masked row is a neighbour only where fewer than k others remain.
     """
     rank, world_size = distributed.world()
     check_features("e1", e1, "e2", e2)
@@ -203,12 +224,17 @@ def vascl_objective(
     # Both views through the head in one call: z (2b, D) = [z1; z2].
     local_features = project(head, torch.cat([e1, e2], dim=0))
     gathered_features = distributed.all_gather_with_grad(local_features)  # (W * 2b, D)
-    simcse = simcse_from_gathered(local_features, gathered_features, rank, temperature)
+    simcse, masked = simcse_from_gathered(local_features, gathered_features, rank, temperature, false_negatives)
 
     # Neighbourhood over the global batch, by raw inner product of the first view.
     anchors = e1.detach() if detach else e1  # (b, d)
     global_embeddings = distributed.all_gather_no_grad(e1)  # (B, d)
-    neighbours = nearest_neighbours(e1.detach(), global_embeddings, k, offset, similarity)  # (b, k) in [0, B)
+    excluded = None
+    if masked is not None:  # the first view's anchors against the first view of every global row
+        global_rows = torch.arange(rows * world_size, device=e1.device)  # (B,)
+        view1_columns = distributed.block_row(global_rows // rows, 0, global_rows % rows, 2, rows)  # (B,)
+        excluded = masked[:rows][:, view1_columns]  # (b, B)
+    neighbours = nearest_neighbours(e1.detach(), global_embeddings, k, offset, similarity, excluded)  # (b, k) in [0, B)
     xi_abs = _strength(xi, xi_mode, e1, global_embeddings)  # number or (b, 1)
     eps_abs = _strength(eps, eps_mode, e1, global_embeddings)  # number or (b, 1)
     # Global row g is row g % b of rank g // b, whose gathered block is [z1; z2].
@@ -252,7 +278,7 @@ def vascl_objective(
         stats = _statistics(
             e1, delta, z_clean, z_aug, global_embeddings, neighbours, offset, loss, simcse, neighbourhood
         )
-    return VaSCLOutput(loss, simcse, neighbourhood, neighbours, delta, stats)
+    return VaSCLOutput(loss, simcse, neighbourhood, neighbours, delta, stats, masked)
 
 
 def _statistics(

@@ -63,7 +63,7 @@ import torch
 from torch import Tensor
 
 from vascl_scale.data.batch import Batch, Padding, widen
-from vascl_scale.data.columns import TOKEN_KEYS
+from vascl_scale.data.columns import TOKEN_KEYS, text_hash_column
 from vascl_scale.distributed import average_gradients
 from vascl_scale.flops import EncoderShape
 from vascl_scale.lengths import row_lengths, token_budget_groups, trimmed
@@ -252,14 +252,19 @@ class TrainingStep:
 
     def _declared_arguments(self, batch: Batch) -> dict[str, object]:
         """The keywords the objective declares beyond its views: its label column's b labels of
-        this rank (b,) on the device, the pairwise classifier."""
-        spec, arguments = self.objective.spec, {}
+        this rank (b,) and its teacher scores (b, 1 + N) on the device, the pairwise classifier,
+        and the text hash of each view's rows ((b,) per view, the loader's) where it masks duplicates."""
+        spec, arguments, device = self.objective.spec, {}, self.accelerator.device
         if spec.label is not None:
             labels = batch[spec.label]
             assert labels.shape == (self.per_device_batch,), labels.shape  # cut with the rows of the columns
-            arguments["labels"] = labels.to(self.accelerator.device)
+            arguments["labels"] = labels.to(device)
+        if spec.scores is not None:
+            arguments["scores"] = batch[spec.scores].to(device)  # (b, 1 + N)
         if spec.classifier:
             arguments["classifier"] = self.classifier
+        if self.objective.needs_text_hashes:
+            arguments["text_hashes"] = [batch[text_hash_column(c)].to(device) for c in self.encoded_columns(batch)]
         return arguments
 
     def loss_call(self, batch: Batch, loss_call: int, with_stats: bool = False) -> ObjectiveOutput:

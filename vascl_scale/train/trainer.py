@@ -215,9 +215,10 @@ def lock_run_dir(accelerator, run_dir: Path) -> RunDirectoryLock | None:
     return lock
 
 
-def build_stream(plan: RunPlan, tokenizer, rank: int):
+def build_stream(plan: RunPlan, tokenizer, rank: int, text_hashes: bool = False):
     """This rank's training stream, from the ``data`` section (one source, or a mix of several):
-    the columns of the data the objective reads (:attr:`RunPlan.read_columns`)."""
+    the columns of the data the objective reads (:attr:`RunPlan.read_columns`), and each text
+    column's hashes where it masks duplicates (``text_hashes``: its ``needs_text_hashes``)."""
     from vascl_scale.data.loader import build_train_stream
     from vascl_scale.data.mix import build_mixed_stream
 
@@ -234,6 +235,7 @@ def build_stream(plan: RunPlan, tokenizer, rank: int):
         num_nodes=max(1, plan.world_size // local_world),
         columns=plan.read_columns,
         prompts=config.model.prompts,
+        text_hashes=text_hashes,
     )
 
 
@@ -328,7 +330,7 @@ def build_trainer(plan: RunPlan) -> Trainer:
         length_buckets=plan.length_buckets,
         reduce_every_backward=plan.fsdp is not None and plan.fsdp.gradient_sync == "backward",
     )
-    stream = build_stream(plan, model.tokenizer, acc.process_index)
+    stream = build_stream(plan, model.tokenizer, acc.process_index, step.objective.needs_text_hashes)
     assert set(stream.columns) == set(plan.columns), (stream.columns, plan.columns)
     state.columns = list(plan.columns)  # saved with each checkpoint: a resume on other columns is refused
     _log_batch_arithmetic(plan, len(step.objective.spec.encoded_columns(plan.columns)))
