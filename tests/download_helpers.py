@@ -38,6 +38,28 @@ def tar_gz_bytes(files: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
+def parquet_bytes(columns: dict[str, list]) -> bytes:
+    """A parquet file of these columns (pyarrow infers each column's type from its values)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.table(columns), buffer)
+    return buffer.getvalue()
+
+
+def beir_parquet_files(
+    corpus: list[tuple[object, object]], queries: list[tuple[object, object]], qrels: list[tuple[object, object]]
+) -> tuple[bytes, bytes, bytes]:
+    """A NanoBEIR set as its Hugging Face repository holds it: the corpus, queries and qrels parquet
+    files, in the order of the registry's sources, from (id, text) and (query id, document id) rows."""
+    return (
+        parquet_bytes({"_id": [row[0] for row in corpus], "text": [row[1] for row in corpus]}),
+        parquet_bytes({"_id": [row[0] for row in queries], "text": [row[1] for row in queries]}),
+        parquet_bytes({"query-id": [row[0] for row in qrels], "corpus-id": [row[1] for row in qrels]}),
+    )
+
+
 # Original-format fixtures (as the releases hold them) and the layout files they must become.
 ORIGINALS = {
     # An STS year's release zip: the SentEval layout in a folder, a pair without gold, a subset

@@ -7,8 +7,10 @@ the data directory). Every ``.tsv`` is
 written by :func:`write_tsv` (UTF-8, header row, tab-separated, minimal quoting, ``\\n`` line
 ends): the layout :func:`vascl_scale.eval.tables.read_tsv` reads. Rows keep the original order;
 nothing is deduplicated (these are fixed benchmarks). The training sets are the exceptions: the
-corpus is gzipped as it is, and the NLI triplets become shuffled shards (:func:`nli_shards`).
-Which originals each one was checked on is in the registry's ``checked`` field.
+corpus is gzipped as it is, and the NLI triplets become shuffled shards (:func:`nli_shards`); the
+retrieval sets are written in BEIR's layout (:func:`beir_parquet`). A converter may return
+remarks for the download's summary (the rows it dropped). Which originals each one was checked
+on is in the registry's ``checked`` field.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO
 
-Converter = Callable[[list[Path], dict, Path], None]
+Converter = Callable[[list[Path], dict, Path], list[str] | None]
 
 logger = logging.getLogger(__name__)
 
@@ -339,6 +341,119 @@ def nli_shards(originals: list[Path], options: dict, stage: Path) -> None:
         )  # fmt: skip
 
 
+BEIR_FILES = ("corpus.jsonl", "queries.jsonl", "test.tsv")  # the outputs' names, in registry order
+
+
+def _label(path: Path) -> str:
+    """An original named with its folder: a Hugging Face dataset's files are all ``train-*.parquet``."""
+    return f"{path.parent.name}/{path.name}"
+
+
+def _parquet_columns(path: Path, columns: Sequence[str]) -> list[list]:
+    """The values of ``columns`` of a parquet file, read within the archive limit: an error page,
+    a cut file or a file without these columns is an :class:`OriginalError` naming it."""
+    import pyarrow.parquet as pq  # kept out of the registry's import
+
+    try:
+        parquet = pq.ParquetFile(path)
+        metadata = parquet.metadata
+        size = sum(metadata.row_group(index).total_byte_size for index in range(metadata.num_row_groups))
+        if size > ARCHIVE_LIMIT_BYTES:
+            raise _too_large(_label(path), ARCHIVE_LIMIT_BYTES)
+        found = parquet.schema_arrow.names
+        if not set(columns) <= set(found):
+            raise OriginalError(f"{_label(path)} has the columns {', '.join(found)}; expected {', '.join(columns)}")
+        table = parquet.read(columns=list(columns))
+    except OriginalError:
+        raise
+    except Exception as err:  # pyarrow.ArrowInvalid (no parquet magic bytes), OSError (cut), ...
+        raise OriginalError(f"{_label(path)} cannot be read as parquet ({type(err).__name__}: {err})") from None
+    return [table.column(name).to_pylist() for name in columns]
+
+
+def _beir_texts(path: Path, what: str) -> tuple[dict[str, str], set[str]]:
+    """(id -> text of the rows kept, ids of the rows dropped for an empty text) of a corpus or
+    queries parquet file (columns ``_id``, ``text``), in the file's order."""
+    kept: dict[str, str] = {}
+    dropped: set[str] = set()
+    for number, (raw_id, text) in enumerate(zip(*_parquet_columns(path, ("_id", "text"))), start=1):
+        if raw_id is None or not str(raw_id).strip():
+            raise ValueError(f"{_label(path)}: row {number} has no _id")
+        key = str(raw_id)
+        if key in kept or key in dropped:
+            raise ValueError(f"{_label(path)}: _id {key!r} appears twice (row {number}); {what} ids must be unique")
+        if text is None or not str(text).strip():
+            dropped.add(key)
+        else:
+            kept[key] = str(text)
+    return kept, dropped
+
+
+def _write_jsonl(path: Path, records: Iterable[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8", newline="\n") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def _count(count: int, noun: str, nouns: str) -> str:
+    return f"{count:,} {noun if count == 1 else nouns}"
+
+
+def beir_parquet(originals: list[Path], options: dict, stage: Path) -> list[str]:
+    """A retrieval set as Hugging Face parquet files (NanoBEIR): ``corpus`` and ``queries``
+    (columns ``_id``, ``text``) and ``qrels`` (``query-id``, ``corpus-id``, every pair relevant),
+    in that order, into BEIR's layout: ``corpus.jsonl`` (``{"_id", "title": "", "text"}`` a line),
+    ``queries.jsonl`` (``{"_id", "text"}``) and ``qrels/test.tsv`` (``query-id``, ``corpus-id``,
+    ``score`` = 1), rows in the files' order.
+
+    A document or query with an empty text is dropped, and so is each qrels pair naming one; all
+    are counted in the returned remark (and logged). A qrels query-id the queries file lacks, or a
+    corpus-id the corpus lacks, is an error naming the qrels file, the row, the id and the file it
+    is missing from."""
+    corpus_out, queries_out, qrels_out = _outputs(options, len(originals))
+    if (Path(corpus_out).name, Path(queries_out).name, Path(qrels_out).name) != BEIR_FILES:
+        raise ValueError(f"the outputs must be {', '.join(BEIR_FILES)}: the registry entry is inconsistent")
+    corpus_file, queries_file, qrels_file = originals
+    corpus, dropped_documents = _beir_texts(corpus_file, "document")
+    queries, dropped_queries = _beir_texts(queries_file, "query")
+    pairs = []
+    dropped_pairs = 0
+    for number, (query, document) in enumerate(zip(*_parquet_columns(qrels_file, ("query-id", "corpus-id"))), start=1):
+        query, document = str(query), str(document)
+        for key, kept, dropped, source in (
+            (query, queries, dropped_queries, queries_file),
+            (document, corpus, dropped_documents, corpus_file),
+        ):
+            if key not in kept and key not in dropped:
+                column = "query-id" if source is queries_file else "corpus-id"
+                raise ValueError(f"{_label(qrels_file)}: row {number}: {column} {key!r} is not in {_label(source)}")
+        if query in dropped_queries or document in dropped_documents:
+            dropped_pairs += 1
+        else:
+            pairs.append((query, document, "1"))
+    _write_jsonl(stage / corpus_out, ({"_id": key, "title": "", "text": text} for key, text in corpus.items()))
+    _write_jsonl(stage / queries_out, ({"_id": key, "text": text} for key, text in queries.items()))
+    write_tsv(stage / qrels_out, ("query-id", "corpus-id", "score"), pairs)
+    written = ", ".join(
+        (
+            _count(len(corpus), "document", "documents"),
+            _count(len(queries), "query", "queries"),
+            _count(len(pairs), "qrels pair", "qrels pairs"),
+        )
+    )
+    if dropped_documents or dropped_queries:
+        summary = (
+            f"{written}; dropped for an empty text: {_count(len(dropped_documents), 'document', 'documents')}, "
+            f"{_count(len(dropped_queries), 'query', 'queries')}, "
+            f"and the {_count(dropped_pairs, 'qrels pair', 'qrels pairs')} naming them"
+        )
+    else:
+        summary = f"{written}; no row dropped"
+    logger.info("%s: %s", Path(corpus_out).parent, summary)
+    return [summary]
+
+
 CONVERTERS: dict[str, Converter] = {
     "gzip_text": gzip_text,
     "label_tab_text": label_tab_text,
@@ -349,4 +464,5 @@ CONVERTERS: dict[str, Converter] = {
     "stsb_csv": stsb_csv,
     "sick_semeval": sick_semeval,
     "nli_shards": nli_shards,
+    "beir_parquet": beir_parquet,
 }

@@ -16,8 +16,9 @@ Per dataset (:mod:`vascl_scale.data.registry`):
    then move the files into place. A mismatch keeps the old files and names the file,
    both digests and what to do. Originals a converter fails on (a cut or damaged archive, an
    error page, a body shorter than the file) are deleted, so the next run fetches them again.
-   Where the registry pins no digest for a converted file (the training sets), the summary
-   prints the sha256 of each unpinned original it came from.
+   Where the registry pins no digest for a converted file (the training sets, NanoBEIR), the
+   summary prints the sha256 of each unpinned original it came from; it also prints what a
+   converter reports (the rows NanoBEIR's converter dropped).
 
 A failure of one dataset (network, checksum, source, conversion, filesystem) is reported and the
 others go on; the summary lists what was fetched, converted, skipped as present, and failed, and
@@ -250,6 +251,13 @@ def _complete_length(headers) -> int | None:
     return int(value) if value.isdigit() else None
 
 
+def _names(originals: list[Path]) -> list[str]:
+    """Each original's file name, with its folder where two share a name (a Hugging Face
+    dataset's ``corpus/train-00000-of-00001.parquet``, ``queries/train-00000-of-00001.parquet``)."""
+    names = [path.name for path in originals]
+    return [f"{path.parent.name}/{path.name}" if names.count(path.name) > 1 else path.name for path in originals]
+
+
 def outputs_present(dataset: Dataset, to: Path) -> bool:
     """Every converted file exists and, where pinned, has its registry digest."""
     for relative, digest in dataset.outputs.items():
@@ -275,7 +283,7 @@ def obtain(dataset: Dataset, to: Path, fetcher: Fetcher, force: bool) -> Outcome
     with tempfile.TemporaryDirectory(prefix=f"{STAGING_PREFIX}{dataset.name}-", dir=to) as staging:
         stage = Path(staging)
         try:
-            dataset.convert(originals, stage)
+            converted_remarks = dataset.convert(originals, stage)
         except OSError:
             raise  # writing the staging files under --to (a damaged archive is an OriginalError)
         except Exception as err:  # whatever these bytes make a converter raise fails this dataset only
@@ -289,7 +297,7 @@ def obtain(dataset: Dataset, to: Path, fetcher: Fetcher, force: bool) -> Outcome
             )
             raise DownloadError(
                 "conversion",
-                f"converting {', '.join(p.name for p in originals)}: {detail}; {deleted} again, and if it persists, "
+                f"converting {', '.join(_names(originals))}: {detail}; {deleted} again, and if it persists, "
                 "the source serves a damaged file: put a good copy in a --mirror directory or report it",
             ) from None
         written = sorted(str(p.relative_to(stage)) for p in stage.rglob("*") if p.is_file())
@@ -308,13 +316,14 @@ def obtain(dataset: Dataset, to: Path, fetcher: Fetcher, force: bool) -> Outcome
                     "damaged transfer); if it persists, the source has changed since the registry was "
                     "written: use an existing copy of the data or report it",
                 )
+        outcome.remarks += converted_remarks
         if not all(dataset.outputs.values()):
             # Converted files no digest vouches for are named by their original's digest: one however
             # many files it became, and comparable with any other copy of it (a gzip's or tar's bytes
             # may differ with the zlib or Python that wrote them).
-            for source, path in zip(dataset.sources, originals):
+            for source, path, name in zip(dataset.sources, originals, _names(originals)):
                 if source.sha256 is None:
-                    outcome.remarks.append(f"{path.name}: sha256 {file_sha256(path)} (not pinned)")
+                    outcome.remarks.append(f"{name}: sha256 {file_sha256(path)} (not pinned)")
         for relative in dataset.outputs:
             (to / relative).parent.mkdir(parents=True, exist_ok=True)
             os.replace(stage / relative, to / relative)

@@ -1,11 +1,12 @@
 """The dataset registry: where each dataset comes from and what its converted files must hash to.
 
 ``registry.toml`` (beside this module) names, per dataset: its family (the folder of the data
-directory it fills), the original files (URL and, where pinned, the sha256 of the original),
-their format, the converter that turns them into the layout ``eval`` and the demo read, the
-licence as the source states it, and the sha256 of every converted file. A converted file's
-digest is the one of the copy the evaluator's published figures were measured on wherever the
-converter reproduces it byte for byte; ``checked`` says how each converter was checked.
+directory it fills), optionally a group (sets fetched together by one name, as NanoBEIR's 13),
+the original files (URL and, where pinned, the sha256 of the original), their format, the
+converter that turns them into the layout ``eval`` and the demo read, the licence as the source
+states it, and the sha256 of every converted file. A converted file's digest is the one of the
+copy the evaluator's published figures were measured on wherever the converter reproduces it
+byte for byte; ``checked`` says how each converter was checked.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from urllib.parse import urlsplit
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-FAMILIES = ("corpus", "sts", "sts_senteval", "clustering", "intent")
-Family = Literal["corpus", "sts", "sts_senteval", "clustering", "intent"]
+FAMILIES = ("corpus", "sts", "sts_senteval", "clustering", "intent", "retrieval")
+Family = Literal["corpus", "sts", "sts_senteval", "clustering", "intent", "retrieval"]
 assert typing.get_args(Family) == FAMILIES
 
 
@@ -78,6 +79,8 @@ class Dataset(_Strict):
     sources: list[Source] = Field(min_length=1)
     outputs: dict[str, str] = Field(min_length=1)
     checked: str
+    # A name that selects this entry with its siblings (``data download nanobeir``), within a family.
+    group: str = ""
     # Parts of the dataset no public source distributes (e.g. STS13's SMT subset).
     withheld: str = ""
     notes: str = ""
@@ -119,11 +122,12 @@ class Dataset(_Strict):
                 )
         return self
 
-    def convert(self, originals: list[Path], stage: Path) -> None:
-        """Run this entry's converter on local copies of its sources, writing under ``stage``."""
+    def convert(self, originals: list[Path], stage: Path) -> list[str]:
+        """Run this entry's converter on local copies of its sources, writing under ``stage``; the
+        converter's remarks for the download's summary (rows it dropped), if any."""
         from vascl_scale.data.converters import CONVERTERS
 
-        CONVERTERS[self.converter](originals, {**self.options, "outputs": list(self.outputs)}, stage)
+        return CONVERTERS[self.converter](originals, {**self.options, "outputs": list(self.outputs)}, stage) or []
 
 
 class Registry(_Strict):
@@ -132,16 +136,23 @@ class Registry(_Strict):
     def names(self) -> list[str]:
         return [dataset.name for dataset in self.datasets]
 
+    def groups(self) -> list[str]:
+        return list(dict.fromkeys(dataset.group for dataset in self.datasets if dataset.group))
+
     def select(self, requested: list[str]) -> list[Dataset]:
-        """Datasets by name, by family (``sts``, ``clustering``...) or ``all``, in registry order."""
+        """Datasets by name, by family (``sts``, ``clustering``...), by group (``nanobeir``) or
+        ``all``, in registry order."""
         wanted = set(requested or ["all"])
-        unknown = sorted(wanted - set(self.names()) - set(FAMILIES) - {"all"})
+        unknown = sorted(wanted - set(self.names()) - set(FAMILIES) - set(self.groups()) - {"all"})
         if unknown:
+            groups = f", groups from {', '.join(self.groups())}" if self.groups() else ""
             raise ValueError(
                 f"unknown dataset {unknown[0]!r}; choose names from {', '.join(self.names())}, "
-                f"families from {', '.join(FAMILIES)}, or all"
+                f"families from {', '.join(FAMILIES)}{groups}, or all"
             )
-        return [d for d in self.datasets if "all" in wanted or d.name in wanted or d.family in wanted]
+        return [
+            d for d in self.datasets if "all" in wanted or d.name in wanted or d.family in wanted or d.group in wanted
+        ]
 
 
 def load_registry(path: str | Path | None = None) -> Registry:
@@ -157,6 +168,10 @@ def load_registry(path: str | Path | None = None) -> Registry:
         registry = Registry(datasets=datasets)
     except (tomllib.TOMLDecodeError, ValidationError, TypeError) as err:
         raise ValueError(f"dataset registry {where} is invalid: {err}") from None
+    taken = {*registry.names(), *FAMILIES, "all"}
+    clashes = [group for group in registry.groups() if group in taken]
+    if clashes:
+        raise ValueError(f"dataset registry {where}: group {clashes[0]!r} is also a dataset, a family or all")
     outputs = [path for dataset in registry.datasets for path in dataset.outputs]
     duplicated = sorted({path for path in outputs if outputs.count(path) > 1})
     if duplicated:
