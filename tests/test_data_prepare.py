@@ -606,3 +606,89 @@ def test_writing_no_sample_fails_with_one_line_and_leaves_the_output_as_it_was(t
     before = {path.name: path.read_bytes() for path in output.iterdir()}
     assert _cli(source, "--output", output, "--overwrite", *options).exit_code == 1
     assert {path.name: path.read_bytes() for path in output.iterdir()} == before
+
+
+@pytest.mark.parametrize("name", ["in.jsonl", "in.csv", "in.parquet"])
+def test_a_score_field_writes_the_scores_column_and_a_row_without_it_is_a_missing_column(tmp_path, name):
+    rows = [
+        ("q one", "p one", "n one", [3.5, -1]),
+        ("q two", "p two", "n two", None),  # no scores: dropped, counted
+        ("q three", "p three", "n three", [0.25, 0.125]),
+    ]
+    if name.endswith(".csv"):  # a CSV cell holds the list's JSON text; an empty cell is no value
+        rows = [(*row[:3], "" if row[3] is None else json.dumps(row[3])) for row in rows]
+    if name.endswith(".jsonl"):
+        rows[1] = rows[1][:3]  # the field absent from the object
+    source = _write_rows(tmp_path / name, ("q", "pos", "neg", "teacher"), rows)
+    result = _cli(source, "-o", tmp_path / "out", "--text-field", "q,pos,neg", "--score-field", "teacher")
+    assert result.exit_code == 0, result.output
+    manifest = _manifest(tmp_path / "out")
+    assert manifest["columns"] == ["anchor", "positive", "negative_0", "scores"]
+    written = shard_rows(tmp_path / "out")
+    assert [row[:3] for row in written] == [("q one", "p one", "n one"), ("q three", "p three", "n three")]
+    assert [json.loads(row[3]) for row in written] == [[3.5, -1.0], [0.25, 0.125]]
+    assert manifest["dropped"]["missing_column"] == 1 and manifest["lines_read"] == 3
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([1.0, float("nan")], r"holds a non-finite score"),
+        ([1.0, 2.0, 3.0], r"holds 3 score\(s\) where the row has 2 candidate\(s\)"),
+        (["high", "low"], r"not a list of numbers"),
+    ],
+)
+def test_a_bad_score_is_one_line_naming_the_file_and_record(tmp_path, value, message):
+    source = tmp_path / "scored.jsonl"
+    good = {"q": "a", "p": "b", "n": "c", "s": [1, 0]}
+    bad = {**good, "s": value}
+    source.write_text(json.dumps(good) + "\n" + json.dumps(bad).replace("NaN", "NaN") + "\n")
+    result = _cli(source, "-o", tmp_path / "out", "--text-field", "q,p,n", "--score-field", "s")
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.output
+    import re
+
+    assert re.search(rf"{re.escape(str(source))}: record 2: --score-field s .*{message}", lines[0]), lines[0]
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_a_score_field_needs_candidates_and_no_labels(tmp_path):
+    source = _write_rows(tmp_path / "in.jsonl", ("q", "p", "y", "s"), [("a", "b", 1, [1.0])])
+    one_text = _cli(source, "-o", tmp_path / "out", "--text-field", "q", "--score-field", "s")
+    assert one_text.exit_code != 0 and "--score-field s holds a teacher's scores of each row's candidates" in (
+        one_text.output
+    )
+    labelled = _cli(source, "-o", tmp_path / "out", "--text-field", "q,p", "--label-field", "y", "--score-field", "s")
+    assert labelled.exit_code != 0 and "labelled pairs have none" in labelled.output
+
+
+def test_the_stream_carries_scores_and_each_text_columns_hashes(tmp_path):
+    import torch
+
+    from vascl_scale.config import DataConfig
+    from vascl_scale.data.columns import text_hash
+    from vascl_scale.data.loader import build_train_stream
+
+    rows = [(f"query {i % 5}", f"passage {i}", f"negative {i}", [float(i), -float(i)]) for i in range(24)]
+    source = _write_rows(tmp_path / "in.jsonl", ("q", "p", "n", "s"), rows)
+    assert _cli(source, "-o", tmp_path / "out", "--text-field", "q,p,n", "--score-field", "s").exit_code == 0
+    columns = ("anchor", "positive", "negative_0", "scores")
+    data = DataConfig(train=str(tmp_path / "out"), num_workers=0, shuffle_buffer=0, max_length=16)
+    stream = build_train_stream(
+        data,
+        tokenizer=minilm_tokenizer(),
+        per_device_batch_size=8,
+        rank=0,
+        world_size=1,
+        seed=0,
+        columns=columns,
+        text_hashes=True,
+    )
+    batch = next(iter(stream))
+    assert batch["scores"].dtype == torch.float32 and batch["scores"][:, 0].tolist() == list(range(8))
+    for column, field in zip(columns[:3], range(3)):
+        expected = [text_hash(rows[i][field].encode()) for i in range(8)]
+        assert batch[f"{column}.hash"].tolist() == expected
+    anchors = batch["anchor.hash"].tolist()
+    assert anchors[0] == anchors[5] and anchors[0] != anchors[1]  # "query 0" twice in the batch

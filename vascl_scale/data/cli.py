@@ -61,6 +61,13 @@ def prepare(
         help="Labelled pairs (PairSupCon): the field of each pair's label, 1 "
         "similar, 0 not; with two --text-field names, the anchor and the text paired with it.",
     ),
+    score_field: str | None = typer.Option(
+        None,
+        "--score-field",
+        metavar="NAME",
+        help="A teacher's scores of each row's candidates (its positive, then each hard negative): "
+        "a list of numbers per row, written as the scores column (distill_kl, margin_mse).",
+    ),
     labelled_pairs: bool = typer.Option(
         False,
         "--labelled-pairs",
@@ -97,6 +104,7 @@ def prepare(
             max_length=max_length,
             label_field=label_field,
             labelled_pairs=labelled_pairs,
+            score_field=score_field,
         )
         return prepare_shards(list(inputs), output, options, overwrite=overwrite)
 

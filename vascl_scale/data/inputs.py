@@ -3,7 +3,7 @@
 Every reader streams (constant memory, except the NLI JSONL pairing: :func:`pair_nli`) and
 yields one item per input record: a tuple of the record's values, one per field read, each a
 ``str``, None where its bytes are not valid UTF-8, ``MALFORMED`` where it is not a string or
-``MISSING`` where the record lacks the field; with a label field (``--label-field``), last, the
+``MISSING`` where the record lacks the field or holds none; with a label field (``--label-field``), last, the
 label as :func:`label_value` reads it; or a :class:`Drop` naming why the record gives
 no row (a line that is not a JSON object, an NLI line without a pair); or ``NEGATIVE`` for an
 NLI line kept as another row's hard negative. Text is decoded with ``surrogateescape`` and
@@ -19,6 +19,7 @@ import csv
 import gzip
 import io
 import json
+import math
 import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vascl_scale.data.columns import LABELS
-from vascl_scale.log import shown_name
+from vascl_scale.log import shown, shown_name
 
 FORMATS = ("auto", "txt", "jsonl", "csv", "parquet", "hf", "nli")
 MALFORMED = object()  # a value that is not a string (or null)
@@ -34,6 +35,13 @@ MISSING = object()  # a field the record lacks (a JSONL key, the cells past a sh
 NEGATIVE = object()  # an NLI line that is another row's hard negative, not a row of its own
 _BLANK = object()  # a JSONL line of whitespace only: a row of empty texts
 BAD_LABEL = object()  # a label field's value that is none of columns.LABELS
+
+
+class ScoreError(ValueError):
+    """A ``--score-field`` value that is not a list of finite numbers, one per candidate: an
+    error, not a drop (a teacher's scores with a NaN are a broken file, not a noisy row)."""
+
+
 # Fields --format nli reads: SimCSE's nli_for_simcse.csv is already (anchor, positive, hard negative).
 NLI_CSV_FIELDS = ("sent0", "sent1", "hard_neg")
 NLI_JSONL_FIELDS = ("sentence1", "sentence2", "gold_label")
@@ -84,7 +92,7 @@ def _utf8_or_none(text: str) -> str | None:
 def label_value(value: object) -> object:
     """A label field's value as a label of :data:`~vascl_scale.data.columns.LABELS`: an integer, a
     float or a numeric string equal to one of them (CSV cells are strings, pandas writes 1.0);
-    ``MISSING`` where the record lacks the field; ``BAD_LABEL`` for anything else (a boolean,
+    ``MISSING`` where the record lacks the field or holds none; ``BAD_LABEL`` for anything else (a boolean,
     another number, text, null)."""
     if value is MISSING:
         return MISSING
@@ -98,6 +106,31 @@ def label_value(value: object) -> object:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value not in LABELS:
         return BAD_LABEL
     return int(value)
+
+
+def scores_value(value: object, candidates: int) -> object:
+    """A ``--score-field`` value as the JSON text of its list of ``candidates`` finite numbers (a
+    JSON list, or in a CSV cell its JSON text); ``MISSING`` where the record lacks the field or holds none;
+    :class:`ScoreError` naming what is wrong otherwise. A null or an empty cell is no value: ``MISSING``."""
+    if value is MISSING or value is None or (isinstance(value, (str, bytes)) and not value.strip()):
+        return MISSING
+    if isinstance(value, (str, bytes)):
+        try:
+            value = json.loads(value)
+        except ValueError as err:
+            raise ScoreError(f"holds {shown(value)}, not a JSON list of numbers ({err})") from err
+    if hasattr(value, "tolist"):  # a Parquet / datasets list arrives as an array
+        value = value.tolist()
+    if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        raise ScoreError(f"holds {shown(value)}, not a list of numbers")
+    if not all(math.isfinite(v) for v in value):
+        raise ScoreError(f"holds a non-finite score ({shown(value)})")
+    if len(value) != candidates:
+        raise ScoreError(
+            f"holds {len(value)} score(s) where the row has {candidates} candidate(s) (its positive, then each hard "
+            "negative)"
+        )
+    return json.dumps([float(v) for v in value])
 
 
 def column_problem(values: tuple[object, ...]) -> str | None:
@@ -173,7 +206,8 @@ class InputReader:
 
     ``fields`` are the names of the texts read from each record; ``option`` is the command-line
     option that chose them, named in errors. ``label_field`` (``--label-field``): a field read
-    after them, as a label (:func:`label_value`).
+    after them, as a label (:func:`label_value`); ``score_field`` (``--score-field``): one read
+    last, a teacher's scores of the row's candidates (:func:`scores_value`).
     """
 
     path: Path
@@ -181,6 +215,7 @@ class InputReader:
     fields: tuple[str, ...]
     option: str
     label_field: str | None = None
+    score_field: str | None = None
     total: int = field(default=0, init=False)  # bytes of the file, or rows; 0 until reading starts
     _position: Callable[[], int] = field(default=lambda: 0, init=False, repr=False)
 
@@ -191,16 +226,17 @@ class InputReader:
 
     @property
     def _read(self) -> tuple[str, ...]:
-        """Every field read from a record: the texts, then the label field."""
-        return self.fields + (() if self.label_field is None else (self.label_field,))
+        """Every field read from a record: the texts, then the label field, then the score field."""
+        return self.fields + tuple(name for name in (self.label_field, self.score_field) if name is not None)
 
     def _record(self, raw: Iterable[object]) -> tuple[object, ...]:
         """One record's values of :attr:`_read`, raw (``MISSING`` for an absent field): the texts
-        as :meth:`_field_value` reads them, the label as :func:`label_value` does."""
-        values = tuple(raw)
-        if self.label_field is None:
-            return tuple(map(self._field_value, values))
-        return (*map(self._field_value, values[:-1]), label_value(values[-1]))
+        as :meth:`_field_value` reads them, the label as :func:`label_value` does, the scores as
+        :func:`scores_value` does (one per text after the anchor)."""
+        values = list(raw)
+        scores = () if self.score_field is None else (scores_value(values.pop(), len(self.fields) - 1),)
+        label = () if self.label_field is None else (label_value(values.pop()),)
+        return (*map(self._field_value, values), *label, *scores)
 
     @property
     def pairs_nli(self) -> bool:
@@ -243,6 +279,8 @@ class InputReader:
         named = [(self.fields, self.option)]
         if self.label_field is not None:
             named.append(((self.label_field,), f"--label-field {self.label_field}"))
+        if self.score_field is not None:
+            named.append(((self.score_field,), f"--score-field {self.score_field}"))
         for names, option in named:
             missing = [name for name in names if name not in have]
             if missing:
@@ -372,9 +410,11 @@ class InputReader:
         return _utf8_or_none(value)
 
 
-def open_input(path: Path, fmt: str, fields: tuple[str, ...], label_field: str | None = None) -> InputReader:
+def open_input(
+    path: Path, fmt: str, fields: tuple[str, ...], label_field: str | None = None, score_field: str | None = None
+) -> InputReader:
     """A reader of ``path`` for the ``--text-field`` names ``fields`` (``nli`` has fixed fields
-    instead) and the ``--label-field`` name ``label_field``."""
+    instead), the ``--label-field`` name ``label_field`` and the ``--score-field`` name ``score_field``."""
     if fmt not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}; got {fmt!r}")
     if not path.exists():
@@ -390,13 +430,21 @@ def open_input(path: Path, fmt: str, fields: tuple[str, ...], label_field: str |
                 f"JSONL ({','.join(NLI_JSONL_FIELDS)}); {path} is neither a .csv nor a .jsonl file"
             )
         fields, option = (NLI_CSV_FIELDS if flavour == "csv" else NLI_JSONL_FIELDS), "--format nli"
+    if score_field is not None and (fmt in ("txt", "nli") or len(fields) < 2):
+        raise ValueError(
+            f"--score-field {score_field} holds a teacher's scores of each row's candidates: pass the anchor, its "
+            "positive and any hard negatives with --text-field (e.g. --text-field query,pos,neg --score-field "
+            f"scores) from JSONL, CSV, Parquet or datasets input; got {option} for {path}"
+        )
     if fmt == "txt" and (len(fields) > 1 or label_field is not None):
         given = option if label_field is None else f"{option} --label-field {label_field}"
         raise ValueError(
             f"{given}: {path} is plain text, one sentence a line, so it has one column; pass one name, or "
             "JSONL / CSV / Parquet / datasets input for pairs"
         )
-    reader = InputReader(path=path, fmt=fmt, fields=fields, option=option, label_field=label_field)
+    reader = InputReader(
+        path=path, fmt=fmt, fields=fields, option=option, label_field=label_field, score_field=score_field
+    )
     try:
         reader.check_fields()
     except (OSError, EOFError, zlib.error) as err:  # a damaged file: truncated or corrupt gzip, I/O error

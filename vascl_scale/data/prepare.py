@@ -21,6 +21,12 @@ batch, where the anchor's second copy is a negative of its first. (Pairs are mad
 the training step, for the same reason.) ``--dedup`` on labelled pairs drops a row whose
 (anchor, paired) was seen before, so both rows of an anchor stay.
 
+``--score-field S`` (with ``--text-field A,P[,N1,...]``) adds the column ``scores``: each row's
+teacher scores of its candidates, its positive then each hard negative, as field S holds them
+(a list of numbers; in CSV its JSON text), stored as ``<key>.scores.json`` for ``distill_kl`` and
+``margin_mse``. A row without the field is dropped as ``missing_column``; a value that is not
+one finite number per candidate (a NaN) stops the run with one line naming the file and record.
+
 Memory stays constant in the number of lines (NLI JSONL pairing aside, see ``pair_nli``):
 - without ``--shuffle-seed`` rows stream into the current shard (one shard of text in memory);
 - ``--dedup`` keeps one 64-bit blake2b digest per kept anchor in a Python set of ints, about
@@ -58,8 +64,8 @@ from pathlib import Path
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from vascl_scale.data.columns import LABELLED_PAIR, columns_of
-from vascl_scale.data.inputs import NLI_DROP_REASONS, open_input
+from vascl_scale.data.columns import LABELLED_PAIR, SCORES, columns_of
+from vascl_scale.data.inputs import NLI_DROP_REASONS, ScoreError, open_input
 from vascl_scale.data.manifest import Manifest
 from vascl_scale.data.shard_writer import (
     DROP_REASONS,
@@ -94,6 +100,7 @@ class PrepareOptions:
     max_length: int = 32
     label_field: str | None = None  # the field of each pair's label (0 or 1): labelled pairs as they are
     labelled_pairs: bool = False  # each triplet (anchor, positive, negative) -> two labelled pairs
+    score_field: str | None = None  # the field of each row's teacher scores, one per candidate: the scores column
 
     def __post_init__(self) -> None:
         if self.shard_size < 1:
@@ -127,6 +134,12 @@ class PrepareOptions:
     def _check_labels(self) -> None:
         """The rules of --label-field and --labelled-pairs (module docstring)."""
         label = self.label_field
+        if self.score_field is not None and self.labelled:
+            raise ValueError(
+                f"--score-field {self.score_field} scores an anchor's candidates (distill_kl, margin_mse), and labelled "
+                "pairs have none; pass it with --text-field anchor,positive[,negatives...] and no --label-field or "
+                "--labelled-pairs"
+            )
         if label is not None and self.labelled_pairs:
             raise ValueError(
                 f"--label-field {label} reads labelled pairs and --labelled-pairs makes them from triplets; pass one of them"
@@ -285,7 +298,10 @@ def prepare_shards(
     """
     if not inputs:
         raise ValueError("pass at least one input file or directory")
-    readers = [open_input(Path(path), options.fmt, options.text_fields, options.label_field) for path in inputs]
+    readers = [
+        open_input(Path(path), options.fmt, options.text_fields, options.label_field, options.score_field)
+        for path in inputs
+    ]
 
     def write(stage: Path) -> tuple[PrepareResult, Manifest]:
         tokenizer = _load_tokenizer(options.tokenizer) if options.tokenizer is not None else None
@@ -303,11 +319,15 @@ def _write_set(
     counts = {reader.columns for reader in readers}
     assert len(counts) == 1, counts  # one --format and --text-field for every input; txt refuses several
     columns = LABELLED_PAIR if options.labelled else columns_of(counts.pop())
+    if options.score_field is not None:
+        columns = (*columns, SCORES)
     pairs_nli = any(reader.pairs_nli for reader in readers)
     reasons = (
         DROP_REASONS + (LABEL_DROP_REASONS if options.label_field else ()) + (NLI_DROP_REASONS if pairs_nli else ())
     )
-    row_filter = RowFilter(options.labelled, options.dedup, options.min_words, options.max_chars)
+    row_filter = RowFilter(
+        options.labelled, options.dedup, options.min_words, options.max_chars, scored=options.score_field is not None
+    )
     sink = ShardSink(stage, columns, options.shard_size, tokenizer, options.max_length)
     lines_read = rows_read = 0
     start = time.perf_counter()
@@ -337,6 +357,11 @@ def _write_set(
                         progress.update(task, total=reader.total or None, completed=reader.position(), lines=count)
             except (OSError, EOFError, zlib.error) as err:  # a damaged file: truncated or corrupt gzip, I/O error
                 raise ValueError(f"cannot read input {reader.path} after {count} records: {err}") from err
+            except ScoreError as err:
+                raise ValueError(
+                    f"{reader.path}: record {count + 1}: --score-field {options.score_field} {err}; write one finite "
+                    "teacher score per candidate, the positive's first"
+                ) from err
             lines_read += count
             progress.update(task, total=max(reader.total, 1), completed=max(reader.total, 1), lines=count)
 

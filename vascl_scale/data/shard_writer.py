@@ -64,13 +64,20 @@ class RowFilter:
     anchor only (rows sharing an anchor are false negatives of each other in a batch), or, in
     ``labelled`` pairs, at (anchor, paired): an anchor's rows with its positive and its negative
     stay. A labelled pair's record ends with its label (:func:`~vascl_scale.data.inputs.label_value`),
-    kept as its digits.
+    kept as its digits; a ``scored`` row's with its teacher scores' JSON text
+    (:func:`~vascl_scale.data.inputs.scores_value`), kept as it is.
     """
 
     def __init__(
-        self, labelled: bool = False, dedup: bool = False, min_words: int = 0, max_chars: int | None = None
+        self,
+        labelled: bool = False,
+        dedup: bool = False,
+        min_words: int = 0,
+        max_chars: int | None = None,
+        scored: bool = False,
     ) -> None:
         self.labelled = labelled
+        self.scored = scored
         self.min_words = min_words
         self.max_chars = max_chars
         self.dropped: Counter[str] = Counter()
@@ -84,7 +91,7 @@ class RowFilter:
         if isinstance(record, Drop):
             return self._drop(record.reason)
         assert isinstance(record, tuple), record
-        texts, label = (record[:-1], record[-1]) if self.labelled else (record, None)
+        texts, label = (record[:-1], record[-1]) if self.labelled or self.scored else (record, None)
         problem = column_problem(texts) or ("missing_column" if label is MISSING else None)
         if problem is not None:
             return self._drop(problem)
@@ -100,7 +107,7 @@ class RowFilter:
             if digest in self._seen:
                 return self._drop("duplicate")
             self._seen.add(digest)
-        return row if label is None else (*row, str(label))
+        return row if label is None else (*row, str(label))  # a label's digits, or the scores' JSON
 
     def _drop(self, reason: str) -> None:
         self.dropped[reason] += 1
