@@ -53,7 +53,10 @@ def test_configuration_page_has_every_key_with_its_docstring() -> None:
     assert "| `loss.k` | integer | `16` |   | neighbours per anchor" in page
     assert "| `train.precision` | string | `auto` | `auto`, `no`, `bf16`, `fp16` |" in page
     assert "| `data.augment_fraction` | number | `0.1` | > 0, <= 1 |" in page
-    assert "| `objective` | string | `vascl` | `vascl`, `simcse`, `simcse_sup`, `pairsupcon` |" in page
+    assert (
+        "| `objective` | string | `vascl` | `vascl`, `simcse`, `simcse_sup`, `pairsupcon`, `distill_kl`, `margin_mse` |"
+        in page
+    )
     assert "| `model.path` | string | required | not empty |" in page
 
 

@@ -299,6 +299,34 @@ def embedding_width(spec: ModelSpec) -> int:
     return int(AutoConfig.from_pretrained(str(spec.directory)).hidden_size)
 
 
+def check_truncate_dim(spec: ModelSpec, truncate_dim: int | None, option: str = "--truncate-dim") -> int | None:
+    """``truncate_dim`` when the model's embeddings have at least that many dimensions (None
+    stays None); a ValueError naming the option and the model's width otherwise."""
+    if truncate_dim is None:
+        return None
+    width = embedding_width(spec)
+    if not 1 <= truncate_dim <= width:
+        raise ValueError(
+            f"{option} {truncate_dim}: {spec.name} gives {width}-dimensional embeddings; choose 1 to {width}"
+        )
+    return truncate_dim
+
+
+def truncate_embeddings(matrix: np.ndarray, truncate_dim: int | None, normalize: bool) -> np.ndarray:
+    """The first ``truncate_dim`` dimensions of each row of ``matrix`` (N, d) (Matryoshka
+    truncation; ``matrix`` as it is for None), scaled back to unit length when ``normalize`` (a
+    model whose output is L2-normalised keeps unit vectors; cosines are the same either way)."""
+    if truncate_dim is None:
+        return matrix
+    if truncate_dim > matrix.shape[1]:
+        raise ValueError(f"truncate_dim {truncate_dim} exceeds the embeddings' {matrix.shape[1]} dimensions")
+    cut = np.ascontiguousarray(matrix[:, :truncate_dim])  # (N, m)
+    if normalize:
+        norms = np.linalg.norm(cut, axis=1, keepdims=True)  # (N, 1)
+        cut = cut / np.where(norms > 0, norms, 1.0)
+    return cut
+
+
 class EmbeddingCache:
     """Embeddings of one model fingerprint: ``<root>/<fingerprint>/part-*.npz`` files, each with
     ``keys`` (M,) text hashes and ``embeddings`` (M, width) float32. New rows go to a new part,
@@ -391,6 +419,9 @@ class Embedder:
     first text to encode and kept for later calls. ``allow_blank``: embed empty or blank texts
     as the model encodes them (its special tokens alone) with a warning that counts them, instead
     of refusing them (the project's own data never holds one; a benchmark's data may).
+    ``truncate_dim``: every embedding returned is cut to its first m dimensions
+    (:func:`truncate_embeddings`, checked against the model by :func:`check_truncate_dim`); the
+    cache keeps them whole.
     """
 
     def __init__(
@@ -402,6 +433,7 @@ class Embedder:
         chunk_batches: int = 16,
         precision: str = "no",
         allow_blank: bool = False,
+        truncate_dim: int | None = None,
     ) -> None:
         from vascl_scale.precision import resolve_precision
 
@@ -416,6 +448,7 @@ class Embedder:
         self.chunk_size = batch_size * chunk_batches  # texts per progress update and per cache part
         self.device_type = self.device.split(":")[0]  # "cuda:1" -> "cuda"
         self.allow_blank = allow_blank
+        self.truncate_dim = truncate_dim
         self.stats = EmbeddingStats(precision=resolve_precision(precision, self.device_type, "--precision"))
         self._encoder = None  # SentenceEncoder, loaded at the first text to encode
 
@@ -433,9 +466,10 @@ class Embedder:
         return self._encoder
 
     def embed(self, texts: Iterable[str], prompt: str = "") -> TextEmbeddings:
-        """Embeddings (float32) of every distinct text, from the cache or freshly encoded, looked
-        up by the text. ``prompt`` (a prompt's text, :meth:`ModelSpec.prompt_text`) is put before
-        every text when encoding; cached rows are keyed by both (:func:`input_key`)."""
+        """Embeddings (float32; cut to ``truncate_dim``) of every distinct text, from the cache or
+        freshly encoded, looked up by the text. ``prompt`` (a prompt's text,
+        :meth:`ModelSpec.prompt_text`) is put before every text when encoding; cached rows are
+        keyed by both (:func:`input_key`)."""
         # Longest first, so similar lengths share a batch; ties broken by the text itself, so a
         # run's batches (and the last float bits of every embedding) do not depend on hash order.
         distinct = sorted(set(texts), key=lambda text: (-len(text), text))
@@ -498,4 +532,4 @@ class Embedder:
         if not distinct:
             return TextEmbeddings([], np.zeros((0, 0), dtype=np.float32))
         rows = [found[text] if found.get(text) is not None else encoded[text] for text in distinct]
-        return TextEmbeddings(distinct, np.stack(rows))
+        return TextEmbeddings(distinct, truncate_embeddings(np.stack(rows), self.truncate_dim, self.spec.normalize))

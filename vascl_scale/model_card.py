@@ -48,6 +48,7 @@ _MODEL_INDEX = {
         "accuracy",
         "linear probe accuracy x 100 (mean of splits)",
     ),
+    "retrieval": ("retrieval", "Retrieval", "ndcg_at_10", "nDCG@10 x 100, exact cosine search"),
 }
 
 
@@ -111,7 +112,11 @@ def attach_evaluation(directory: Path, command: str, model_record: dict[str, Any
 def _compact(result: dict[str, Any]) -> dict[str, Any]:
     """A task result as the card shows it: the primary metric, its spread and what it was measured on."""
     details = result["details"]
-    measured_on = {"sts": details.get("source", ""), "clustering": f"{details.get('texts', '?')} texts"}
+    measured_on = {
+        "sts": details.get("source", ""),
+        "clustering": f"{details.get('texts', '?')} texts",
+        "retrieval": f"{details.get('queries', '?')} queries, {details.get('documents', '?')} documents",
+    }
     return {
         "family": result["family"],
         "task": result["task"],

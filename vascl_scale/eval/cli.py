@@ -1,4 +1,4 @@
-"""``vascl-scale eval ...``: STS, clustering and few-shot intent on saved checkpoints."""
+"""``vascl-scale eval ...``: STS, clustering, few-shot intent and retrieval on saved checkpoints."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from vascl_scale.log import fail, print_table
 logger = logging.getLogger(__name__)
 
 app = typer.Typer(
-    help="Evaluate checkpoints: STS, short text clustering, few-shot intent; MTEB through the mteb library.",
+    help="Evaluate checkpoints: STS, short text clustering, few-shot intent, retrieval; MTEB through the mteb library.",
     no_args_is_help=True,
 )
 
@@ -49,6 +49,16 @@ STS_SOURCE = typer.Option(
 TASK = typer.Option(None, "--task", help="Run only these tasks (repeatable), e.g. --task stsb --task sickr-full.")
 SHOTS = typer.Option(None, "--shots", min=1, help="Few-shot sizes K of the intent tasks (repeatable); default 5 10 20.")
 FIGURE_JSON = typer.Option(None, "--output", help="The numbers as JSON; default: the --plot path with .json.")
+TRUNCATE_DIM = typer.Option(
+    None,
+    "--truncate-dim",
+    min=1,
+    help="Score the first M dimensions of every embedding (Matryoshka), re-normalised where the model normalises "
+    "(retrieval scores cosines); recorded in the JSON. Default: all.",
+)
+SPLIT = typer.Option(
+    "test", "--split", help="Retrieval: the qrels scored, qrels/<split>.tsv of each dataset: test, dev or train."
+)
 CLUSTERING_MAX_TEXTS = typer.Option(
     None,
     "--clustering-max-texts",
@@ -57,15 +67,22 @@ CLUSTERING_MAX_TEXTS = typer.Option(
 )
 
 
-def _tasks_by_family(tasks: list[str] | None, families: list[str]) -> dict[str, list[str]] | None:
-    """Route ``--task`` names to their families; every name must belong to one of ``families``."""
+def _tasks_by_family(tasks: list[str] | None, families: list[str], data: Path) -> dict[str, list[str]] | None:
+    """Route ``--task`` names to their families; every name must belong to one of ``families``
+    (retrieval's: the datasets under ``<data>/retrieval/``)."""
     if not tasks:
         return None
     from vascl_scale.eval.clustering import CLUSTERING_TASKS
     from vascl_scale.eval.intent import INTENT_TASKS
+    from vascl_scale.eval.retrieval import RETRIEVAL, dataset_name, retrieval_datasets
     from vascl_scale.eval.sts import STS_TASKS
 
-    known = {"sts": tuple(STS_TASKS), "clustering": CLUSTERING_TASKS, "intent": INTENT_TASKS}
+    known = {
+        "sts": tuple(STS_TASKS),
+        "clustering": CLUSTERING_TASKS,
+        "intent": INTENT_TASKS,
+        RETRIEVAL: tuple(dataset_name(path) for path in retrieval_datasets(data)),
+    }
     routed = {family: [t for t in tasks if t in known[family]] for family in families}
     unknown = [t for t in tasks if not any(t in routed[f] for f in families)]
     if unknown:
@@ -102,8 +119,14 @@ def _run(
     sts_source: str,
     shots: list[int] | None,
     prompt: str | None = None,
+    truncate_dim: int | None = None,
+    split: str = "test",
+    retrieval_dirs: list[Path] | None = None,
 ) -> None:
-    from vascl_scale.encode import resolve_device, resolve_model
+    """One ``eval`` command: check every option, load the data, then embed and score each model.
+    ``retrieval_dirs`` (``eval retrieval --data``): BEIR directories scored instead of the data
+    directory's ``retrieval/`` datasets."""
+    from vascl_scale.encode import check_truncate_dim, resolve_device, resolve_model
     from vascl_scale.eval.intent import FewShotProtocol
     from vascl_scale.eval.runner import build_evaluators, resolve_data_dir, run_evaluation
     from vascl_scale.paths import check_output_file
@@ -114,16 +137,19 @@ def _run(
         output = check_output_file(output or default_output(models, command), "--output")
         markdown_path = check_output_file(markdown_path or output.with_suffix(".md"), "--markdown")
         cache = embedding_cache(cache_dir, no_cache)
-        data = resolve_data_dir(data_dir)
-        routed = _tasks_by_family(tasks, families)
+        if retrieval_dirs and data_dir is not None:
+            raise ValueError("--data and --data-dir exclude each other: --data names the datasets themselves")
+        data = Path() if retrieval_dirs else resolve_data_dir(data_dir)
+        routed = _tasks_by_family(tasks, families, data)
         if routed is not None:
             families = [family for family in families if family in routed]
         if shots and "intent" not in families:
             raise ValueError("--shots only applies to intent tasks (eval intent or eval all)")
         protocol = FewShotProtocol(shots=tuple(sorted(set(shots)))) if shots else FewShotProtocol()
         specs = [resolve_model(path, pooling, max_length) for path in models]
-        for spec in specs:  # an unknown prompt name fails before any data is loaded
+        for spec in specs:  # an unknown prompt name or a too large --truncate-dim fails before any data is loaded
             spec.prompt_text(prompt)
+            check_truncate_dim(spec, truncate_dim)
         evaluators = build_evaluators(
             data,
             families,
@@ -132,8 +158,13 @@ def _run(
             protocol=protocol,
             clustering_max_texts=clustering_max_texts,
             sts_source=sts_source,
+            split=split,
+            retrieval_dirs=retrieval_dirs,
         )
-        report = run_evaluation(specs, evaluators, data, batch_size, cache, device, precision, prompt)
+        where = ", ".join(map(str, retrieval_dirs)) if retrieval_dirs else data
+        report = run_evaluation(
+            specs, evaluators, where, batch_size, cache, device, precision, prompt, truncate_dim=truncate_dim
+        )
     except ValueError as err:
         fail(err)
     _show_and_write(report, output, markdown_path)
@@ -181,7 +212,8 @@ def _refresh_model_cards(report, command: str, output: Path) -> None:
 
 
 def _family_command(name: str, families: list[str], missing_ok: bool, doc: str):
-    """One ``eval`` sub-command over ``families``; all four share their options."""
+    """One ``eval`` sub-command over ``families``; all four share their options (``eval
+    retrieval`` has its own: it can take the datasets themselves)."""
 
     def command(
         model: list[Path] = MODEL,
@@ -200,6 +232,8 @@ def _family_command(name: str, families: list[str], missing_ok: bool, doc: str):
         sts_source: str = STS_SOURCE,
         shots: list[int] | None = SHOTS,
         prompt: str | None = PROMPT,
+        truncate_dim: int | None = TRUNCATE_DIM,
+        split: str = SPLIT,
     ) -> None:
         _run(
             name,
@@ -221,6 +255,8 @@ def _family_command(name: str, families: list[str], missing_ok: bool, doc: str):
             sts_source,
             shots,
             prompt,
+            truncate_dim=truncate_dim,
+            split=split,
         )
 
     command.__doc__ = doc
@@ -238,12 +274,62 @@ for _name, _families, _missing_ok, _doc in (
     ),
     (
         "all",
-        ["sts", "clustering", "intent"],
+        ["sts", "clustering", "intent", "retrieval"],
         True,
-        "All three families on one encoding pass; a missing dataset is skipped and marked missing.",
+        "STS, clustering, intent and (the BEIR datasets under <data-dir>/retrieval/) retrieval on one encoding pass; "
+        "a missing dataset is skipped and marked missing.",
     ),
 ):
     app.command(_name)(_family_command(_name, _families, _missing_ok, _doc))
+
+
+@app.command("retrieval")
+def retrieval_command(
+    model: list[Path] = MODEL,
+    data: list[Path] | None = typer.Option(
+        None,
+        "--data",
+        help="A BEIR directory: corpus.jsonl, queries.jsonl, qrels/<split>.tsv (repeatable); default: every folder "
+        "under <data-dir>/retrieval/.",
+    ),
+    data_dir: Path | None = DATA_DIR,
+    split: str = SPLIT,
+    output: Path | None = OUTPUT,
+    markdown_path: Path | None = MARKDOWN,
+    batch_size: int = BATCH,
+    max_length: int | None = MAX_LENGTH,
+    pooling: str | None = POOLING,
+    device: str | None = DEVICE,
+    cache_dir: Path | None = CACHE,
+    no_cache: bool = NO_CACHE,
+    precision: str = PRECISION,
+    truncate_dim: int | None = TRUNCATE_DIM,
+) -> None:
+    """Retrieval on BEIR-format datasets: exact cosine search, nDCG@10 (primary), MRR@10, Recall@100 x 100.
+    Queries get the model's query prompt, documents its document prompt, where it has them."""
+    _run(
+        "retrieval",
+        ["retrieval"],
+        model,
+        data_dir,
+        output,
+        markdown_path,
+        None,
+        batch_size,
+        max_length,
+        pooling,
+        device,
+        cache_dir,
+        no_cache,
+        False,
+        None,
+        precision,
+        "mteb",
+        None,
+        truncate_dim=truncate_dim,
+        split=split,
+        retrieval_dirs=data,
+    )
 
 
 MTEB_EXTRA = "pip install 'vascl-scale[mteb]'"

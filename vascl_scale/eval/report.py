@@ -27,12 +27,14 @@ from vascl_scale.precision import precision_name
 REPORTED_FAMILIES = (*FAMILIES, MTEB_FAMILY)
 TASK_ORDER = {"sts": tuple(STS_TASKS), "clustering": CLUSTERING_TASKS, "intent": INTENT_TASKS}
 # Tasks averaged in the "Avg." column: the paper's columns (sickr-full and stsb-dev are extras);
-# for mteb, every task run (MTEB's mean over tasks).
+# for retrieval and mteb, every task run (MTEB's mean over tasks).
 AVERAGED = {"sts": PAPER_STS_TASKS, "clustering": CLUSTERING_TASKS, "intent": INTENT_TASKS}
 TITLES = {
     "sts": "STS: Spearman x 100 of cosine similarity (Table 1)",
     "clustering": "Short text clustering: KMeans accuracy x 100, mean of seeds (Table 2)",
     "intent": "Few-shot intent classification: test accuracy x 100, mean +- std of splits (Table 3)",
+    "retrieval": "Retrieval (BEIR format): nDCG@10 x 100, exact cosine search; MRR@10 and Recall@100 in the JSON; "
+    "Avg.: the mean over datasets",
     MTEB_FAMILY: "MTEB: each task's main score x 100, from mteb's own evaluators; Avg.: the mean over tasks",
 }
 
@@ -61,7 +63,9 @@ class ModelReport:
 
     @property
     def label(self) -> str:
-        return short_label(self.model["name"])
+        """The model's short name; with the dimensions scored when they were truncated (--truncate-dim)."""
+        dims = self.model.get("truncate_dim")
+        return short_label(self.model["name"]) + (f" @{dims}d" if dims is not None else "")
 
     @property
     def precision(self) -> str:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-FAMILIES = ("sts", "clustering", "intent")  # the project's own evaluators
+FAMILIES = ("sts", "clustering", "intent", "retrieval")  # the project's own evaluators
 MTEB_FAMILY = "mteb"  # ``eval mteb``: tasks as mteb names them, scored by mteb's evaluators
 
 

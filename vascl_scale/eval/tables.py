@@ -25,8 +25,10 @@ LAYOUT_HINT = (
 class MissingDataError(ValueError):
     """A dataset file is absent. ``eval all`` skips such a task; a single-family run fails."""
 
-    def __init__(self, path: Path, hint: str = LAYOUT_HINT) -> None:
-        super().__init__(f"dataset file {path} not found; {hint}")
+    def __init__(
+        self, path: Path, hint: str = LAYOUT_HINT, what: str = "dataset file", problem: str = "not found"
+    ) -> None:
+        super().__init__(f"{what} {path} {problem}; {hint}")
         self.path = Path(path)
 
 

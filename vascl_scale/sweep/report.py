@@ -61,7 +61,8 @@ def _eval_metrics(report_path: Path) -> dict[str, float]:
         if result.get("primary") is not None:
             key = f"{result['family']}/{result['task']}" + (f"/{result['variant']}" if result.get("variant") else "")
             metrics[key] = float(result["primary"])
-            if result["task"] in AVERAGED[result["family"]]:
+            averaged = AVERAGED.get(result["family"])  # None: every task of the family (retrieval, mteb)
+            if averaged is None or result["task"] in averaged:
                 by_family[result["family"]].append(float(result["primary"]))
     # The paper's "Avg." column: the mean of the family's primary metrics over its paper tasks
     # (extras such as stsb-dev, the model-selection set, stay out of it).
