@@ -12,11 +12,14 @@ from vascl_scale.config import config_from_dict
 from vascl_scale.model_card import CardFacts, attach_evaluation, render_card, write_model_card
 
 
-def facts_of(objective: str = "simcse", model: dict | None = None, card: dict | None = None, **values) -> CardFacts:
+def facts_of(
+    objective: str = "simcse", model: dict | None = None, card: dict | None = None, loss: dict | None = None, **values
+) -> CardFacts:
     config = config_from_dict(
         {
             "objective": objective,
             "model": model or {"path": "models/local-bert"},
+            "loss": loss or {},
             "data": {"train": "shards/wiki1m"},
             "train": {"global_batch_size": 64, "grad_accum_steps": 2, "chunk_size": 8, "output_dir": "runs/demo"},
             "card": card or {},
@@ -63,7 +66,7 @@ def test_front_matter_names_a_hub_base_model_and_the_card_section_and_the_body_s
         "vascl",
         model={"path": "roberta-base", "revision": "e2da8e2f811d1448a5b465c236feacd80ffbac7b"},
         card={"datasets": ["princeton-nlp/datasets-for-simcse"], "language": ["en"], "license": "apache-2.0"},
-        stsb_dev_spearman=81.234,
+        dev_score=81.234,
     )
     meta, body = split_card(render_card(hub))
     assert meta["base_model"] == "roberta-base"
@@ -77,6 +80,21 @@ def test_front_matter_names_a_hub_base_model_and_the_card_section_and_the_body_s
     assert selection["dataset"] == {"name": "stsb-dev (model selection)", "type": "stsb"}
     assert selection["metrics"][0]["value"] == 81.23
     assert "k = 16" in body and 'eps_mode = "absolute"' in body
+
+
+def test_the_card_states_the_loss_options_and_every_objective_has_a_title() -> None:
+    from vascl_scale.losses.spec import OBJECTIVES
+
+    for objective in OBJECTIVES:
+        render_card(facts_of(objective))
+    options = dict(false_negatives="duplicates", matryoshka_dims=[768, 128, 64], matryoshka_weights=[1, 1, 2])
+    rows = " ".join(render_card(facts_of("distill_kl", loss=options)).split())
+    assert "| false negatives | in-batch negatives with the anchor's or its positive's text masked" in rows
+    assert "| Matryoshka dimensions | 768 (weight 1), 128 (weight 1), 64 (weight 2): " in rows
+    assert "truncate_dim=64" in rows and "KL divergence" in rows
+    guided = dict(false_negatives="margin", false_negative_margin=0.1, guide_model="guides/minilm")
+    rows = " ".join(render_card(facts_of("simcse_sup", loss=guided)).split())
+    assert "scoring above the positive's score minus 0.1 masked (guide model `guides/minilm`)" in rows
 
 
 def result(family: str, task: str, value: float | None, variant: str = "", status: str = "ok", **details) -> dict:

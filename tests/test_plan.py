@@ -107,3 +107,51 @@ def test_the_launcher_plans_once_and_its_workers_read_the_plan(workspace: Path, 
     assert (summary["engine"], summary["resumed_from"]) == ("ddp", None)
     assert summary["exports"]["final"] == str(run / "final") and summary["seconds_per_step"] > 0
     assert isinstance(RunPlan.from_json((run / PLAN_FILE).read_text()), RunPlan)
+
+
+def _beir(directory: Path, qrels_split: str = "test") -> Path:
+    (directory / "qrels").mkdir(parents=True)
+    documents = ["a cat sat on the mat", "dogs bark at night", "the stock market fell", "rain falls in spring"]
+    (directory / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n" for i, t in enumerate(documents))
+    )
+    queries = ["where did the cat sit", "when do dogs bark"]
+    (directory / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": f"q{i}", "text": t}) + "\n" for i, t in enumerate(queries))
+    )
+    (directory / "qrels" / f"{qrels_split}.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td0\t1\nq1\td1\t1\n")
+    return directory
+
+
+def test_a_retrieval_dev_task_is_read_by_the_plan_and_scored_as_eval_retrieval_scores_it(tmp_path: Path) -> None:
+    import numpy as np
+
+    from vascl_scale.encode import Embedder, resolve_model
+    from vascl_scale.eval.retrieval import retrieval_dev_score
+    from vascl_scale.train.trainer import dev_scorer
+
+    beir = _beir(tmp_path / "beir", "dev")
+    values = _config(tmp_path)
+    values["eval"] = {"every_steps": 1, "dev_task": f"retrieval:{beir}"}
+    plan = make_plan(config_from_dict(values), world_size=1)
+    try:
+        assert (plan.dev_set.kind, plan.dev_set.path, plan.dev_set.split) == ("retrieval", str(beir), "dev")
+        assert plan.dev_set.metric == "dev_retrieval_ndcg_at_10"
+        assert read_plan(write_plan(plan, tmp_path / "run" / PLAN_FILE)).dev_set == plan.dev_set
+    finally:
+        plan.run_lock.release()
+    embedder = Embedder(resolve_model(PACKAGED), cache_dir=None)
+
+    def encode(texts):
+        return np.asarray(embedder.embed(texts)(texts))
+
+    score = dev_scorer(plan.dev_set, {"anchor": "query: "})(encode)
+    assert score == retrieval_dev_score(encode, beir, "dev", {"query": "query: "}) and score > 0
+
+    broken = _beir(tmp_path / "broken")
+    (broken / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq0\tnowhere\t1\n")
+    values["eval"]["dev_task"] = f"retrieval:{broken}"
+    with pytest.raises(ValueError, match=r"test.tsv"):
+        make_plan(config_from_dict(values), world_size=1)
+    with pytest.raises(ValueError, match=r"eval.dev_task must be stsb or retrieval:<a BEIR directory>"):
+        config_from_dict({**values, "eval": {"dev_task": "mteb"}})

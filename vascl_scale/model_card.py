@@ -37,6 +37,9 @@ OBJECTIVE_TITLES = {
     "simcse": "unsupervised SimCSE (Gao et al. 2021, Eq. 1)",
     "simcse_sup": "supervised SimCSE with hard negatives (Gao et al. 2021, Eq. 5)",
     "pairsupcon": "PairSupCon (Zhang et al. 2021): instance contrast plus pairwise classification",
+    "distill_kl": "distillation of a teacher's scores by KL divergence, plus supervised SimCSE's in-batch term",
+    "margin_mse": "distillation of a teacher's score margins by MSE (Hofstaetter et al. 2020), plus supervised "
+    "SimCSE's in-batch term",
 }
 # Each eval family in the hub's model-index: the task's type and name, the metric's type and name.
 _MODEL_INDEX = {
@@ -64,7 +67,9 @@ class CardFacts:
     precision: str  # the resolved train.precision: "no" (float32), "bf16" or "fp16"
     embedding_dimension: int
     vascl_scale_version: str
-    stsb_dev_spearman: float | None = None  # the model-selection score of these weights, when evaluated
+    dev_score: float | None = None  # the model-selection score of these weights, when evaluated
+    dev_metric: str = "stsb_dev_spearman"  # what dev_score is (vascl_scale.train.plan.DevSet.metric)
+    dev_title: str = "STS-B dev Spearman"  # its name in words
     fsdp_strategy: str | None = None  # FSDP2's sharding_strategy when FSDP2 trained them
     # What `vascl-scale eval <command>` measured on these weights, by command (attach_evaluation).
     evaluations: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -175,8 +180,8 @@ def _model_index_results(facts: CardFacts) -> list[dict[str, Any]]:
         )
         for _, result in _latest_results(facts)
     ]
-    if facts.stsb_dev_spearman is not None:
-        scores.append(("sts", "stsb-dev (model selection)", "stsb", facts.stsb_dev_spearman))
+    if facts.dev_score is not None and facts.dev_metric == "stsb_dev_spearman":
+        scores.append(("sts", "stsb-dev (model selection)", "stsb", facts.dev_score))
     entries = []
     for family, dataset_name, dataset_type, value in scores:
         task_type, task_name, metric_type, metric_name = _MODEL_INDEX[family]
@@ -206,6 +211,20 @@ def _data(config: dict[str, Any]) -> str:
         return f"`{data['train']}`"
     sources = ", ".join(f"`{source['source']}` (weight {source['weight']:g})" for source in data["train"])
     return f"a mix ({data['mix']}) of {sources}"
+
+
+def _false_negatives(loss: dict) -> str:
+    """The ``loss.false_negatives`` rule in words."""
+    if loss["false_negatives"] == "duplicates":
+        return "in-batch negatives with the anchor's or its positive's text masked, over the global batch"
+    judge = f"guide model `{loss['guide_model']}`" if loss.get("guide_model") else "the model's own cosines"
+    margin = loss["false_negative_margin"]
+    rule = (
+        f"the positive's score minus {margin:g}"
+        if loss["margin_strategy"] == "absolute"
+        else f"{1 - margin:g} x the positive's score"
+    )
+    return f"in-batch negatives scoring above {rule} masked ({judge}), over the global batch"
 
 
 def render_card(facts: CardFacts) -> str:
@@ -268,8 +287,21 @@ def render_card(facts: CardFacts) -> str:
         rows.append(
             ("prompts", "; ".join(f"{column}: {json.dumps(text)}" for column, text in model["prompts"].items()))
         )
-    if facts.stsb_dev_spearman is not None:
-        rows.append(("model selection", f"STS-B dev Spearman x 100 {facts.stsb_dev_spearman:.2f} at this step"))
+    if loss.get("false_negatives", "none") != "none":
+        rows.append(("false negatives", _false_negatives(loss)))
+    if loss.get("matryoshka_dims"):
+        dims = loss["matryoshka_dims"]
+        weights = loss.get("matryoshka_weights") or [1] * len(dims)
+        shown = ", ".join(f"{d} (weight {w:g})" for d, w in sorted(zip(dims, weights), key=lambda item: -item[0]))
+        rows.append(
+            (
+                "Matryoshka dimensions",
+                f"{shown}: the embedding's first m dimensions, re-normalised, are an embedding of their own "
+                f"(`SentenceTransformer(path, truncate_dim={min(dims)})`, `vascl-scale eval ... --truncate-dim {min(dims)}`)",
+            )
+        )
+    if facts.dev_score is not None:
+        rows.append(("model selection", f"{facts.dev_title} x 100 {facts.dev_score:.2f} at this step"))
     meta = yaml.safe_dump(_front_matter(facts, name), sort_keys=False, allow_unicode=True)
     lines = [
         "---",

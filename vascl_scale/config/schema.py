@@ -482,6 +482,9 @@ class TrainConfig(_Strict):
         return names
 
 
+RETRIEVAL_DEV_PREFIX = "retrieval:"  # eval.dev_task: retrieval:<dir>
+
+
 class EvalConfig(_Strict):
     """Model selection on STS-B dev (Spearman x 100 of cosine similarities)."""
 
@@ -489,6 +492,18 @@ class EvalConfig(_Strict):
     """0 disables evaluation during training"""
     stsb_dev: str = "${VASCL_DATA}/sts/stsb/dev.tsv"
     """Skipped with one warning when the file (or the variable it names) is absent."""
+    dev_task: str = "stsb"
+    """the model-selection metric: "stsb" (Spearman on stsb_dev), or "retrieval:<dir>" (nDCG@10 on
+    a small BEIR-format directory, its qrels/dev.tsv where it has one, else qrels/test.tsv; the
+    model's prompts as eval retrieval uses them; an error before training when it is unreadable)"""
+
+    @field_validator("dev_task")
+    @classmethod
+    def _known_dev_task(cls, value: str) -> str:
+        if value != "stsb" and not (value.startswith(RETRIEVAL_DEV_PREFIX) and value[len(RETRIEVAL_DEV_PREFIX) :]):
+            raise ValueError(f"must be stsb or retrieval:<a BEIR directory>; got {shown(value)}")
+        return value
+
     batch_size: int = Field(128, ge=1)
     """sentences per encoder forward when encoding for evaluation"""
     max_length: int = Field(128, ge=2)

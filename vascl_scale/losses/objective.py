@@ -399,7 +399,7 @@ class MatryoshkaObjective:
                     terms.setdefault(name, value)
                 else:
                     terms[f"{name}@{dim}"] = value
-            stats.update({f"{name}@{dim}": value for name, value in out.stats.items()})
+            stats.update({f"{name}@{dim}": value for name, value in out.stats.items() if name != "loss"})
         if with_stats:
             stats["loss"] = float(loss.detach())
         return ObjectiveOutput(loss, terms, stats)

@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from vascl_scale.backbone import BackbonePlan, plan_backbone
 from vascl_scale.config import FsdpConfig, MixSource, RunConfig, config_from_dict, load_fsdp_config
+from vascl_scale.config.schema import RETRIEVAL_DEV_PREFIX
 from vascl_scale.data.augment import check_augmenter
 from vascl_scale.data.columns import AUGMENTED, columns_to_read
 from vascl_scale.data.mix_plan import check_same_columns
@@ -86,8 +87,8 @@ class RunPlan:
     """the data's columns the training stream reads (those the objective takes)"""
     columns: tuple[str, ...]
     """the columns of every training batch (the read ones, and the positive data.augment makes)"""
-    dev_set: str | None
-    """the STS-B dev TSV of model selection, or None: off (evaluation off, or no file: warned)"""
+    dev_set: DevSet | None
+    """the data of model selection (eval.dev_task), checked, or None: off (evaluation off, or no STS-B dev file: warned)"""
     lock_in_workers: bool
     """True when the workers take the run directory's lock (rank 0); else a launcher holds it"""
     loaded_config: dict[str, Any]
@@ -120,6 +121,7 @@ class RunPlan:
         values["config"] = self.config.to_dict()
         values["backbone"] = asdict(self.backbone)
         values["fsdp"] = self.fsdp.model_dump() if self.fsdp is not None else None
+        values["dev_set"] = asdict(self.dev_set) if self.dev_set is not None else None
         values["written_config"] = self.config.as_written().to_dict()
         return json.dumps(values, indent=2)
 
@@ -133,7 +135,9 @@ class RunPlan:
         backbone = BackbonePlan(**values.pop("backbone"))
         fsdp = values.pop("fsdp")
         fsdp = FsdpConfig.model_validate(fsdp) if fsdp is not None else None
-        return cls(config=config, backbone=backbone, fsdp=fsdp, **tuples, **values)
+        dev_set = values.pop("dev_set")
+        dev_set = DevSet(**dev_set) if dev_set is not None else None
+        return cls(config=config, backbone=backbone, fsdp=fsdp, dev_set=dev_set, **tuples, **values)
 
     def check_worker(self, config: RunConfig, world_size: int, where: Path) -> None:
         """ValueError unless a worker started with ``config`` on ``world_size`` ranks runs this plan
@@ -442,14 +446,59 @@ def _log_unread_columns(spec, available: tuple[str, ...], where: str) -> None:
     )
 
 
-def _dev_set(config: RunConfig) -> str | None:
-    """The checked STS-B dev set of a resolved ``config``, or None when model selection is off."""
-    if config.eval.every_steps == 0 or not config.eval.stsb_dev:
+@dataclass(frozen=True)
+class DevSet:
+    """The model-selection data of ``eval.dev_task``: its kind ("stsb" or "retrieval"), its path
+    (the STS-B dev TSV, or a BEIR directory) and, for retrieval, the qrels split read."""
+
+    kind: str
+    path: str
+    split: str | None = None
+
+    @property
+    def metric(self) -> str:
+        """The name of its score in metrics.jsonl, the log and the model card."""
+        return "stsb_dev_spearman" if self.kind == "stsb" else "dev_retrieval_ndcg_at_10"
+
+    @property
+    def title(self) -> str:
+        if self.kind == "stsb":
+            return "STS-B dev Spearman"
+        return f"retrieval nDCG@10 on {Path(self.path).name} ({self.split})"
+
+
+def _dev_set(config: RunConfig) -> DevSet | None:
+    """The checked model-selection data of a resolved ``config`` (``eval.dev_task``), or None
+    when model selection is off. A retrieval directory is read here, before any worker starts
+    (:func:`vascl_scale.eval.retrieval.load_retrieval_data`: one line naming a bad file)."""
+    if config.eval.every_steps == 0:
+        return None
+    task = config.eval.dev_task
+    if task.startswith(RETRIEVAL_DEV_PREFIX):
+        from vascl_scale.eval.retrieval import load_retrieval_data
+
+        directory = expand_path(task[len(RETRIEVAL_DEV_PREFIX) :], "eval.dev_task")
+        split = "dev" if (Path(directory) / "qrels" / "dev.tsv").is_file() else "test"
+        if not Path(directory).is_dir():
+            raise ValueError(
+                f"eval.dev_task {task}: {directory} is no directory; give a BEIR-format directory (corpus.jsonl, "
+                "queries.jsonl, qrels/dev.tsv or qrels/test.tsv)"
+            )
+        data = load_retrieval_data(directory, split)
+        logger.info(
+            "model selection: nDCG@10 on %s (%s split: %d queries, %d documents)",
+            directory,
+            split,
+            len(data.query_ids),
+            len(data.document_ids),
+        )
+        return DevSet("retrieval", directory, split)
+    if not config.eval.stsb_dev:
         return None
     from vascl_scale.eval.sts import check_gold_scores, load_sts_tsv
 
     check_gold_scores(load_sts_tsv(config.eval.stsb_dev), f"eval.stsb_dev {config.eval.stsb_dev}")
-    return config.eval.stsb_dev
+    return DevSet("stsb", config.eval.stsb_dev)
 
 
 def _value(config: RunConfig, dotted: str) -> Any:

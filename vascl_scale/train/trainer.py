@@ -19,7 +19,7 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -46,7 +46,7 @@ from vascl_scale.train.checkpoint import (
 )
 from vascl_scale.train.export import export_model
 from vascl_scale.train.fsdp import is_sharded, shard_model
-from vascl_scale.train.plan import RunPlan
+from vascl_scale.train.plan import DevSet, RunPlan
 from vascl_scale.train.run_lock import RunDirectoryLock
 from vascl_scale.train.step import MODEL_INPUTS, NonFiniteLossError, TrainingStep, chunk_count, rows_per_forward
 from vascl_scale.train.tracking import MetricsSink, NullMetricsSink
@@ -338,12 +338,24 @@ def build_trainer(plan: RunPlan) -> Trainer:
         stream.load_state_dict(load_checkpoint(acc, resume_from, step.sharded_state))
         scheduler.load_state_dict(state.scheduler)
         logger.info("resumed from %s at step %d", resume_from, state.step)
-    dev_pairs = None
-    if plan.dev_set is not None:
-        from vascl_scale.eval.sts import load_sts_tsv
+    dev = dev_scorer(plan.dev_set, config.model.prompts) if plan.dev_set is not None else None
+    return Trainer(plan, step, scheduler, stream, state, dev, run_lock, parameters)
 
-        dev_pairs = load_sts_tsv(plan.dev_set)
-    return Trainer(plan, step, scheduler, stream, state, dev_pairs, run_lock, parameters)
+
+def dev_scorer(dev_set: DevSet, prompts: dict[str, str]) -> Callable[[Callable], float]:
+    """The model-selection score of ``dev_set`` as a function of an ``encode(texts) -> (n, d)``:
+    STS-B dev's Spearman x 100, or a retrieval directory's nDCG@10 x 100 (queries after the
+    anchor's prompt, documents after the positive's, as the export names them)."""
+    if dev_set.kind == "stsb":
+        from vascl_scale.eval.sts import load_sts_tsv, spearman_score
+
+        pairs = load_sts_tsv(dev_set.path)
+        return lambda encode: spearman_score(encode, pairs)
+    from vascl_scale.eval.retrieval import retrieval_dev_score
+    from vascl_scale.sentence_transformers_format import export_prompts
+
+    named = export_prompts(prompts)
+    return lambda encode: retrieval_dev_score(encode, dev_set.path, dev_set.split, named)
 
 
 def _log_batch_arithmetic(plan: RunPlan, views: int) -> None:
@@ -398,7 +410,7 @@ class Trainer:
         scheduler: torch.optim.lr_scheduler.LRScheduler,
         stream,
         state: TrainerState,
-        dev_pairs=None,
+        dev_score: Callable[[Callable], float] | None = None,
         run_lock: RunDirectoryLock | None = None,
         parameters: dict[str, int] | None = None,
     ) -> None:
@@ -412,7 +424,7 @@ class Trainer:
         self.stream = stream
         self.state = state
         self.run_dir = plan.run_dir
-        self.dev_pairs = dev_pairs
+        self.dev_score = dev_score  # dev_scorer's, None when model selection is off
         self.run_lock = run_lock  # held for the life of the trainer
         self.drop_logged = False  # the stream's dropped partial batches are logged once
 
@@ -423,11 +435,9 @@ class Trainer:
         return dict(zip(names, values.tolist()))
 
     def _evaluate(self) -> float | None:
-        """Spearman x 100 on STS-B dev with the encoder alone (no head); None when off."""
-        if self.dev_pairs is None:
+        """The dev score (:func:`dev_scorer`) of the encoder alone (no head); None when off."""
+        if self.dev_score is None:
             return None
-        from vascl_scale.eval.sts import spearman_score
-
         module = self.accelerator.unwrap_model(self.step.model)
 
         def encode(texts: list[str]):
@@ -436,7 +446,7 @@ class Trainer:
         score = None
         # ZeRO-3 and FSDP2 gather each submodule's shards in its forward: every rank must encode.
         if self.accelerator.is_main_process or self.plan.parameters_sharded:
-            score = spearman_score(encode, self.dev_pairs)
+            score = self.dev_score(encode)
         self.accelerator.wait_for_everyone()
         return score
 
@@ -463,7 +473,9 @@ class Trainer:
             precision=self.step.precision,
             embedding_dimension=self.accelerator.unwrap_model(self.step.model).hidden_size,
             vascl_scale_version=__version__,
-            stsb_dev_spearman=dev_score if dev_score is not None and math.isfinite(dev_score) else None,
+            dev_score=dev_score if dev_score is not None and math.isfinite(dev_score) else None,
+            dev_metric=self.plan.dev_set.metric if self.plan.dev_set is not None else "stsb_dev_spearman",
+            dev_title=self.plan.dev_set.title if self.plan.dev_set is not None else "STS-B dev Spearman",
             fsdp_strategy=self.plan.fsdp.sharding_strategy if self.plan.fsdp is not None else None,
         )
 
@@ -488,8 +500,9 @@ class Trainer:
         if not math.isfinite(score):  # constant or non-finite similarities: a collapsed encoder, no candidate
             if self.accelerator.is_main_process:
                 logger.warning(
-                    "step %d: STS-B dev Spearman is undefined (the encoder's similarities are constant or not finite); best/ is kept",
+                    "step %d: %s is undefined (the encoder's similarities are constant or not finite); best/ is kept",
                     step,
+                    self.plan.dev_set.title,
                 )
             return None
         best, best_step = self.state.best_score, self.state.best_step
@@ -501,7 +514,7 @@ class Trainer:
                 verdict = f"new best (the previous best {best:.2f} at step {best_step})"
             else:
                 verdict = f"best so far {best:.2f} at step {best_step}"
-            logger.info("step %d: STS-B dev Spearman %.2f, %s", step, score, verdict)
+            logger.info("step %d: %s %.2f, %s", step, self.plan.dev_set.title, score, verdict)
         if improved:
             self.state.best_score, self.state.best_step = score, step
             if self.accelerator.is_main_process:
@@ -509,7 +522,7 @@ class Trainer:
                 staging = staging_directory(best_dir)
                 shutil.copytree(self.run_dir / "last", staging, dirs_exist_ok=True)
                 replace_directory(staging, best_dir)
-        metrics.log(step, {"stsb_dev_spearman": score})
+        metrics.log(step, {self.plan.dev_set.metric: score})
         return score
 
     def _stopped_by_a_non_finite_loss(self, err: NonFiniteLossError) -> NonFiniteLossError:
