@@ -110,11 +110,14 @@ def step_parts(
     rows = config.per_device_batch_size(accelerator.num_processes)
     prepared, prepared_optimizer = prepare_for_training(accelerator, model, optimizer, config.train, rows)
     recorder = RecordingObjective(objective, config.loss)
+    # loss.guide_model: another tiny encoder, frozen (its tokens are the batch's)
+    guide = tiny_encoder(seed=7, dtype=torch.float64).eval().requires_grad_(False) if recorder.needs_guide else None
     step = TrainingStep(
         accelerator, prepared, prepared_optimizer, recorder, seed=config.train.seed, per_device_batch=rows,
         grad_accum_steps=grad_accum_steps, chunk_size=chunk_size, chunk_tokens=chunk_tokens,
         sort_chunks=sort_chunks, length_buckets=length_buckets,
         reduce_every_backward=fsdp is not None and fsdp.gradient_sync == "backward", max_grad_norm=max_grad_norm,
+        guide=guide,
     )  # fmt: skip
     return accelerator, model, step, recorder
 
@@ -158,7 +161,7 @@ def same_mask_reference(step, batch: dict[str, torch.Tensor], loss_call: int):
         restore_rows([p for (v, _), p in zip(spans, pieces) if v == view], [r for v, r in spans if v == view])
         for view in range(len(columns))
     ]  # (b, d) each, in row order
-    out = step.objective(views, step.head, generator, **step._declared_arguments(batch))
+    out = step.objective(views, step.head, generator, **step._declared_arguments(batch, columns))
     step.accelerator.backward(out.loss)
     return out
 

@@ -439,6 +439,11 @@ STEP_CASES = {
     "simcse_sup-duplicates": ("simcse_sup", dict(false_negatives="duplicates"), 1),
     "vascl-duplicates-matryoshka": ("vascl", dict(false_negatives="duplicates", matryoshka_dims=[16, 4]), 0),
     "distill_kl-margin": ("distill_kl", dict(false_negatives="margin"), 2),
+    "simcse_sup-guide": (
+        "simcse_sup",
+        dict(false_negatives="margin", guide_model="tiny", false_negative_margin=0.05),
+        1,
+    ),
 }
 
 

@@ -155,3 +155,19 @@ def test_a_retrieval_dev_task_is_read_by_the_plan_and_scored_as_eval_retrieval_s
         make_plan(config_from_dict(values), world_size=1)
     with pytest.raises(ValueError, match=r"eval.dev_task must be stsb or retrieval:<a BEIR directory>"):
         config_from_dict({**values, "eval": {"dev_task": "mteb"}})
+
+
+def test_a_guide_model_is_located_by_the_plan_and_must_share_the_models_tokenizer(tmp_path: Path) -> None:
+    from tests.tiny import tiny_decoder_dir
+
+    values = _config(tmp_path)
+    values["loss"] = {"k": 4, "false_negatives": "margin", "guide_model": PACKAGED}
+    plan = make_plan(config_from_dict(values), world_size=1)
+    try:
+        assert Path(plan.guide.directory).is_dir() and plan.guide.pooling == "mean"
+        assert read_plan(write_plan(plan, tmp_path / "run" / PLAN_FILE)).guide == plan.guide
+    finally:
+        plan.run_lock.release()
+    values["loss"]["guide_model"] = str(tiny_decoder_dir(tmp_path / "decoder"))
+    with pytest.raises(ValueError, match=r"loss.guide_model .*: its tokenizer is not the model's"):
+        make_plan(config_from_dict(values), world_size=1)

@@ -98,6 +98,8 @@ class RunPlan:
     (:func:`vascl_scale.backbone.plan_backbone`)"""
     length_buckets: int
     """the uncached step's length-sorted forwards per loss call (train.length_buckets resolved, :func:`length_buckets`)"""
+    guide: GuidePlan | None = None
+    """loss.guide_model located and checked (:func:`_guide`), or None: no guide"""
     run_lock: RunDirectoryLock | None = field(default=None, compare=False, repr=False)
     """the lock this process took when it made the plan (not in plan.json)"""
 
@@ -122,6 +124,7 @@ class RunPlan:
         values["backbone"] = asdict(self.backbone)
         values["fsdp"] = self.fsdp.model_dump() if self.fsdp is not None else None
         values["dev_set"] = asdict(self.dev_set) if self.dev_set is not None else None
+        values["guide"] = asdict(self.guide) if self.guide is not None else None
         values["written_config"] = self.config.as_written().to_dict()
         return json.dumps(values, indent=2)
 
@@ -137,7 +140,9 @@ class RunPlan:
         fsdp = FsdpConfig.model_validate(fsdp) if fsdp is not None else None
         dev_set = values.pop("dev_set")
         dev_set = DevSet(**dev_set) if dev_set is not None else None
-        return cls(config=config, backbone=backbone, fsdp=fsdp, dev_set=dev_set, **tuples, **values)
+        guide = values.pop("guide")
+        guide = GuidePlan(**guide) if guide is not None else None
+        return cls(config=config, backbone=backbone, fsdp=fsdp, dev_set=dev_set, guide=guide, **tuples, **values)
 
     def check_worker(self, config: RunConfig, world_size: int, where: Path) -> None:
         """ValueError unless a worker started with ``config`` on ``world_size`` ranks runs this plan
@@ -205,6 +210,7 @@ def make_plan(
     backbone = plan_backbone(resolved.model, Path(resolved.model.path), local_device_type())
     buckets = length_buckets(train.length_buckets, gathers_per_forward(zero_stage, fsdp_settings), backbone.packed)
     dev_set = _dev_set(resolved)
+    guide = _guide(resolved)
     run_dir = Path(train.output_dir)
     check_writable(run_dir)
     run_lock = RunDirectoryLock(run_dir).acquire() if lock == "here" else None
@@ -237,6 +243,7 @@ def make_plan(
         loaded_config=config.to_dict(),
         backbone=backbone,
         length_buckets=buckets,
+        guide=guide,
         run_lock=run_lock,
     )
 
@@ -444,6 +451,37 @@ def _log_unread_columns(spec, available: tuple[str, ...], where: str) -> None:
         ", ".join(spec.columns_read(available)),
         f"; every column is read by {' or '.join(repr(name) for name in readers)}" if readers else "",
     )
+
+
+@dataclass(frozen=True)
+class GuidePlan:
+    """The frozen guide model of ``loss.false_negatives: margin`` (``loss.guide_model``): its
+    directory and pooling, as :func:`vascl_scale.encode.resolve_model` reads them."""
+
+    directory: str
+    pooling: str
+
+
+def _guide(config: RunConfig) -> GuidePlan | None:
+    """``loss.guide_model`` of a resolved ``config`` located, or None. The guide encodes the
+    batch's own token ids (no second tokenisation in the loader), so its tokenizer must be the
+    model's: a ValueError naming both otherwise."""
+    if config.loss.guide_model is None:
+        return None
+    from vascl_scale.data.shards import tokenizer_fingerprint
+    from vascl_scale.encode import resolve_model
+    from vascl_scale.tokenizer import load_tokenizer
+
+    spec = resolve_model(expand_path(config.loss.guide_model, "loss.guide_model"))
+    student, guide = load_tokenizer(config.model.path), load_tokenizer(str(spec.directory))
+    if tokenizer_fingerprint(student) != tokenizer_fingerprint(guide):
+        raise ValueError(
+            f"loss.guide_model {config.loss.guide_model}: its tokenizer is not the model's ({config.model.path}); the "
+            "guide encodes the batch's own token ids, so choose a guide of the same tokenizer (the starting "
+            "checkpoint, or a larger model of its family)"
+        )
+    logger.info("false negatives: margin by the frozen guide %s (%s pooling)", spec.directory, spec.pooling)
+    return GuidePlan(str(spec.directory), spec.pooling)
 
 
 @dataclass(frozen=True)

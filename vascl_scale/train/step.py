@@ -137,6 +137,7 @@ class TrainingStep:
         sort_chunks: bool = True,
         length_buckets: int = 1,
         reduce_every_backward: bool = False,
+        guide: torch.nn.Module | None = None,
     ) -> None:
         self.accelerator = accelerator
         self.model = model
@@ -164,6 +165,9 @@ class TrainingStep:
         module = accelerator.unwrap_model(model)
         self.fsdp = is_sharded(module)  # FSDP2: the backbone sharded, the heads whole on every rank
         self.reduce_every_backward = reduce_every_backward  # FSDP2 only: sync every backward
+        # The frozen guide model whose cosines decide false negatives (loss.guide_model), or None.
+        assert (guide is not None) == objective.needs_guide, "a guide model goes with loss.guide_model"
+        self.guide = guide
         self.packed = module.packed  # a chunk's tokens are its real ones, not rows x its longest
         self.encoder_shape = EncoderShape.of(module.encoder.config)
         # Views of different widths are padded to one as the tokenizer pads; a model without a
@@ -250,10 +254,30 @@ class TrainingStep:
         generator = torch.Generator(device=acc.device).manual_seed(loss_call_seed(self.seed, loss_call, 0))
         return [on_device[column] for column in columns], generator
 
-    def _declared_arguments(self, batch: Batch) -> dict[str, object]:
+    def _guide_embeddings(self, views: list[dict[str, Tensor]]) -> list[Tensor]:
+        """The guide model's embeddings of each view, (b, g) per view, without gradient, a chunk
+        (``chunk_size``, else the b rows) at a time; a column encoded for two views once. In
+        evaluation mode it draws no dropout mask, so the model's masks are those it would draw
+        without a guide."""
+        rows = self.chunk_size or self.per_device_batch
+        encoded: dict[int, Tensor] = {}
+        with torch.no_grad(), self._autocast():
+            for view in views:
+                key = id(view["input_ids"])
+                if key not in encoded:
+                    encoded[key] = torch.cat(
+                        [
+                            self.guide(**{k: v[start : start + rows] for k, v in view.items()})
+                            for start in range(0, self.per_device_batch, rows)
+                        ]
+                    ).float()  # (b, g)
+        return [encoded[id(view["input_ids"])] for view in views]
+
+    def _declared_arguments(self, batch: Batch, views: list[dict[str, Tensor]] | None = None) -> dict[str, object]:
         """The keywords the objective declares beyond its views: its label column's b labels of
         this rank (b,) and its teacher scores (b, 1 + N) on the device, the pairwise classifier,
-        and the text hash of each view's rows ((b,) per view, the loader's) where it masks duplicates."""
+        the text hash of each view's rows ((b,) per view, the loader's) where it masks duplicates,
+        and the guide model's embeddings of ``views`` (the model inputs) where a guide decides."""
         spec, arguments, device = self.objective.spec, {}, self.accelerator.device
         if spec.label is not None:
             labels = batch[spec.label]
@@ -265,6 +289,9 @@ class TrainingStep:
             arguments["classifier"] = self.classifier
         if self.objective.needs_text_hashes:
             arguments["text_hashes"] = [batch[text_hash_column(c)].to(device) for c in self.encoded_columns(batch)]
+        if self.guide is not None:
+            assert views is not None, "the guide encodes the loss call's model inputs"
+            arguments["guide"] = self._guide_embeddings(views)
         return arguments
 
     def loss_call(self, batch: Batch, loss_call: int, with_stats: bool = False) -> ObjectiveOutput:
@@ -277,7 +304,7 @@ class TrainingStep:
                 **stacked, length_buckets=self.length_buckets
             )  # (n b, d), view v in rows [v b, (v + 1) b)
             blocks = [embeddings[view * rows : (view + 1) * rows] for view in range(len(views))]  # (b, d) each
-            return self.objective(blocks, self.head, generator, with_stats, **self._declared_arguments(batch))
+            return self.objective(blocks, self.head, generator, with_stats, **self._declared_arguments(batch, views))
 
     def chunk_plan(self, views: list[dict[str, Tensor]]) -> list[tuple[int, Tensor]]:
         """The cached step's forwards: (view, its rows (c,)) each, every view's b rows once.
@@ -327,7 +354,7 @@ class TrainingStep:
                     leaf[chunk_rows] = piece.to(leaf_dtype)
             leaves.append(leaf.requires_grad_(True))
         with self._autocast():
-            out = self.objective(leaves, self.head, generator, with_stats, **self._declared_arguments(batch))
+            out = self.objective(leaves, self.head, generator, with_stats, **self._declared_arguments(batch, views))
         self._require_finite(out.loss, step)
         # d loss / d e, (b, d) per view in row order; the graph stays for the head's gradient.
         cached = torch.autograd.grad(out.loss, leaves, retain_graph=True)

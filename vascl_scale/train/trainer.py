@@ -46,7 +46,7 @@ from vascl_scale.train.checkpoint import (
 )
 from vascl_scale.train.export import export_model
 from vascl_scale.train.fsdp import is_sharded, shard_model
-from vascl_scale.train.plan import DevSet, RunPlan
+from vascl_scale.train.plan import DevSet, GuidePlan, RunPlan
 from vascl_scale.train.run_lock import RunDirectoryLock
 from vascl_scale.train.step import MODEL_INPUTS, NonFiniteLossError, TrainingStep, chunk_count, rows_per_forward
 from vascl_scale.train.tracking import MetricsSink, NullMetricsSink
@@ -260,6 +260,13 @@ def build_model(plan: RunPlan) -> SentenceEncoder:
     )
 
 
+def build_guide(guide: GuidePlan, device: torch.device) -> SentenceEncoder:
+    """The frozen guide model of ``loss.guide_model`` on ``device``: evaluation mode (no dropout),
+    no parameter trainable, outside every engine (each rank holds it whole)."""
+    model = SentenceEncoder.from_pretrained(guide.directory, pooling=guide.pooling).to(device).eval()
+    return model.requires_grad_(False)
+
+
 def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
     """Trainable and total parameters (before an engine shards them), for the log and run_summary.json."""
     total = sum(p.numel() for p in model.parameters())
@@ -329,6 +336,7 @@ def build_trainer(plan: RunPlan) -> Trainer:
         sort_chunks=config.train.sort_chunks,
         length_buckets=plan.length_buckets,
         reduce_every_backward=plan.fsdp is not None and plan.fsdp.gradient_sync == "backward",
+        guide=build_guide(plan.guide, acc.device) if plan.guide is not None else None,
     )
     stream = build_stream(plan, model.tokenizer, acc.process_index, step.objective.needs_text_hashes)
     assert set(stream.columns) == set(plan.columns), (stream.columns, plan.columns)
