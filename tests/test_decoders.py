@@ -159,9 +159,9 @@ def test_bad_backbone_settings_are_refused_before_any_worker_naming_the_key(deco
 
 def test_the_plan_decides_eos_and_dtype_once(decoders) -> None:
     qwen = decoders["qwen3"]
-    assert plan_backbone(_model_section(qwen, pooling="last_token"), qwen, "cpu") == BackbonePlan(
-        decoder=True, append_eos=True, dtype="float32"
-    )
+    planned = plan_backbone(_model_section(qwen, pooling="last_token"), qwen, "cpu")
+    assert planned == BackbonePlan(decoder=True, append_eos=True, dtype="float32", hidden_size=planned.hidden_size)
+    assert planned.hidden_size > 0
     assert plan_backbone(_model_section(qwen, pooling="mean"), qwen, "cpu").append_eos is False
     assert plan_backbone(_model_section(qwen, dtype="bfloat16"), qwen, "cpu").dtype == "bfloat16"
 

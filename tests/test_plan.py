@@ -171,3 +171,14 @@ def test_a_guide_model_is_located_by_the_plan_and_must_share_the_models_tokenize
     values["loss"]["guide_model"] = str(tiny_decoder_dir(tmp_path / "decoder"))
     with pytest.raises(ValueError, match=r"loss.guide_model .*: its tokenizer is not the model's"):
         make_plan(config_from_dict(values), world_size=1)
+
+
+def test_matryoshka_dimensions_are_checked_against_the_models_width_by_the_plan(tmp_path: Path) -> None:
+    values = _config(tmp_path)
+    values["loss"] = {"k": 4, "matryoshka_dims": [256, 64]}
+    with pytest.raises(ValueError, match=r"loss.matryoshka_dims must hold the model's embedding dimension 384 .*"):
+        make_plan(config_from_dict(values), world_size=1)
+    values["loss"]["matryoshka_dims"] = [64, 384]
+    plan = make_plan(config_from_dict(values), world_size=1)
+    plan.run_lock.release()
+    assert plan.backbone.hidden_size == 384

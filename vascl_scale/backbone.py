@@ -258,6 +258,7 @@ class BackbonePlan:
     append_eos: bool
     dtype: str  # float32 or bfloat16
     packed: bool = False  # rows encoded unpadded (vascl_scale.packing)
+    hidden_size: int = 0  # d, the pooled embedding's width (the config's hidden_size; 0 where it names none)
 
 
 def plan_backbone(model_config, directory: Path, device_type: str) -> BackbonePlan:
@@ -292,4 +293,7 @@ def plan_backbone(model_config, directory: Path, device_type: str) -> BackbonePl
             "mask over the packed tokens (exact, not faster; flash_attention_2 packs natively)",
             model_config.attn_implementation or "by transformers' default",
         )
-    return BackbonePlan(decoder=decoder, append_eos=bool(append_eos), dtype=dtype, packed=bool(packed))
+    hidden_size = int(getattr(hf_config, "hidden_size", 0) or 0)
+    return BackbonePlan(
+        decoder=decoder, append_eos=bool(append_eos), dtype=dtype, packed=bool(packed), hidden_size=hidden_size
+    )

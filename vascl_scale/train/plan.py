@@ -208,6 +208,7 @@ def make_plan(
         )
     read_columns, columns = data_columns(resolved)
     backbone = plan_backbone(resolved.model, Path(resolved.model.path), local_device_type())
+    _check_matryoshka_width(resolved.loss.matryoshka_dims, backbone.hidden_size, resolved.model.path)
     buckets = length_buckets(train.length_buckets, gathers_per_forward(zero_stage, fsdp_settings), backbone.packed)
     dev_set = _dev_set(resolved)
     guide = _guide(resolved)
@@ -451,6 +452,17 @@ def _log_unread_columns(spec, available: tuple[str, ...], where: str) -> None:
         ", ".join(spec.columns_read(available)),
         f"; every column is read by {' or '.join(repr(name) for name in readers)}" if readers else "",
     )
+
+
+def _check_matryoshka_width(dims: list[int], hidden_size: int, model: str) -> None:
+    """``loss.matryoshka_dims`` hold the model's embedding dimension d as their largest (its term
+    trains the head, :class:`vascl_scale.losses.objective.MatryoshkaObjective`); checked here,
+    before any worker starts, where the config names d."""
+    if dims and hidden_size and max(dims) != hidden_size:
+        raise ValueError(
+            f"loss.matryoshka_dims must hold the model's embedding dimension {hidden_size} ({model}) as its largest "
+            f"(its term trains the head, the others are prefixes of it); got {dims}"
+        )
 
 
 @dataclass(frozen=True)
