@@ -131,7 +131,7 @@ def test_bench_step_rejects_bad_objective(tiny_config: Path) -> None:
     result = CliRunner().invoke(app, ["bench", "step", "--model", str(tiny_config), "--objective", "simclr"])
     assert (
         result.exit_code == 2
-        and "--objective must be one of 'vascl', 'simcse', 'simcse_sup', 'pairsupcon'; got 'simclr'"
+        and "--objective must be one of 'vascl', 'simcse', 'simcse_sup', 'pairsupcon', 'distill_kl', 'margin_mse'; got 'simclr'"
         in " ".join(result.output.split())
     )
     mixed = CliRunner().invoke(app, ["bench", "step", "--model", str(tiny_config), "--objective", "simcse,pairsupcon"])
@@ -157,6 +157,18 @@ def test_bench_step_runs_pairsupcon_on_synthetic_labelled_pairs_and_counts_its_c
     contrastive = 3 * (2 * 32 * (32 * 32 + 32 * 128) + 2 * 32 * 32 * 128)
     classifier = 3 * 2 * 16 * 3 * 32 * 2
     assert report["objectives"]["pairsupcon"]["model_flops_per_device"] == encoder + contrastive + classifier
+
+
+def test_bench_step_runs_the_distillation_objectives_on_synthetic_teacher_scores(
+    tiny_config: Path, tmp_path: Path
+) -> None:
+    _, report = _bench_step(
+        tmp_path / "step.json", "--model", str(tiny_config), "--objective", "distill_kl,margin_mse",
+        "--global-batch", "8", "--chunk-size", "4", "--negatives", "2", "--steps", "1", "--warmup", "0",
+        "--max-length", "8",
+    )  # fmt: skip
+    for objective in ("distill_kl", "margin_mse"):
+        assert len(report["objectives"][objective]["times_s"]) == 1
 
 
 @pytest.mark.e2e

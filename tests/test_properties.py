@@ -741,7 +741,7 @@ def test_prepare_jsonl(case):
     run_prepare(case)
 
 
-@examples(150)
+@examples(60)
 @given(csv_cases())
 # A BOM became part of the first column's name, so a CSV from a spreadsheet had "no column 'text'";
 # a header name holding a line break split the refusal naming the columns over two lines.

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vascl_scale.config import RunConfig, config_from_dict, save_config
-from vascl_scale.data.columns import LABEL, LABEL_COLUMNS, LABELS
+from vascl_scale.data.columns import LABEL, LABELS, SCORES, VALUE_COLUMNS
 from vascl_scale.data.prepare import PrepareOptions, prepare_shards
 from vascl_scale.log import LoopProgress
 from vascl_scale.losses.spec import objective_spec
@@ -75,7 +75,7 @@ def write_synthetic_shards(
     lines: list[str] | None = None,
 ) -> Path:
     """Shards of ``rows`` samples in ``columns`` (a sentence in each text column; a random label,
-    0 or 1, in a label column) written by ``data prepare`` into ``directory``/shards, with the
+    0 or 1, in a label column; random teacher scores in a scores column) written by ``data prepare`` into ``directory``/shards, with the
     token ids of the tokenizer of ``model_dir`` stored (module doc). The sentences are ``lines``
     of real text when given (``bench step --text``: consecutive lines per column, as the step
     rows' batches take them), else synthetic full-length ones."""
@@ -83,7 +83,7 @@ def write_synthetic_shards(
 
     tokenizer = load_tokenizer(model_dir)
     rng = random.Random(seed)
-    texts = [column for column in columns if column not in LABEL_COLUMNS]
+    texts = [column for column in columns if column not in VALUE_COLUMNS]
     if lines is not None:  # batch-major: each global batch takes the next lines, column after column
         batch, count = shard_size, len(texts)
         sentences = {
@@ -99,12 +99,15 @@ def write_synthetic_shards(
             record = {column: sentences[column][row] for column in texts}
             if LABEL in columns:
                 record[LABEL] = rng.choice(LABELS)
+            if SCORES in columns:  # a teacher's score of each candidate (all texts after the anchor)
+                record[SCORES] = [rng.uniform(-1, 1) for _ in texts[1:]]
             handle.write(json.dumps(record) + "\n")
     options = PrepareOptions(
         shard_size=shard_size,
         fmt="jsonl",
         text_field=",".join(texts),
         label_field=LABEL if LABEL in columns else None,
+        score_field=SCORES if SCORES in columns else None,
         tokenizer=str(model_dir),
         max_length=max_length,
     )
@@ -172,8 +175,10 @@ def run_training_loops(
     sentences) and the labels an objective reads, one objective after the other."""
     first = next(iter(configs.values()))
     rows, max_length, seed = first.train.global_batch_size, first.data.max_length, first.train.seed
-    labels = tuple(
-        dict.fromkeys(label for config in configs.values() if (label := objective_spec(config.objective).label))
+    labels = tuple(  # the columns of numbers (labels, teacher scores) an objective reads
+        dict.fromkeys(
+            column for config in configs.values() for column in objective_spec(config.objective).value_columns
+        )
     )
     loops = {}
     with tempfile.TemporaryDirectory(prefix="vascl-bench-loop-") as tmp:

@@ -48,7 +48,7 @@ import torch
 
 from vascl_scale.bench import text_lines
 from vascl_scale.config import RunConfig, config_from_dict
-from vascl_scale.data.columns import ANCHOR, LABELS, negative
+from vascl_scale.data.columns import ANCHOR, LABELS, SCORES, negative
 from vascl_scale.figures import save_figure
 from vascl_scale.flops import tflops_and_mfu
 from vascl_scale.hub import locate_model
@@ -142,22 +142,33 @@ def synthetic_columns(specs: list[ObjectiveSpec], negatives: int) -> tuple[str, 
 def bench_views(specs: list[ObjectiveSpec], negatives: int) -> int:
     """The most views an objective of ``specs`` encodes on the synthetic batch (what its forward holds)."""
     columns = synthetic_columns(specs, negatives)
-    return max(len(spec.encoded_columns(columns + (() if spec.label is None else (spec.label,)))) for spec in specs)
+    return max(len(spec.encoded_columns(columns + spec.value_columns)) for spec in specs)
+
+
+def synthetic_values(
+    specs: list[ObjectiveSpec], rows: int, negatives: int, generator: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """Random values of each column of numbers one of ``specs`` reads, drawn in that order from
+    ``generator``: labels (rows,), 0 or 1; teacher scores (rows, 1 + negatives) in [-1, 1)."""
+    values = {}
+    for column in dict.fromkeys(column for spec in specs for column in spec.value_columns):
+        if column == SCORES:
+            values[column] = torch.rand(rows, 1 + negatives, generator=generator) * 2 - 1
+        else:
+            values[column] = torch.randint(0, len(LABELS), (rows,), generator=generator)
+    return values
 
 
 def synthetic_batch(
     specs: list[ObjectiveSpec], rows: int, tokens: int, vocab: int, generator: torch.Generator, negatives: int = 1
 ) -> dict:
-    """Random ids (rows, tokens) and a full mask in each of :func:`synthetic_columns`, and random
-    labels (rows,), 0 or 1, in each label column one of ``specs`` reads, drawn in that order
-    from ``generator``."""
+    """Random ids (rows, tokens) and a full mask in each of :func:`synthetic_columns`, and the
+    :func:`synthetic_values` one of ``specs`` reads, drawn in that order from ``generator``."""
     batch = {}
     for column in synthetic_columns(specs, negatives):
         ids = torch.randint(min(1000, vocab - 1), vocab, (rows, tokens), generator=generator)
         batch[column] = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}  # (b, L)
-    for label in dict.fromkeys(spec.label for spec in specs if spec.label is not None):
-        batch[label] = torch.randint(0, len(LABELS), (rows,), generator=generator)  # (b,)
-    return batch
+    return {**batch, **synthetic_values(specs, rows, negatives, generator)}
 
 
 def bench_config(
@@ -207,8 +218,8 @@ def text_batches(
 ) -> list[dict]:
     """This rank's rows of consecutive global batches of real text: each text column of
     :func:`synthetic_columns` takes the next ``global_batch`` lines, tokenised (truncated to
-    ``max_length``) and padded to its longest row over the global batch, as the loader pads; random
-    labels, 0 or 1, where an objective reads them."""
+    ``max_length``) and padded to its longest row over the global batch, as the loader pads; the
+    :func:`synthetic_values` an objective reads."""
     columns = synthetic_columns(specs, negatives)
     rows = global_batch // world_size
     own = slice(rank * rows, (rank + 1) * rows)
@@ -220,9 +231,8 @@ def text_batches(
             cursor += global_batch
             tokens = tokenizer(texts, truncation=True, max_length=max_length, padding="longest", return_tensors="pt")
             batch[column] = {k: v[own] for k, v in tokens.items() if k in ("input_ids", "attention_mask")}
-        for label in dict.fromkeys(spec.label for spec in specs if spec.label is not None):
-            batch[label] = torch.randint(0, len(LABELS), (global_batch,), generator=generator)[own]  # (b,)
-        batches.append(batch)
+        values = synthetic_values(specs, global_batch, negatives, generator)
+        batches.append({**batch, **{column: value[own] for column, value in values.items()}})
     return batches
 
 
