@@ -581,6 +581,7 @@ def test_non_finite_loss_stops_before_the_update_and_keeps_the_last_good_checkpo
             return out
 
         call.model_flops, call.spec = objective.model_flops, objective.spec
+        call.needs_text_hashes, call.needs_guide = objective.needs_text_hashes, objective.needs_guide
         return call
 
     monkeypatch.setattr(trainer_module, "build_objective", objective_with_a_nan_at_the_third_call)
