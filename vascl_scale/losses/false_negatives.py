@@ -54,16 +54,6 @@ class FalseNegatives:
         if self.kind == "duplicates" and not self.text_hashes:
             raise ValueError("false_negatives='duplicates' needs the text hash of every row of every view")
 
-    def views(self, indices: list[int]) -> FalseNegatives:
-        """The evidence of the views ``indices`` only, in that order."""
-        return FalseNegatives(
-            self.kind,
-            self.margin,
-            self.margin_strategy,
-            tuple(self.text_hashes[i] for i in indices) if self.text_hashes else (),
-            tuple(self.guide[i] for i in indices) if self.guide else (),
-        )
-
     def evidence(self, views: list[int]) -> Tensor | None:
         """This rank's evidence of ``views`` stacked view-major as the candidates are: the hashes
         (n b,) for duplicates, the L2-normalised guide embeddings (n b, g) for a guided margin,
@@ -148,12 +138,10 @@ def objective_mask(
     )
 
 
-def masked_count(masked: Tensor | None) -> Tensor:
+def masked_count(masked: Tensor) -> Tensor:
     """The global batch's number of masked (anchor, candidate) cells, from this rank's (A, C)
     mask: this rank's count times W, so that the mean over ranks (how a step's terms are
     logged) is the sum over them when every rank holds as many anchors."""
-    if masked is None:
-        return torch.zeros(())
     _, world_size = distributed.world()
     return (masked.sum() * world_size).float()
 
