@@ -242,8 +242,8 @@ def mine(
 def download(
     names: list[str] = typer.Argument(
         None,
-        help="Datasets (wiki1m, nli, sts12, stsb, agnews, banking77, ...), families (corpus, sts, sts_senteval, "
-        "clustering, intent) or all (the default). `data download --list` names them.",
+        help="Datasets (wiki1m, nli, sts12, stsb, agnews, banking77, nanobeir-scifact, ...), families (corpus, sts, "
+        "sts_senteval, clustering, intent, retrieval), groups (nanobeir: its 13 sets) or all (the default).",
     ),
     to: Path | None = typer.Option(None, "--to", help="The data directory to fill (default $VASCL_DATA)."),
     mirror: str | None = typer.Option(
