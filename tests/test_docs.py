@@ -1,4 +1,5 @@
-"""The documentation's code runs as written: the Python example of "Train on your own text"."""
+"""The documentation's code runs as written: the Python examples of the home page and of "Train
+on your own text"."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tests.train_helpers import write_texts, write_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 OWN_TEXT = REPO / "docs" / "own-text.md"
+HOME = REPO / "docs" / "index.md"
 
 
 def python_blocks(page: Path) -> list[str]:
@@ -20,19 +22,20 @@ def python_blocks(page: Path) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```$", page.read_text(encoding="utf-8"), flags=re.S | re.M)
 
 
-def test_the_own_text_example_trains_and_encodes_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def run_example(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, steps: int) -> dict:
+    """Run the one ```python block of ``page`` as written, in ``tmp_path``: its my.txt, and
+    configs/cpu-demo.yaml as the repository has it but for a tiny random model, ``steps`` steps
+    and a global batch of 24 (every other key, and the example's assignments over them,
+    validated as written). Returns the block's namespace."""
     from accelerate.state import AcceleratorState
 
-    (code,) = python_blocks(OWN_TEXT)
+    (code,) = python_blocks(page)
     assert "build_trainer(" in code and ".fit()" in code  # it trains, not only loads
-    # The example's working directory: its my.txt, and configs/cpu-demo.yaml as the repository
-    # has it but for a tiny random model, 2 steps and a global batch of 24 (every other key, and
-    # the example's assignments over them, validated as written).
     write_tiny_model(tmp_path / "model")
     write_texts(tmp_path / "my.txt")
     demo = yaml.safe_load((REPO / "configs" / "cpu-demo.yaml").read_text(encoding="utf-8"))
     demo["model"]["path"] = str(tmp_path / "model")
-    demo["train"]["max_steps"] = 2
+    demo["train"]["max_steps"] = steps
     demo["train"]["global_batch_size"] = 24  # > k + 1 = 17 (configs/cpu-demo.yaml's loss.k)
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "cpu-demo.yaml").write_text(yaml.safe_dump(demo), encoding="utf-8")
@@ -42,10 +45,22 @@ def test_the_own_text_example_trains_and_encodes_as_written(tmp_path: Path, monk
     handlers, level, propagate = package_logger.handlers[:], package_logger.level, package_logger.propagate
     namespace: dict = {}
     try:
-        exec(compile(code, str(OWN_TEXT), "exec"), namespace)
+        exec(compile(code, str(page), "exec"), namespace)
     finally:
         AcceleratorState._reset_state(True)
         package_logger.handlers[:], package_logger.level, package_logger.propagate = handlers, level, propagate
+    return namespace
+
+
+def test_the_home_page_example_trains_and_encodes_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    namespace = run_example(HOME, tmp_path, monkeypatch, steps=2)
+    assert namespace["result"].steps == 20  # the example's own train.max_steps
+    assert (tmp_path / "runs" / "quick" / "final" / "model.safetensors").is_file()
+    assert namespace["embeddings"].shape == (2, 32)  # the tiny model's width
+
+
+def test_the_own_text_example_trains_and_encodes_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    namespace = run_example(OWN_TEXT, tmp_path, monkeypatch, steps=2)
     assert namespace["result"].steps == 2
     assert (tmp_path / "shards" / "mine" / "manifest.json").is_file()
     assert (tmp_path / "runs" / "mine" / "final" / "model.safetensors").is_file()
