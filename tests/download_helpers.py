@@ -218,13 +218,15 @@ class Mirror:
     ``lengths[path]`` is the Content-Length announced (None: no header) whatever the body,
     ``range_from`` the first byte a 206 reply starts at whatever was asked, ``drip`` sends the
     body one byte every that many seconds, and a request waits for ``hold`` (an Event) to be set
-    (``waiting`` is set once one does).
+    (``waiting`` is set once one does). A HEAD request (its path recorded in ``heads``) is
+    answered with the file's Content-Length, or ``lengths[path]``.
     """
 
     def __init__(self, files: dict[str, bytes], ranges: bool = True) -> None:
         self.files = {f"/{HOST}/{name}": data for name, data in files.items()}
         self.cut_after: dict[str, int] = {}
         self.requests: list[tuple[str, str | None]] = []
+        self.heads: list[str] = []
         self.lengths: dict[str, int | None] = {}
         self.range_from: int | None = None
         self.drip: float | None = None
@@ -235,6 +237,18 @@ class Mirror:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args) -> None:  # keep the test output clean
                 pass
+
+            def do_HEAD(self) -> None:  # what the download plan asks to size a file
+                mirror.heads.append(self.path)
+                data = mirror.files.get(self.path)
+                if data is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                length = mirror.lengths.get(self.path, len(data))
+                if length is not None:
+                    self.send_header("Content-Length", str(length))
+                self.end_headers()
 
             def do_GET(self) -> None:
                 mirror.requests.append((self.path, self.headers.get("Range")))

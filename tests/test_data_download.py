@@ -150,6 +150,35 @@ def test_an_interrupted_download_resumes_where_it_stopped(tmp_path: Path) -> Non
         assert (tmp_path / "data" / relative).read_bytes() == EXPECTED[relative]
 
 
+def test_the_plan_says_first_how_many_files_and_bytes_are_left_to_fetch(tmp_path: Path) -> None:
+    (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
+    json_path = f"/{HOST}/intent/data_full.json"
+    with Mirror(ORIGINALS) as mirror:
+        mirror.lengths[f"/{HOST}/intent/label"] = None  # a server that does not say how long a file is
+        mirror.cut_after[json_path] = 10  # the first transfer of clinc's file stops after 10 bytes
+        first = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url, "t", "c", "p")
+        assert first.exit_code == 1, first.output  # c failed; t and p converted
+        known = sum(len(ORIGINALS[name]) for name in ("clustering/T", "intent/data_full.json", "intent/seq.in"))
+        plan = " ".join(first.output.split())
+        assert (
+            f"3 datasets to fetch and convert (0 present): 4 files, {known / 1e3:.1f} kB to transfer from "
+            f"{mirror.url} and 1 of unknown size; under a minute at 10 MB/s" in plan
+        )
+        assert plan.index("3 datasets to fetch") < plan.index("data download")  # said before the summary
+        assert sorted(mirror.heads) == sorted(
+            f"/{HOST}/{name}" for name in ("clustering/T", "intent/data_full.json", "intent/seq.in", "intent/label")
+        )
+        # The rerun counts what is left: c's file past the 10 bytes its .part holds; t and p are present.
+        second = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url, "t", "c", "p")
+        assert second.exit_code == 0, second.output
+        left = len(ORIGINALS["intent/data_full.json"]) - 10
+        assert f"1 dataset to fetch and convert (2 present): 1 file, {left / 1e3:.1f} kB" in " ".join(
+            second.output.split()
+        )
+        third = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url, "t", "c", "p")
+        assert f"all 3 datasets are present in {tmp_path / 'data'}: nothing to fetch" in " ".join(third.output.split())
+
+
 def test_an_unreachable_source_is_a_network_failure_and_the_rest_go_on(tmp_path: Path) -> None:
     (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
     files = {name: data for name, data in ORIGINALS.items() if name != "intent/label"}

@@ -1,5 +1,6 @@
 """The documentation's code runs as written: the Python examples of the home page and of "Train
-on your own text"."""
+on your own text". And its user pages talk to users: they cite commands and pages, never a test
+file; the tests behind a claim are named on the contributor pages (docs/contributing.md)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,14 @@ import yaml
 from tests.train_helpers import write_texts, write_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
-OWN_TEXT = REPO / "docs" / "own-text.md"
-HOME = REPO / "docs" / "index.md"
+DOCS = REPO / "docs"
+OWN_TEXT = DOCS / "own-text.md"
+HOME = DOCS / "index.md"
+# The pages written for contributors, which may name tests; docs/reference/ is generated from the
+# code. Every other page under docs/ is a user's page.
+CONTRIBUTOR_PAGES = ("contributing.md", "architecture.md")
+# A file under tests/ (tests/test_train.py, tests/download_helpers.py) or a test module named bare.
+TEST_FILE = re.compile(r"\btests/[\w./-]+\.py\b|(?<![\w/.-])test_\w+\.py\b")
 
 
 def python_blocks(page: Path) -> list[str]:
@@ -66,3 +73,47 @@ def test_the_own_text_example_trains_and_encodes_as_written(tmp_path: Path, monk
     assert (tmp_path / "runs" / "mine" / "final" / "model.safetensors").is_file()
     assert (tmp_path / "runs" / "mine" / "metrics.jsonl").read_text(encoding="utf-8").strip()
     assert namespace["embeddings"].shape == (2, 32)  # the tiny model's width
+
+
+def user_pages() -> list[Path]:
+    """Every page under docs/ but the contributor pages and the generated reference, globbed at
+    run time so that a new page is checked without touching this test."""
+    names = [page.relative_to(DOCS) for page in sorted(DOCS.rglob("*.md"))]
+    return [DOCS / name for name in names if name.parts[0] != "reference" and name.as_posix() not in CONTRIBUTOR_PAGES]
+
+
+def named_test_files(text: str) -> list[str]:
+    """``line N: match`` for each file under tests/ that ``text`` names."""
+    return [
+        f"line {number}: {match.group(0)}"
+        for number, line in enumerate(text.splitlines(), start=1)
+        for match in TEST_FILE.finditer(line)
+    ]
+
+
+def test_the_reader_finds_test_files_and_nothing_else() -> None:
+    text = (
+        "Proven by `tests/test_decoders.py` and by test_global_mode.py on gloo ranks.\n"
+        "See tests/download_helpers.py.\n"
+        "Not these: `sts/sts12/test.tsv`, `qrels/test.tsv`, `pytest -m gpu`, the `pytest_gpu` stage,\n"
+        "unit_tests/test_loss_dtensor.py of another project, `from tests.tiny import tiny_decoder_dir`.\n"
+    )
+    assert named_test_files(text) == [
+        "line 1: tests/test_decoders.py",
+        "line 1: test_global_mode.py",
+        "line 2: tests/download_helpers.py",
+    ]
+
+
+@pytest.mark.parametrize("page", user_pages(), ids=lambda page: page.relative_to(DOCS).as_posix())
+def test_user_pages_name_no_test_file(page: Path) -> None:
+    named = named_test_files(page.read_text(encoding="utf-8"))
+    assert not named, (
+        f"{page.relative_to(REPO)} is a user's page and names test files ({'; '.join(named)}): cite the "
+        "command that shows the claim or another page, and name the tests in a closing '## How we know' "
+        "section without file names, or in docs/contributing.md"
+    )
+
+
+def test_the_contributor_pages_exist() -> None:
+    assert all((DOCS / name).is_file() for name in CONTRIBUTOR_PAGES)

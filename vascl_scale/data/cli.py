@@ -249,6 +249,7 @@ def download(
     mirror: str | None = typer.Option(
         None,
         "--mirror",
+        envvar="VASCL_MIRROR",
         help="A directory or http(s) URL holding the original files at <mirror>/<host>/<path> of their URLs.",
     ),
     force: bool = typer.Option(False, "--force", help="Fetch and convert again even what is already present."),
@@ -258,7 +259,9 @@ def download(
         metavar="SECONDS",
         help="The most one file's transfer may take (default one hour); its .part is kept for the next run to resume.",
     ),
-    registry: Path | None = typer.Option(None, "--registry", help="A registry file instead of the one shipped."),
+    registry: Path | None = typer.Option(
+        None, "--registry", envvar="VASCL_REGISTRY", help="A registry file instead of the one shipped."
+    ),
     list_only: bool = typer.Option(False, "--list", help="Show the registry (source, licence, files) and exit."),
     markdown: bool = typer.Option(False, "--markdown", help="With --list: a Markdown table with every file's sha256."),
 ) -> None:

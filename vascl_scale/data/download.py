@@ -35,6 +35,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -53,6 +54,8 @@ DOWNLOADS = ".downloads"
 LOCK_FILE = ".download.lock"
 STAGING_PREFIX = ".staging-"  # <to>/.staging-<dataset>-XXXXXXXX: a conversion under way
 READ_TIMEOUT_S = 60.0  # per socket operation: a stalled server fails instead of hanging
+SIZE_TIMEOUT_S = 10.0  # the HEAD request that sizes a file for the plan: a hint, not worth a minute
+PLAN_RATE_MB_S = 10.0  # the link speed the plan's rough time assumes (said in the line it prints)
 FILE_TIMEOUT_S = 3600.0  # per file (--timeout): a server dripping bytes fails instead of going on for ever
 CHUNK_BYTES = 1 << 20
 
@@ -101,6 +104,29 @@ class Fetcher:
         if urlsplit(self.mirror).scheme in ("http", "https"):
             return f"{self.mirror.rstrip('/')}/{source.mirror_path}"
         return str(Path(self.mirror) / source.mirror_path)
+
+    def bytes_to_fetch(self, source: Source, force: bool) -> int | None:
+        """How many bytes :meth:`fetch` would transfer: 0 for an original already complete in
+        ``.downloads``, the rest past a resumable ``.part``, else the whole file's size as the
+        mirror's file or an HTTP HEAD reports it; None where the source does not say."""
+        target = self.downloads / source.mirror_path
+        if target.is_file() and not force:
+            return 0  # a pinned one that changed on disk is fetched again; rare enough to leave out here
+        where = self.location(source)
+        if urlsplit(where).scheme not in ("http", "https"):
+            path = Path(where)
+            return path.stat().st_size if path.is_file() else None
+        request = urllib.request.Request(where, method="HEAD", headers={"User-Agent": "vascl-scale"})
+        try:
+            with urllib.request.urlopen(request, timeout=min(SIZE_TIMEOUT_S, self.timeout)) as response:
+                length = response.headers.get("Content-Length", "")
+        except (urllib.error.URLError, OSError, http.client.HTTPException):
+            return None  # the fetch itself will say what is wrong
+        if not length.isdigit():
+            return None
+        part = target.with_name(target.name + ".part")
+        resumed = part.stat().st_size if not force and part.is_file() and Path(f"{part}.validator").is_file() else 0
+        return max(int(length) - resumed, 0)
 
     def fetch(self, source: Source, force: bool) -> tuple[Path, bool]:
         """(the local original, whether it was transferred now)."""
@@ -395,6 +421,7 @@ def _download_all(
     outcomes = []
     with progress:
         fetcher = Fetcher(to / DOWNLOADS, mirror, progress, timeout)
+        logger.info("%s", transfer_plan(datasets, to, fetcher, force))
         overall = progress.add_task("datasets", total=len(datasets))
         for dataset in datasets:
             try:
@@ -407,6 +434,33 @@ def _download_all(
             outcomes.append(outcome)
             progress.advance(overall)
     return outcomes
+
+
+def transfer_plan(datasets: list[Dataset], to: Path, fetcher: Fetcher, force: bool) -> str:
+    """One line said before anything is fetched: how many datasets are present, how many files
+    and megabytes the others need (their sizes asked of the mirror or the sources, a HEAD request
+    each, several at a time) and the rough time that takes at :data:`PLAN_RATE_MB_S`."""
+    needed = [dataset for dataset in datasets if force or not outputs_present(dataset, to)]
+    present = len(datasets) - len(needed)
+    if not needed:
+        return (
+            f"{'the dataset is' if present == 1 else f'all {present} datasets are'} present in {to}: nothing to fetch"
+        )
+    sources = list({source.url: source for dataset in needed for source in dataset.sources}.values())
+    with ThreadPoolExecutor(max_workers=8) as pool:  # HEAD requests wait on the network, not the CPU
+        sizes = list(pool.map(lambda source: fetcher.bytes_to_fetch(source, force), sources))
+    known = [size for size in sizes if size is not None]
+    unknown = len(sizes) - len(known)
+    minutes = sum(known) / 1e6 / PLAN_RATE_MB_S / 60
+    line = (
+        f"{_count(len(needed), 'dataset')} to fetch and convert ({present} present): "
+        f"{_count(len(sources), 'file')}, "
+        f"{_size(sum(known))} to transfer from {fetcher.mirror or 'their sources'}"
+    )
+    if unknown:
+        line += f" and {unknown} of unknown size"
+    rough = "under a minute" if minutes < 1 else f"about {round(minutes)} min"
+    return f"{line}; {rough} at {PLAN_RATE_MB_S:g} MB/s, then seconds to convert each"
 
 
 def summary_table(outcomes: list[Outcome]) -> Table:
@@ -430,7 +484,16 @@ def _files(paths: list[Path]) -> str:
     if not paths:
         return "-"
     size = sum(path.stat().st_size for path in paths)
-    return f"{len(paths)} file{'s' if len(paths) > 1 else ''}, {size / 1e6:.1f} MB"
+    return f"{_count(len(paths), 'file')}, {_size(size)}"
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def _size(size: int) -> str:
+    """Megabytes, or kilobytes below a tenth of one (a test's files, a small evaluation set)."""
+    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size / 1e3:.1f} kB"
 
 
 def _source_summary(dataset: Dataset) -> str:
