@@ -24,12 +24,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# What each stage took with the defaults on 2 idle cores, from a cold embedding cache, printed by
-# this script's own summary (`bash launchers/cpu_demo.sh`; README.md, "The main job", has them).
-# float32: AMD EPYC family 25 model 1 (Zen 3, AVX2 only). bf16: AMD EPYC family 26 model 2
-# (Zen 5, AVX512-BF16), measured as a whole only, before evaluation encoded by token length.
-EXPECTED_FLOAT32="data 25 s, train 3 min 35 s, eval 9 min 1 s"
-EXPECTED_BF16="not measured stage by stage: 5 min 37 s in all"
+# What each stage took with the defaults on 2 idle cores, first run, from a cold embedding cache;
+# README.md ("The main job") has the same figures, and a test keeps the two equal. float32: AMD
+# EPYC family 25 model 1 (Zen 3, AVX2 only), this script's closing line on a checkout without
+# data, fetching from a mirror on the same machine. bf16: AMD EPYC family 26 model 2 (Zen 5,
+# AVX512-BF16), with ../shared/data, timed by stage before evaluation encoded by token length.
+EXPECTED_FLOAT32="data 3 s, train 2 min 33 s, eval 10 min 35 s, 13 min 26 s in all (with 15 s fetching the data from a local mirror the first time)"
+EXPECTED_BF16="data 2 s, train 1 min 20 s, eval 4 min 10 s, 5 min 37 s in all (eval measured before it encoded by token length: likely less now)"
 
 if [ -n "${VASCL_DATA:-}" ]; then
   fetch=0
@@ -56,15 +57,15 @@ if [ -e "$out" ] && [ ! -f "$out/.made-by-cpu-demo" ]; then
 fi
 
 native_bf16="$(python3 -c 'from vascl_scale.precision import cpu_has_native_bf16; print(int(cpu_has_native_bf16()))')"
-if [ "$native_bf16" = 1 ]; then kind="native bf16 (AVX512-BF16 or AMX)" expected="$EXPECTED_BF16"
-else kind="no native bf16: float32" expected="$EXPECTED_FLOAT32"; fi
+if [ "$native_bf16" = 1 ]; then kind="with native bf16 (AVX512-BF16 or AMX)" expected="$EXPECTED_BF16"
+else kind="without native bf16 (float32)" expected="$EXPECTED_FLOAT32"; fi
 echo "== the CPU demo: 1/3 data, 2/3 train, 3/3 eval, into $out"
 if [ "$lines" = 20000 ] && [ "$config" = configs/cpu-demo.yaml ] && [ "${DEMO_BASELINE:-0}" != 1 ]; then
-  echo "   expected on 2 idle cores of a CPU with $kind: $expected"
+  echo "   expected on 2 idle cores of a CPU $kind: $expected"
 else
   echo "   expected times are known for the defaults only (DEMO_LINES, DEMO_CONFIG or DEMO_BASELINE is set)"
 fi
-echo "   eval encodes about 163,000 texts: most of the time on a CPU without native bf16"
+echo "   most of it is eval encoding about 163,000 texts (a rerun that trains the same weights reads them from the cache)"
 
 rm -rf "$out"
 mkdir -p "$out"
@@ -74,7 +75,7 @@ fetch_s=0
 
 if [ "$fetch" = 1 ]; then
   echo "== 1/3 data: no VASCL_DATA and no ../shared/data, so the corpus and the evaluation sets go to $VASCL_DATA"
-  echo "   (the first run only: about 160 MB from the public sources${VASCL_MIRROR:+ via the mirror $VASCL_MIRROR}, sized below; the files are checked against the registry's digests)"
+  echo "   (the first run only: about 160 MB from ${VASCL_MIRROR:-the public sources}, sized below, then checked against the registry's digests)"
   if ! vascl-scale data download wiki1m sts clustering intent --to "$VASCL_DATA"; then
     if [ ! -f "$corpus" ]; then
       echo "the corpus could not be fetched (the table above says why); rerun to resume, or set VASCL_MIRROR" >&2

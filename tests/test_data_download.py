@@ -28,6 +28,7 @@ from tests.download_helpers import (
     registry_text,
     sha256,
     tar_gz_bytes,
+    url,
 )
 from vascl_scale.cli import app
 from vascl_scale.data import download as download_module
@@ -177,6 +178,19 @@ def test_the_plan_says_first_how_many_files_and_bytes_are_left_to_fetch(tmp_path
         )
         third = run_download(tmp_path / "registry.toml", tmp_path / "data", mirror.url, "t", "c", "p")
         assert f"all 3 datasets are present in {tmp_path / 'data'}: nothing to fetch" in " ".join(third.output.split())
+
+
+def test_list_urls_gives_each_original_once_for_wget_to_mirror(tmp_path: Path) -> None:
+    (tmp_path / "registry.toml").write_text(registry_text(EXPECTED))
+    listed = CliRunner().invoke(
+        app, ["data", "download", "intent", "t", "--list", "--urls", "--registry", str(tmp_path / "registry.toml")]
+    )
+    assert listed.exit_code == 0, listed.output
+    names = ("clustering/T", "intent/train.csv", "intent/data_full.json", "intent/seq.in", "intent/label")
+    assert listed.output.splitlines() == [url(name) for name in names]  # in the registry's order
+    for wrong, message in ((["--urls"], "go with --list"), (["--list", "--urls", "--markdown"], "choose one")):
+        result = CliRunner().invoke(app, ["data", "download", *wrong])
+        assert result.exit_code == 2 and message in result.output
 
 
 def test_an_unreachable_source_is_a_network_failure_and_the_rest_go_on(tmp_path: Path) -> None:

@@ -117,3 +117,24 @@ def test_user_pages_name_no_test_file(page: Path) -> None:
 
 def test_the_contributor_pages_exist() -> None:
     assert all((DOCS / name).is_file() for name in CONTRIBUTOR_PAGES)
+
+
+DURATION = re.compile(r"\d+ min \d+ s|\d+ s")
+
+
+def test_the_demo_says_the_stage_times_the_readme_and_getting_started_give() -> None:
+    # The demo prints EXPECTED_FLOAT32 or EXPECTED_BF16 at its start; the pages' table gives the
+    # same measurements (data, train, eval, in all), so a new measurement goes into all three.
+    script = (REPO / "launchers" / "cpu_demo.sh").read_text(encoding="utf-8")
+    said = {
+        precision: DURATION.findall(re.search(rf'^EXPECTED_{name}="(.*)"$', script, flags=re.M).group(1))[:4]
+        for precision, name in (("float32", "FLOAT32"), ("bf16", "BF16"))
+    }
+    for page in (REPO / "README.md", DOCS / "getting-started.md"):
+        rows = [line for line in page.read_text(encoding="utf-8").splitlines() if line.count("|") == 7]
+        stage_rows = {}
+        for row in rows:
+            cells = [cell.strip() for cell in row.strip("|").split("|")]
+            if cells[1] in said and all(DURATION.fullmatch(cell) for cell in cells[2:]):
+                stage_rows[cells[1]] = cells[2:]
+        assert stage_rows == said, f"{page.name}: the demo's stage table differs from launchers/cpu_demo.sh"

@@ -264,6 +264,9 @@ def download(
     ),
     list_only: bool = typer.Option(False, "--list", help="Show the registry (source, licence, files) and exit."),
     markdown: bool = typer.Option(False, "--markdown", help="With --list: a Markdown table with every file's sha256."),
+    urls: bool = typer.Option(
+        False, "--urls", help="With --list: every original's URL, one a line (for `wget -x` to build a mirror)."
+    ),
 ) -> None:
     """Fetch datasets from their public sources, convert them to the data layout, verify checksums."""
     from vascl_scale.data.download import (
@@ -277,8 +280,15 @@ def download(
 
     try:
         chosen = load_registry(registry).select(list(names or []))
+        if (markdown or urls) and not list_only:
+            raise ValueError("--markdown and --urls go with --list")
+        if markdown and urls:
+            raise ValueError("--markdown and --urls: choose one")
         if list_only:
-            if markdown:
+            if urls:
+                originals = dict.fromkeys(source.url for dataset in chosen for source in dataset.sources)
+                typer.echo("".join(f"{url}\n" for url in originals), nl=False)
+            elif markdown:
                 typer.echo(registry_markdown(chosen), nl=False)
             else:
                 print_table(registry_table(chosen))
