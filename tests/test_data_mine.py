@@ -1,5 +1,5 @@
-"""``data mine``: the exact chunked search against brute force, the range / margin / exclusion
-rules on a pool whose answer is known, faiss against exact, and the CLI end to end."""
+"""``data mine``: the range / margin / exclusion rules on a pool whose answer is known, mining
+with faiss against the exact search, and the CLI end to end (the search itself: test_search.py)."""
 
 from __future__ import annotations
 
@@ -14,63 +14,15 @@ from typer.testing import CliRunner
 
 from tests.data_helpers import pairs_tsv, shard_rows
 from vascl_scale.cli import app
-from vascl_scale.data.mine import (
-    MineOptions,
-    _decode_keys,
-    _FaissSearch,
-    _order_keys,
-    exact_top_candidates,
-    faiss_available,
-    mine_pairs,
-)
+from vascl_scale.data.mine import MineOptions, mine_pairs
+from vascl_scale.search import faiss_module
 
-needs_faiss = pytest.mark.skipif(not faiss_available(), reason="faiss is not installed (pip install faiss-cpu)")
+needs_faiss = pytest.mark.skipif(faiss_module() is None, reason="faiss is not installed (pip install faiss-cpu)")
 
 
 def _unit(rows: int, width: int, seed: int) -> np.ndarray:
     vectors = np.random.default_rng(seed).standard_normal((rows, width)).astype(np.float32)
     return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-
-
-def _brute_force(anchors: np.ndarray, pool: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The full (a, N) matrix in float64, each row sorted by (score descending, row ascending)."""
-    full = anchors.astype(np.float64) @ pool.astype(np.float64).T
-    order = np.array([sorted(range(len(pool)), key=lambda j: (-row[j], j))[:k] for row in full])
-    return np.take_along_axis(full, order, axis=1), order
-
-
-@pytest.mark.parametrize("chunk_size", [1, 3, 16, 53, 100])
-def test_exact_chunked_search_equals_brute_force(chunk_size):
-    anchors, pool = _unit(9, 6, seed=1), _unit(53, 6, seed=2)
-    for k in (1, 7, 53):
-        scores, rows = exact_top_candidates(anchors, pool, k, chunk_size)
-        expected_scores, expected_rows = _brute_force(anchors, pool, k)
-        assert scores.shape == rows.shape == (9, k)
-        np.testing.assert_array_equal(rows, expected_rows)
-        np.testing.assert_allclose(scores, expected_scores, atol=1e-6)
-
-
-def test_ties_go_to_the_lower_pool_row_in_every_chunking():
-    # Small integers: every product is exact in float32, so equal scores are bitwise equal.
-    pool = np.array([[1, 0], [2, 0], [0, 1], [2, 0], [1, 0], [-1, 0], [0, 0], [2, 0]], dtype=np.float32)
-    anchors = np.array([[1, 0], [-1, 0], [1, 1], [0, -1]], dtype=np.float32)
-    # the last anchor scores 0 with all but row 2, -0.0 with row 5 (-1 * 0 + 0 * -1): one score
-    expected = [[1, 3, 7, 0, 4], [5, 2, 6, 0, 4], [1, 3, 7, 0, 2], [0, 1, 3, 4, 5]]
-    for chunk_size in (1, 2, 3, 8):
-        scores, rows = exact_top_candidates(anchors, pool, 5, chunk_size)
-        assert rows.tolist() == expected, chunk_size
-        np.testing.assert_array_equal(scores, np.take_along_axis(anchors @ pool.T, rows, axis=1))
-
-
-def test_order_keys_decode_to_the_scores_and_rows_they_encode():
-    scores = np.array([[0.5, -0.5, 0.0, -0.0, 1e-30, -1e-30, 3.0, -3.0]], dtype=np.float32)
-    rows = np.arange(8)[None, :]
-    keys = _order_keys(scores, rows)
-    decoded_scores, decoded_rows = _decode_keys(keys)
-    np.testing.assert_array_equal(decoded_scores, scores)
-    np.testing.assert_array_equal(decoded_rows, rows)
-    # ascending keys: scores descending; 0.0 and -0.0 are one score, so the lower row comes first
-    assert np.argsort(keys[0]).tolist() == [6, 0, 4, 2, 3, 5, 1, 7]
 
 
 # A pool on the unit circle whose cosines with each anchor are known: the text at angle t
@@ -151,12 +103,8 @@ def test_options_are_checked():
 
 
 @needs_faiss
-def test_faiss_search_equals_the_exact_search():
+def test_mining_with_faiss_writes_the_rows_the_exact_search_writes():
     anchors, pool = _unit(40, 16, seed=3), _unit(300, 16, seed=4)
-    exact_scores, exact_rows = exact_top_candidates(anchors, pool, 60, chunk_size=64)
-    faiss_scores, faiss_rows = _FaissSearch(pool)(anchors, 60)
-    np.testing.assert_array_equal(faiss_rows, exact_rows)
-    np.testing.assert_allclose(faiss_scores, exact_scores, atol=1e-5)
     vectors = {f"t{index}": vector for index, vector in enumerate(np.concatenate([anchors, pool]))}
     pairs = [(f"t{index}", f"t{40 + 7 * index}") for index in range(40)]
     extra = [f"t{index}" for index in range(40, 340)]

@@ -34,14 +34,12 @@ from vascl_scale.eval.retrieval import (
     retrieval_datasets,
     retrieval_dev_score,
     retrieval_scores,
-    top_k_search,
 )
 from vascl_scale.eval.runner import build_evaluators, evaluate_model
 from vascl_scale.eval.sts import STSEvaluator, StsPair
 from vascl_scale.model import SentenceEncoder
 from vascl_scale.model_card import attach_evaluation, write_model_card
-
-needs_faiss = pytest.mark.skipif(retrieval._faiss() is None, reason="faiss is not installed (pip install faiss-cpu)")
+from vascl_scale.search import top_k_search
 
 
 def write_beir(root: Path, corpus: list[dict], queries: list[dict], qrels: list[tuple], split: str = "test") -> Path:
@@ -176,68 +174,6 @@ def test_metrics_equal_pytrec_eval():
 def test_qrels_refuse_a_query_without_a_relevant_document():
     with pytest.raises(ValueError, match="query 1 has no relevant document"):
         Qrels.from_grades([{0: 1}, {2: 0}])
-
-
-# --- search ---
-
-
-def integer_vectors(seed: int, rows: int, duplicates: bool = False) -> np.ndarray:
-    """Small integer coordinates: every inner product is an exact float32 integer whatever the
-    order of summation, so the backends see the same scores and many exact ties."""
-    rng = np.random.default_rng(seed)
-    vectors = rng.integers(-2, 3, size=(rows, 6)).astype(np.float32)
-    if duplicates:
-        vectors[rows // 2 :] = vectors[: rows - rows // 2]  # each document of the first half again, later
-    return vectors
-
-
-def full_ranking(queries: np.ndarray, documents: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    scores = queries @ documents.T  # (Q, N), exact integers
-    rows = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # equal scores in corpus order
-    return np.take_along_axis(scores, rows, axis=1), rows
-
-
-@pytest.mark.parametrize("chunk_size, query_block", [(1, 4), (7, 3), (100, 1000), (1000, 5)])
-def test_chunked_search_equals_one_matrix_search(chunk_size, query_block):
-    queries, documents = integer_vectors(0, 23), integer_vectors(1, 250, duplicates=True)
-    expected_scores, expected_rows = full_ranking(queries, documents, 100)
-    scores, rows = top_k_search(queries, documents, 100, "torch", chunk_size, query_block)
-    np.testing.assert_array_equal(rows, expected_rows)
-    np.testing.assert_array_equal(scores, expected_scores)
-    # fewer documents than k: every document, ranked
-    scores, rows = top_k_search(queries, documents[:40], 100, "torch", chunk_size, query_block)
-    np.testing.assert_array_equal(rows, full_ranking(queries, documents[:40], 40)[1])
-
-
-def test_ties_go_to_the_earlier_document_and_negative_scores_rank_right():
-    documents = np.array([[1.0, 0.0], [-1.0, 0.0], [1.0, 0.0], [0.0, 0.0], [-0.5, 0.0], [1.0, 0.0]], np.float32)
-    scores, rows = top_k_search(np.array([[1.0, 0.0], [-1.0, 0.0]], np.float32), documents, 4, "torch", 2)
-    assert rows.tolist() == [[0, 2, 5, 3], [1, 4, 3, 0]]
-    assert scores.tolist() == [[1.0, 1.0, 1.0, 0.0], [1.0, 0.5, 0.0, -1.0]]
-
-
-@needs_faiss
-@pytest.mark.parametrize("chunk_size", [60, 10_000])
-def test_faiss_and_torch_give_the_same_top_k(chunk_size):
-    queries, documents = integer_vectors(2, 30), integer_vectors(3, 400, duplicates=True)
-    by_faiss = top_k_search(queries, documents, 100, "faiss", chunk_size, 8)
-    by_torch = top_k_search(queries, documents, 100, "torch", chunk_size, 8)
-    np.testing.assert_array_equal(by_faiss[1], by_torch[1])
-    np.testing.assert_array_equal(by_faiss[0], by_torch[0])
-    np.testing.assert_array_equal(by_torch[1], full_ranking(queries, documents, 100)[1])
-    # real-valued unit vectors: the same documents, scores equal up to the last bits
-    queries, documents, _ = random_task(3, documents=500)
-    by_faiss = top_k_search(queries, documents, 100, "faiss", chunk_size)
-    by_torch = top_k_search(queries, documents, 100, "torch", chunk_size)
-    np.testing.assert_array_equal(by_faiss[1][:, :10], by_torch[1][:, :10])
-    np.testing.assert_allclose(by_faiss[0], by_torch[0], atol=1e-6)
-
-
-def test_search_without_faiss_falls_back_to_torch(monkeypatch):
-    monkeypatch.setattr(retrieval, "_faiss", lambda: None)
-    assert retrieval.resolve_search("auto") == "torch"
-    with pytest.raises(ValueError, match="faiss is not installed"):
-        retrieval.resolve_search("faiss")
 
 
 # --- data ---

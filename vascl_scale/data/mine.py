@@ -30,14 +30,14 @@ What is mined, as sentence-transformers' ``mine_hard_negatives`` does unless sai
   manifest's ``dropped`` as ``too_few_candidates`` (sentence-transformers' ``n-tuple`` output
   drops them too), so every sample has all its columns.
 
-Search: the top ``range_max + e`` candidates of each anchor (``e``: its excluded texts), exact.
-Without faiss, chunked matrix products: a block of ``chunk_size`` anchors against a block of
-``chunk_size`` pool rows at a time, each block's top-k merged into a running top-k, so memory is
-about ``40 * chunk_size * (chunk_size + k)`` bytes (40 MB at the default 1024), never anchors x
-pool. With faiss-cpu
-installed (``search="auto"``, or ``"faiss"``), a flat inner-product index (exact as well) does the
-same; the two agree up to the last bits of each score, hence also in the negatives chosen
-unless two candidates' similarities are that close.
+Search: the top ``range_max + e`` candidates of each anchor (``e``: its excluded texts), exact,
+by :func:`vascl_scale.search.top_k_search`: a block of ``chunk_size`` anchors against a chunk of
+``chunk_size`` pool rows at a time, each chunk's top-k merged into a running top-k, so memory is
+about ``40 * chunk_size * chunk_size`` bytes (40 MB at the default 1024), never anchors x pool;
+equal scores go to the lower pool row. With faiss-cpu installed (``search="auto"``, or
+``"faiss"``) a flat inner-product index (exact as well) scores each chunk, else a torch matrix
+product (``"exact"``); the two agree up to the last bits of each score, hence also in the
+negatives chosen unless two candidates' similarities are that close.
 
 Teacher scores (``--teacher``, a reranker or an encoder: :mod:`vascl_scale.teacher`): each
 written row's anchor scored against its positive and each of its negatives, stored as the
@@ -52,7 +52,6 @@ their anchor and each negative; the seconds spent encoding, searching and in all
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import math
@@ -73,6 +72,7 @@ from vascl_scale.data.prepare import MAX_COLUMNS, PrepareOptions, PrepareResult
 from vascl_scale.data.prepare import summary_table as prepare_summary_table
 from vascl_scale.data.shard_writer import DROP_REASONS, RowFilter, ShardSink, dropped_summary, write_shard_set
 from vascl_scale.log import LoopProgress
+from vascl_scale.search import faiss_module, resolve_search, top_k_search
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +81,6 @@ Encode = Callable[[list[str]], np.ndarray]
 SAMPLINGS = ("top", "random")
 SEARCHES = ("auto", "exact", "faiss")
 TOO_FEW = "too_few_candidates"  # the manifest's drop reason for rows without enough negatives
-# An exact top-k key packs a score's order into the high 32 bits and the pool row into the low 32.
-_ROW_BITS = 32
-_ROW_MASK = (1 << _ROW_BITS) - 1
-_SIGN = 0x80000000
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -107,10 +103,6 @@ def parse_margin(text: str) -> float | None:
         return float(text)
     except ValueError:
         raise ValueError(f"--margin {text!r}: give a number such as 0.95, or none") from None
-
-
-def faiss_available() -> bool:
-    return importlib.util.find_spec("faiss") is not None
 
 
 @dataclass(frozen=True)
@@ -155,7 +147,7 @@ class MineOptions:
             raise ValueError(f"--sampling must be one of {', '.join(SAMPLINGS)}; got {self.sampling!r}")
         if self.search not in SEARCHES:
             raise ValueError(f"--search must be one of {', '.join(SEARCHES)}; got {self.search!r}")
-        if self.search == "faiss" and not faiss_available():
+        if self.search == "faiss" and faiss_module() is None:
             raise ValueError("--search faiss: faiss is not installed; `pip install faiss-cpu`, or use --search exact")
         if self.chunk_size < 1:
             raise ValueError(f"--chunk-size must be >= 1; got {self.chunk_size}")
@@ -174,63 +166,9 @@ class MineOptions:
         return tuple(self.pool_field.split(","))
 
     @property
-    def uses_faiss(self) -> bool:
-        return self.search == "faiss" or (self.search == "auto" and faiss_available())
-
-
-# --- search ---
-
-
-def _order_keys(scores: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """uint64 keys of (a, c) float32 ``scores`` of pool ``rows`` (broadcast to (a, c)): a smaller
-    key is a higher score, then a lower row, so the keys are distinct and sorting them is exact.
-
-    The high 32 bits map the float -score monotonically onto uint32 (flip the sign bit of a
-    positive float, every bit of a negative one); adding 0 makes -0.0 equal to 0.0 first.
-    """
-    negated = (np.negative(scores, dtype=np.float32) + np.float32(0)).view(np.uint32)
-    monotone = np.where(negated & _SIGN, ~negated, negated | _SIGN)  # (a, c) uint32
-    assert int(np.max(rows, initial=0)) <= _ROW_MASK, "a pool of more than 2^32 texts"
-    return (monotone.astype(np.uint64) << _ROW_BITS) | rows.astype(np.uint64)
-
-
-def _decode_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(scores float32, pool rows int64) of :func:`_order_keys`' keys, the inverse mapping."""
-    monotone = (keys >> _ROW_BITS).astype(np.uint32)
-    negated = np.where(monotone & _SIGN, monotone & ~np.uint32(_SIGN), ~monotone)
-    return -negated.view(np.float32), (keys & _ROW_MASK).astype(np.int64)
-
-
-def exact_top_candidates(
-    anchors: np.ndarray, pool: np.ndarray, k: int, chunk_size: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """The ``k`` most similar pool rows of each anchor by inner product, exactly.
-
-    ``anchors`` (a, d), ``pool`` (N, d) float32, ``k <= N``. Returns scores (a, k) float32 and
-    pool rows (a, k) int64, best first, ties to the lower row. Pool blocks of ``chunk_size``
-    rows: (a, chunk_size) products, whose top-k join the running top-k of the blocks before.
-    """
-    assert 1 <= k <= len(pool), (k, len(pool))
-    best = np.empty((len(anchors), 0), dtype=np.uint64)  # (a, <= k) keys of the blocks so far
-    for start in range(0, len(pool), chunk_size):
-        block = anchors @ pool[start : start + chunk_size].T  # (a, c) float32
-        keys = np.concatenate([best, _order_keys(block, np.arange(start, start + block.shape[1])[None, :])], axis=1)
-        best = np.partition(keys, k - 1, axis=1)[:, :k] if keys.shape[1] > k else keys  # the k smallest, any order
-    return _decode_keys(np.sort(best, axis=1))
-
-
-class _FaissSearch:
-    """A flat (exact) inner-product faiss index of the pool; results in :func:`exact_top_candidates`' order."""
-
-    def __init__(self, pool: np.ndarray) -> None:
-        import faiss
-
-        self.index = faiss.IndexFlatIP(pool.shape[1])
-        self.index.add(np.ascontiguousarray(pool, dtype=np.float32))
-
-    def __call__(self, anchors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        scores, rows = self.index.search(np.ascontiguousarray(anchors, dtype=np.float32), k)  # (a, k) each
-        return _decode_keys(np.sort(_order_keys(scores, rows), axis=1))  # ties to the lower row, as exact
+    def search_backend(self) -> str:
+        """``faiss`` or ``torch``, what :func:`vascl_scale.search.top_k_search` runs: ``exact`` is its torch."""
+        return resolve_search("torch" if self.search == "exact" else self.search)
 
 
 # --- choosing among the candidates ---
@@ -344,17 +282,16 @@ def mine_pairs(
     pair_positives = vectors[[pool_row[positive] for _, positive in pairs]]  # (P, d)
     positive_scores = np.einsum("nd,nd->n", pair_anchors, pair_positives)  # (P,) the cosine of each pair
     choices: list[Choice | None] = [None] * len(pairs)
-    search = "faiss" if options.uses_faiss else "exact"
-    faiss_search = _FaissSearch(vectors[: len(pool)]) if search == "faiss" else None
+    backend = options.search_backend
+    search = "faiss" if backend == "faiss" else "exact"
     with LoopProgress(f"mining ({search} search)", len(anchors), "anchors") as progress:
         for start in range(0, len(anchors), options.chunk_size):
             chunk = range(start, min(start + options.chunk_size, len(anchors)))
             k = min(options.range_max + max(len(excluded[number]) for number in chunk), len(pool))
             block = anchor_vectors[chunk.start : chunk.stop]
-            if faiss_search is not None:
-                scores, rows = faiss_search(block, k)
-            else:
-                scores, rows = exact_top_candidates(block, vectors[: len(pool)], k, options.chunk_size)
+            scores, rows = top_k_search(
+                block, vectors[: len(pool)], k, backend, options.chunk_size, options.chunk_size, show_progress=False
+            )
             for offset, number in enumerate(chunk):
                 never = np.fromiter(excluded[number], dtype=np.int64)
                 for pair in pairs_of[number]:
