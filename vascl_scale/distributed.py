@@ -16,6 +16,7 @@ number of rows). No extra factor of W is needed anywhere.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -49,6 +50,12 @@ def world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def local_world_size(world_size: int) -> int:
+    """The ranks on this node: ``LOCAL_WORLD_SIZE`` as torchrun and accelerate set it, else all
+    ``world_size`` (one node). The nodes are ``world_size // local_world_size``."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
 
 
 def _gather_rows(local: Tensor, world_size: int) -> Tensor:

@@ -42,13 +42,12 @@ sharded (P / W) and reduce-scatters n m times, as ZeRO-2/3 do.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import torch
 
 from vascl_scale.config import FsdpConfig
-from vascl_scale.distributed import device_mesh, global_norm, world
+from vascl_scale.distributed import device_mesh, global_norm, local_world_size, world
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +102,7 @@ def shard_model(
 
     assert precision in ("no", "bf16"), precision  # the plan refuses fp16 under FSDP2
     _, world_size = world()
-    replicas, shard_size = mesh_shape(settings, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+    replicas, shard_size = mesh_shape(settings, world_size, local_world_size(world_size))
     mesh = device_mesh(device.type, replicas, shard_size)
     mixed = (
         MixedPrecisionPolicy(

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from vascl_scale import __version__
 from vascl_scale.config import RunConfig, TrainConfig, save_config
+from vascl_scale.distributed import local_world_size
 from vascl_scale.flops import tflops_and_mfu
 from vascl_scale.fs import replace_directory, replace_file, staging_directory
 from vascl_scale.losses import build_objective
@@ -223,7 +224,6 @@ def build_stream(plan: RunPlan, tokenizer, rank: int, text_hashes: bool = False)
     from vascl_scale.data.mix import build_mixed_stream
 
     config = plan.config
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", plan.world_size))
     build = build_mixed_stream if config.data.mixed else build_train_stream
     return build(
         config.data,
@@ -232,7 +232,7 @@ def build_stream(plan: RunPlan, tokenizer, rank: int, text_hashes: bool = False)
         rank=rank,
         world_size=plan.world_size,
         seed=config.train.seed,
-        num_nodes=max(1, plan.world_size // local_world),
+        num_nodes=max(1, plan.world_size // local_world_size(plan.world_size)),
         columns=plan.read_columns,
         prompts=config.model.prompts,
         text_hashes=text_hashes,
