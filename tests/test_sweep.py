@@ -264,7 +264,25 @@ def test_variant_parsing_and_eval_arguments(tmp_path: Path) -> None:
     )
     command = eval_command(plan, tmp_path / "run", tmp_path / "eval.json")
     assert command[-4:] == ["--task", "stsb", "--clustering-max-texts", "10"] and "all" in command
+    plan = SweepPlan("base.yaml", {}, [0], eval_tasks="retrieval", eval_args=["--data", "beir/scifact"])
+    command = eval_command(plan, tmp_path / "run", tmp_path / "eval.json")
+    assert command[3:7] == ["eval", "retrieval", "--model", str(tmp_path / "run")]
+    assert command[-2:] == ["--data", "beir/scifact"]
     refused = _sweep(
         "--config", "base.yaml", "--variant", "a:loss.k=2", "--variant", "a:loss.k=3", "--output", str(tmp_path / "s")
     )
     assert refused.exit_code == 2 and "share a name" in _flat(refused.output)
+
+
+def test_a_cell_reports_its_best_dev_score_of_either_dev_task(tmp_path: Path) -> None:
+    from vascl_scale.sweep.report import _metrics_summary
+
+    records = [
+        {"step": 2, "dev_retrieval_ndcg_at_10": 40.5},
+        {"step": 4, "dev_retrieval_ndcg_at_10": 43.25},
+        {"step": 4, "stsb_dev_spearman": 81.0},
+        {"step": 6, "dev_retrieval_ndcg_at_10": 42.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    summary = _metrics_summary(tmp_path)
+    assert summary["dev_retrieval_best"] == 43.25 and summary["stsb_dev_best"] == 81.0

@@ -483,6 +483,9 @@ class TrainConfig(_Strict):
 
 
 RETRIEVAL_DEV_PREFIX = "retrieval:"  # eval.dev_task: retrieval:<dir>
+# The dev score's name in metrics.jsonl, the log and the model card, by the dev task's kind.
+STSB_DEV_METRIC = "stsb_dev_spearman"
+RETRIEVAL_DEV_METRIC = "dev_retrieval_ndcg_at_10"
 
 
 class EvalConfig(_Strict):

@@ -29,7 +29,7 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-EVAL_CHOICES = ("sts", "clustering", "intent", "all", "none")
+EVAL_CHOICES = ("sts", "clustering", "intent", "retrieval", "all", "none")
 
 
 def _stopped(stop: Interrupted, resume: str) -> None:
@@ -85,7 +85,9 @@ def sweep(
     seeds: str = typer.Option("0", "--seeds", help="Seeds per grid point, e.g. 0,1,2."),
     output: Path | None = typer.Option(None, "--output", help="Sweep directory, e.g. sweeps/batch-k."),
     launcher: str = typer.Option("local", "--launcher", help="local (run the cells here, one after another) or slurm."),
-    eval_tasks: str = typer.Option("sts", "--eval", help="Evaluation per cell: sts, clustering, intent, all or none."),
+    eval_tasks: str = typer.Option(
+        "sts", "--eval", help="Evaluation per cell: sts, clustering, intent, retrieval, all or none."
+    ),
     data_dir: str | None = typer.Option(None, "--data-dir", help="Evaluation data (default $VASCL_DATA)."),
     eval_args: str = typer.Option(
         "", "--eval-args", help="Extra options of each cell's vascl-scale eval, e.g. '--task stsb --task stsb-dev'."

@@ -18,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from vascl_scale.config.schema import RETRIEVAL_DEV_METRIC, STSB_DEV_METRIC
 from vascl_scale.eval.report import AVERAGED
 from vascl_scale.sweep.grid import SweepPlan
 from vascl_scale.sweep.run import cell_dir, read_status
@@ -45,9 +46,10 @@ def _metrics_summary(run_dir: Path) -> dict[str, float]:
     peaks = [r["peak_memory_mb"] for r in records if isinstance(r.get("peak_memory_mb"), (int, float))]
     if peaks:
         summary["peak_device_memory_mb"] = max(peaks)
-    dev = [r["stsb_dev_spearman"] for r in records if isinstance(r.get("stsb_dev_spearman"), (int, float))]
-    if dev:
-        summary["stsb_dev_best"] = max(dev)
+    for metric, column in ((STSB_DEV_METRIC, "stsb_dev_best"), (RETRIEVAL_DEV_METRIC, "dev_retrieval_best")):
+        dev = [r[metric] for r in records if isinstance(r.get(metric), (int, float))]
+        if dev:
+            summary[column] = max(dev)
     return summary
 
 

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from vascl_scale.backbone import BackbonePlan, plan_backbone
 from vascl_scale.config import FsdpConfig, MixSource, RunConfig, config_from_dict, load_fsdp_config
-from vascl_scale.config.schema import RETRIEVAL_DEV_PREFIX
+from vascl_scale.config.schema import RETRIEVAL_DEV_METRIC, RETRIEVAL_DEV_PREFIX, STSB_DEV_METRIC
 from vascl_scale.data.augment import check_augmenter
 from vascl_scale.data.columns import AUGMENTED, columns_to_read
 from vascl_scale.data.mix_plan import check_same_columns
@@ -508,7 +508,7 @@ class DevSet:
     @property
     def metric(self) -> str:
         """The name of its score in metrics.jsonl, the log and the model card."""
-        return "stsb_dev_spearman" if self.kind == "stsb" else "dev_retrieval_ndcg_at_10"
+        return STSB_DEV_METRIC if self.kind == "stsb" else RETRIEVAL_DEV_METRIC
 
     @property
     def title(self) -> str:

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from vascl_scale import __version__
 from vascl_scale.config import RunConfig, TrainConfig, save_config
+from vascl_scale.config.schema import STSB_DEV_METRIC
 from vascl_scale.distributed import local_world_size
 from vascl_scale.flops import tflops_and_mfu
 from vascl_scale.fs import replace_directory, replace_file, staging_directory
@@ -482,7 +483,7 @@ class Trainer:
             embedding_dimension=self.accelerator.unwrap_model(self.step.model).hidden_size,
             vascl_scale_version=__version__,
             dev_score=dev_score if dev_score is not None and math.isfinite(dev_score) else None,
-            dev_metric=self.plan.dev_set.metric if self.plan.dev_set is not None else "stsb_dev_spearman",
+            dev_metric=self.plan.dev_set.metric if self.plan.dev_set is not None else STSB_DEV_METRIC,
             dev_title=self.plan.dev_set.title if self.plan.dev_set is not None else "STS-B dev Spearman",
             fsdp_strategy=self.plan.fsdp.sharding_strategy if self.plan.fsdp is not None else None,
         )
