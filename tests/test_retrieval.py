@@ -26,9 +26,11 @@ from vascl_scale.encode import (
 )
 from vascl_scale.eval import retrieval
 from vascl_scale.eval.retrieval import (
+    NO_DOCUMENT,
     Qrels,
     RetrievalEvaluator,
     dataset_name,
+    drop_identical_ids,
     load_retrieval_data,
     per_query_metrics,
     retrieval_datasets,
@@ -105,6 +107,55 @@ def test_metrics_known_answer_on_a_tiny_corpus():
     assert retrieval_scores(ranked, qrels) == pytest.approx(
         {"ndcg_at_10": 33.768762, "mrr_at_10": 25.833333, "recall_at_100": 87.5}, abs=1e-5
     )
+
+
+def test_drop_identical_ids_removes_each_querys_own_document_and_moves_the_rest_up():
+    documents = ["a", "b", "c", "d", "e"]
+    rows = np.array([[0, 1, 2, 3], [2, 0, 1, 4], [4, 3, 2, 1]])  # (3, 4): a search 3 + 1 deep
+    kept, dropped = drop_identical_ids(rows, ["b", "x", "e"], documents, depth=3)
+    # "b" drops row 1 and row 2 moves up; "x" is no document: its first 3; "e" drops its first
+    assert kept.tolist() == [[0, 2, 3], [2, 0, 1], [3, 2, 1]] and dropped == 2
+    # a corpus shorter than depth + 1: the place its own document leaves stays empty
+    kept, dropped = drop_identical_ids(rows[:, :3], ["b", "x", "e"], documents, depth=3)
+    assert kept.tolist() == [[0, 2, NO_DOCUMENT], [2, 0, 1], [3, 2, NO_DOCUMENT]] and dropped == 2
+
+
+def test_an_empty_place_of_a_ranking_scores_as_no_document():
+    qrels = Qrels.from_grades([{0: 1, 3: 2}, {2: 1}])
+    rows = np.array([[NO_DOCUMENT, 0, 3], [1, NO_DOCUMENT, NO_DOCUMENT]])
+    assert qrels.gains(rows).tolist() == [[0, 1, 2], [0, 0, 0]]
+    metrics = per_query_metrics(rows, qrels)
+    np.testing.assert_allclose(metrics["mrr_at_10"], [0.5, 0.0])
+    np.testing.assert_allclose(metrics["recall_at_100"], [1.0, 0.0])
+
+
+def test_ignore_identical_ids_takes_a_query_found_in_the_corpus_out_of_its_ranking(tiny_model, tmp_path):
+    # ArguAna's shape: each query is also a document, under the same id, and finds itself first.
+    rng = np.random.default_rng(1)
+    texts = [" ".join(rng.choice(WORDS, size=5)) for _ in range(12)]
+    corpus = [{"_id": f"t{i}", "text": text} for i, text in enumerate(texts)]
+    queries = [{"_id": f"t{i}", "text": texts[i]} for i in range(4)]
+    data = write_beir(tmp_path / "argu", corpus, queries, [(f"t{i}", f"t{i + 4}", 1) for i in range(4)])
+    common = ("retrieval", "--model", str(tiny_model), "--data", str(data), "--no-cache")
+    plain = invoke(*common, "--output", str(tmp_path / "plain.json"))
+    ignored = invoke(*common, "--ignore-identical-ids", "--output", str(tmp_path / "ignored.json"))
+    assert plain.exit_code == 0 and ignored.exit_code == 0, plain.output + ignored.output
+    [with_self] = json.loads((tmp_path / "plain.json").read_text())["models"][0]["results"]
+    [without] = json.loads((tmp_path / "ignored.json").read_text())["models"][0]["results"]
+    assert with_self["details"]["ignore_identical_ids"] is False and with_self["details"]["identical_ids_dropped"] == 0
+    assert without["details"]["ignore_identical_ids"] is True and without["details"]["identical_ids_dropped"] == 4
+    # the library, by hand: each query's ranking without itself, scored
+    encoder = SentenceEncoder.from_pretrained(tiny_model)
+    loaded = load_retrieval_data(data)
+    queries_embedded = retrieval.unit_rows(encoder.encode(loaded.queries))
+    documents_embedded = retrieval.unit_rows(encoder.encode(loaded.documents))
+    _, rows = top_k_search(queries_embedded, documents_embedded, 12, "torch")
+    own = [[row for row in ranking if row != q][:100] for q, ranking in enumerate(rows.tolist())]
+    expected = retrieval_scores(np.array(own), loaded.qrels)["ndcg_at_10"]
+    assert without["primary"] == pytest.approx(expected, abs=1e-4)
+    assert with_self["primary"] < without["primary"]  # finding itself first pushes the answer down
+    refused = invoke("sts", "--model", str(tiny_model), "--data-dir", str(tmp_path), "--ignore-identical-ids")
+    assert refused.exit_code == 2 and "--ignore-identical-ids only applies to retrieval" in refused.output
 
 
 def reference_metrics(ranking: list[int], grades: dict[int, int]) -> tuple[float, float, float]:

@@ -59,6 +59,12 @@ TRUNCATE_DIM = typer.Option(
 SPLIT = typer.Option(
     "test", "--split", help="Retrieval: the qrels scored, qrels/<split>.tsv of each dataset: test, dev or train."
 )
+IGNORE_IDENTICAL_IDS = typer.Option(
+    False,
+    "--ignore-identical-ids",
+    help="Retrieval: leave out of each query's ranking the document with the query's own id, as MTEB does for "
+    "ArguAna and Quora (a query that is also in the corpus).",
+)
 CLUSTERING_MAX_TEXTS = typer.Option(
     None,
     "--clustering-max-texts",
@@ -122,6 +128,7 @@ def _run(
     truncate_dim: int | None = None,
     split: str = "test",
     retrieval_dirs: list[Path] | None = None,
+    ignore_identical_ids: bool = False,
 ) -> None:
     """One ``eval`` command: check every option, load the data, then embed and score each model.
     ``retrieval_dirs`` (``eval retrieval --data``): BEIR directories scored instead of the data
@@ -160,6 +167,7 @@ def _run(
             sts_source=sts_source,
             split=split,
             retrieval_dirs=retrieval_dirs,
+            ignore_identical_ids=ignore_identical_ids,
         )
         where = ", ".join(map(str, retrieval_dirs)) if retrieval_dirs else data
         report = run_evaluation(
@@ -234,6 +242,7 @@ def _family_command(name: str, families: list[str], missing_ok: bool, doc: str):
         prompt: str | None = PROMPT,
         truncate_dim: int | None = TRUNCATE_DIM,
         split: str = SPLIT,
+        ignore_identical_ids: bool = IGNORE_IDENTICAL_IDS,
     ) -> None:
         _run(
             name,
@@ -257,6 +266,7 @@ def _family_command(name: str, families: list[str], missing_ok: bool, doc: str):
             prompt,
             truncate_dim=truncate_dim,
             split=split,
+            ignore_identical_ids=ignore_identical_ids,
         )
 
     command.__doc__ = doc
@@ -304,6 +314,7 @@ def retrieval_command(
     no_cache: bool = NO_CACHE,
     precision: str = PRECISION,
     truncate_dim: int | None = TRUNCATE_DIM,
+    ignore_identical_ids: bool = IGNORE_IDENTICAL_IDS,
 ) -> None:
     """Retrieval on BEIR-format datasets: exact cosine search, nDCG@10 (primary), MRR@10, Recall@100 x 100.
     Queries get the model's query prompt, documents its document prompt, where it has them."""
@@ -329,6 +340,7 @@ def retrieval_command(
         truncate_dim=truncate_dim,
         split=split,
         retrieval_dirs=data,
+        ignore_identical_ids=ignore_identical_ids,
     )
 
 

@@ -70,6 +70,7 @@ ROOT_HINT = (
 )
 QRELS_COLUMNS = ("query-id", "corpus-id", "score")
 _EXAMPLES = 3  # ids shown in an error about many ids
+NO_DOCUMENT = -1  # an empty place of a ranking: a short corpus that lost a query's own document
 
 
 # --- data ---
@@ -98,17 +99,20 @@ class Qrels:
         return cls(query, document, grade, len(grades))
 
     def gains(self, rows: np.ndarray) -> np.ndarray:
-        """The grade (Q, K) of each retrieved document of ``rows`` (Q, K), 0 where not relevant."""
+        """The grade (Q, K) of each retrieved document of ``rows`` (Q, K), 0 where not relevant
+        and at :data:`NO_DOCUMENT` (an empty place)."""
         rows = np.asarray(rows, dtype=np.int64)
         if not len(self.grade):
             return np.zeros(rows.shape, dtype=np.int64)
+        placed = rows != NO_DOCUMENT  # (Q, K) False where a ranking is shorter than K
+        rows = np.where(placed, rows, 0)
         width = max(int(self.document.max()), int(rows.max(initial=0))) + 1
         judged = self.query * width + self.document  # (R,) one key per relevant pair
         order = np.argsort(judged)
         judged, grades = judged[order], self.grade[order]
         asked = np.arange(len(rows))[:, None] * width + rows  # (Q, K)
         at = np.minimum(np.searchsorted(judged, asked), len(judged) - 1)  # (Q, K)
-        return np.where(judged[at] == asked, grades[at], 0)
+        return np.where(placed & (judged[at] == asked), grades[at], 0)
 
     def relevant_counts(self) -> np.ndarray:
         """Relevant documents (Q,) of each query."""
@@ -386,6 +390,25 @@ def unit_rows(embeddings: np.ndarray, truncate_dim: int | None = None) -> np.nda
 # --- metrics ---
 
 
+def drop_identical_ids(
+    rows: np.ndarray, query_ids: Sequence[str], document_ids: Sequence[str], depth: int
+) -> tuple[np.ndarray, int]:
+    """Each query's ranking without the document that has the query's own id, cut to ``depth``:
+    MTEB's ``ignore_identical_ids`` (ArguAna and Quora, where a query is also in the corpus and
+    would find itself). ``rows`` (Q, K) best first, from a search ``depth + 1`` deep, so a
+    dropped place is filled by the next document. Returns the rows (Q, min(depth, K)), with
+    :data:`NO_DOCUMENT` where a corpus shorter than ``depth + 1`` leaves a place empty, and how
+    many queries had their own document dropped."""
+    row_of = {document: row for row, document in enumerate(document_ids)}
+    own = np.array([row_of.get(query, NO_DOCUMENT) for query in query_ids], dtype=np.int64)  # (Q,)
+    identical = rows == own[:, None]  # (Q, K), at most one True a query
+    order = np.argsort(identical, axis=1, kind="stable")  # the others in rank order, then the query's own
+    width = min(depth, rows.shape[1])
+    kept = np.take_along_axis(rows, order, axis=1)[:, :width]  # (Q, width)
+    emptied = np.take_along_axis(identical, order, axis=1)[:, :width]  # its own document, still in reach
+    return np.where(emptied, NO_DOCUMENT, kept), int(identical.any(axis=1).sum())
+
+
 def per_query_metrics(rows: np.ndarray, qrels: Qrels) -> dict[str, np.ndarray]:
     """nDCG@10, MRR@10 and Recall@100 (each (Q,), in [0, 1]) of the rankings ``rows`` (Q, K),
     best first, against ``qrels`` (see the module docstring for the formulas)."""
@@ -429,12 +452,14 @@ class RetrievalEvaluator:
         truncate_dim: int | None = None,
         search: str = "auto",
         chunk_size: int = CHUNK_SIZE,
+        ignore_identical_ids: bool = False,
     ) -> None:
         self.datasets = dict(datasets)
         self.missing = dict(missing or {})
         self.truncate_dim = truncate_dim
         self.search = resolve_search(search)
         self.chunk_size = chunk_size
+        self.ignore_identical_ids = ignore_identical_ids  # drop_identical_ids
 
     @classmethod
     def from_dirs(cls, directories: Sequence[str | Path], split: str = "test", **options) -> RetrievalEvaluator:
@@ -502,7 +527,11 @@ class RetrievalEvaluator:
                 raise ValueError(
                     f"{name}: queries embed to {queries.shape[1]} dimensions, documents to {documents.shape[1]}"
                 )
-            _, rows = top_k_search(queries, documents, SEARCH_DEPTH, self.search, self.chunk_size)
+            depth = SEARCH_DEPTH + 1 if self.ignore_identical_ids else SEARCH_DEPTH  # room for a dropped one
+            _, rows = top_k_search(queries, documents, depth, self.search, self.chunk_size)  # (Q, <= depth)
+            dropped = 0
+            if self.ignore_identical_ids:
+                rows, dropped = drop_identical_ids(rows, data.query_ids, data.document_ids, SEARCH_DEPTH)
             details = {
                 **retrieval_scores(rows, data.qrels),
                 "queries": len(data.queries),
@@ -513,6 +542,8 @@ class RetrievalEvaluator:
                 "similarity": "cosine",
                 "search": self.search,
                 "dimensions": int(queries.shape[1]),
+                "ignore_identical_ids": self.ignore_identical_ids,
+                "identical_ids_dropped": dropped,
             }
             results.append(TaskResult(self.family, name, self.metric, details[self.metric], details=details))
             logger.info(

@@ -54,13 +54,14 @@ def build_evaluators(
     sts_source: str = "mteb",
     split: str = "test",
     retrieval_dirs: Sequence[str | Path] | None = None,
+    ignore_identical_ids: bool = False,
 ) -> list:
     """One evaluator per family, its data loaded. With ``missing_ok`` a task whose file is absent
     is skipped with a warning and reported as missing; otherwise its absence raises.
     ``sts_source``: the STS copies to score (:data:`vascl_scale.eval.sts.STS_SOURCES`).
     ``clustering_max_texts``: see :meth:`ClusteringEvaluator.from_data_dir`. Retrieval: the
     BEIR directories ``retrieval_dirs``, else those under ``<data_dir>/retrieval/``, scored on
-    their ``qrels/<split>.tsv``."""
+    their ``qrels/<split>.tsv``, without each query's own document with ``ignore_identical_ids``."""
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         raise ValueError(f"unknown task families {unknown}; choose from {', '.join(FAMILIES)}")
@@ -72,6 +73,8 @@ def build_evaluators(
         raise ValueError(f"--split must be one of {', '.join(SPLITS)}; got {split!r}")
     if split != "test" and RETRIEVAL not in families:
         raise ValueError("--split only applies to retrieval datasets (eval retrieval or eval all)")
+    if ignore_identical_ids and RETRIEVAL not in families:
+        raise ValueError("--ignore-identical-ids only applies to retrieval datasets (eval retrieval or eval all)")
     tasks = {**DEFAULT_TASKS, **(tasks or {})}
     evaluators = []
     for family in families:
@@ -87,9 +90,15 @@ def build_evaluators(
         elif family == "intent":
             evaluators.append(IntentEvaluator.from_data_dir(data_dir, tasks["intent"], missing_ok, protocol))
         elif retrieval_dirs:
-            evaluators.append(RetrievalEvaluator.from_dirs(retrieval_dirs, split))
+            evaluators.append(
+                RetrievalEvaluator.from_dirs(retrieval_dirs, split, ignore_identical_ids=ignore_identical_ids)
+            )
         else:
-            evaluators.append(RetrievalEvaluator.from_data_dir(data_dir, tasks[RETRIEVAL], missing_ok, split))
+            evaluators.append(
+                RetrievalEvaluator.from_data_dir(
+                    data_dir, tasks[RETRIEVAL], missing_ok, split, ignore_identical_ids=ignore_identical_ids
+                )
+            )
     return evaluators
 
 
