@@ -148,7 +148,9 @@ class MineOptions:
         if self.search not in SEARCHES:
             raise ValueError(f"--search must be one of {', '.join(SEARCHES)}; got {self.search!r}")
         if self.search == "faiss" and faiss_module() is None:
-            raise ValueError("--search faiss: faiss is not installed; `pip install faiss-cpu`, or use --search exact")
+            raise ValueError(
+                "--search faiss: faiss is not installed; pip install 'vascl-scale[faiss]', or use --search exact"
+            )
         if self.chunk_size < 1:
             raise ValueError(f"--chunk-size must be >= 1; got {self.chunk_size}")
         if "" in self.pool_fields:
