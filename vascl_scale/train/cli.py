@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -65,14 +66,27 @@ def train_command(
         run_here_or_launch,
         worker_world_size,
     )
-    from vascl_scale.train.plan import make_plan, plan_path, read_plan, write_plan
+    from vascl_scale.train.plan import (
+        PLAN_DIGEST_ENV,
+        make_plan,
+        plan_digest,
+        plan_path,
+        read_worker_plan,
+        worker_engine,
+        write_plan,
+    )
 
     run_plan = None
     try:
         run_config = load_config(config, assignments)
-        if plan_file is not None:  # a worker of our launcher: it runs the launcher's plan
-            run_plan = read_plan(plan_file)
-            run_plan.check_worker(run_config, worker_world_size(), plan_file)
+        if plan_file is not None:  # a worker of our launcher: it runs the launcher's plan, unchanged
+            if not in_distributed_worker():
+                raise ValueError(
+                    f"--plan {plan_file}: only the workers that vascl-scale train starts take --plan (RANK and "
+                    "WORLD_SIZE are unset here); run vascl-scale train without --plan"
+                )
+            run_plan = read_worker_plan(plan_file, os.environ.get(PLAN_DIGEST_ENV))
+            run_plan.check_worker(run_config, worker_world_size(), worker_engine(deepspeed, fsdp), plan_file)
             run_here_or_launch(LaunchPlan())  # watch the launcher
         elif in_distributed_worker():  # a worker of another launcher (torchrun, srun) plans for itself
             run_plan = make_plan(
@@ -107,12 +121,15 @@ def train_command(
             )
             written = write_plan(run_plan, plan_path(run_plan.run_dir, launch.machine_rank))
             logger.info("run plan: %s (the workers read it)", written)
+            os.environ[PLAN_DIGEST_ENV] = plan_digest(run_plan)  # the workers inherit it
             try:
                 code = run_here_or_launch(launch, sys.argv[1:] + ["--plan", str(written)])
             except StoppedBySignal as err:
                 raise _stopped(run_plan.run_dir, err.signum) from None
             except KeyboardInterrupt:  # Ctrl-C before the agent took over the signals
                 raise _stopped(run_plan.run_dir, signal.SIGINT) from None
+            finally:
+                os.environ.pop(PLAN_DIGEST_ENV, None)
             if code is not None:
                 if run_plan.run_lock is not None:
                     run_plan.run_lock.release()

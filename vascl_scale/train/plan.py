@@ -23,6 +23,7 @@ plan says so: :attr:`RunPlan.lock_in_workers`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -47,6 +48,9 @@ from vascl_scale.train.tracking import resolve_trackers
 logger = logging.getLogger(__name__)
 
 PLAN_FILE = "plan.json"
+# The sha256 of the plan a launcher wrote, in its workers' environment: a worker runs that file
+# only, unchanged (read_worker_plan), so a plan edited after the launch is refused.
+PLAN_DIGEST_ENV = "VASCL_PLAN_SHA256"
 # train.length_buckets: auto: measured with bench step on real text (docs/speed.md).
 LENGTH_BUCKETS_AUTO = 4
 # Every key that names a file or directory and is always used (data.train: each source of a
@@ -57,6 +61,8 @@ PATH_KEYS = ("model.path", "data.train", "train.output_dir", "eval.stsb_dev")
 # machine 0); our launcher on machine 0 (for the workers of any machine); rank 0 of the workers
 # (another launcher started them).
 LockHolder = Literal["here", "launcher", "workers"]
+# The keys of a resolved config that resolve_paths may change: every other one is the config's own.
+RESOLVED_KEYS = frozenset({*PATH_KEYS, "model.revision", "data.augment_model", "data.augment_wordnet"})
 
 
 @dataclass(frozen=True)
@@ -144,9 +150,10 @@ class RunPlan:
         guide = GuidePlan(**guide) if guide is not None else None
         return cls(config=config, backbone=backbone, fsdp=fsdp, dev_set=dev_set, guide=guide, **tuples, **values)
 
-    def check_worker(self, config: RunConfig, world_size: int, where: Path) -> None:
-        """ValueError unless a worker started with ``config`` on ``world_size`` ranks runs this plan
-        (made from the same config, as loaded, for the same number of ranks)."""
+    def check_worker(self, config: RunConfig, world_size: int, engine: str, where: Path) -> None:
+        """ValueError unless a worker started with ``config`` on ``world_size`` ranks under ``engine``
+        runs this plan: made from the same config, as loaded, for the same ranks and engine, and with
+        no setting of its resolved config other than the worker's own (only paths are expanded)."""
         planned, given = _leaves(self.loaded_config), _leaves(config.to_dict())
         changed = [
             f"{key}: {planned.get(key)!r} -> {given.get(key)!r}"
@@ -161,6 +168,22 @@ class RunPlan:
         if world_size != self.world_size:
             raise ValueError(
                 f"the run plan {where} is for {self.world_size} processes and this worker is one of {world_size}"
+            )
+        if engine != self.engine:
+            raise ValueError(
+                f"the run plan {where} trains under {self.engine} and this worker was started for {engine}; "
+                "start every process with the same --deepspeed / --fsdp"
+            )
+        resolved = _leaves(self.config.to_dict())
+        widened = sorted(
+            key
+            for key in resolved.keys() | given.keys()
+            if key not in RESOLVED_KEYS and resolved.get(key) != given.get(key)
+        )
+        if widened:
+            raise ValueError(
+                f"the run plan {where} sets {', '.join(f'{key}: {resolved.get(key)!r}' for key in widened)} where "
+                "this worker's config says otherwise; a worker runs only what its own config allows"
             )
 
 
@@ -249,8 +272,9 @@ def make_plan(
     )
 
 
-def engine_name(deepspeed_config: str | None, fsdp: FsdpConfig | None) -> str:
-    """ "ddp", "deepspeed" or "fsdp": what shards (or replicates) the model; each checkpoint records it."""
+def engine_name(deepspeed_config: str | None, fsdp: FsdpConfig | str | os.PathLike | None) -> str:
+    """ "ddp", "deepspeed" or "fsdp": what shards (or replicates) the model; each checkpoint records it.
+    ``fsdp``: the settings or the ``--fsdp`` file."""
     if fsdp is not None:
         return "fsdp"
     return "deepspeed" if deepspeed_config is not None else "ddp"
@@ -288,13 +312,45 @@ def write_plan(plan: RunPlan, path: Path) -> Path:
     return path
 
 
+def plan_digest(plan: RunPlan) -> str:
+    """The sha256 of ``plan``'s file (what :func:`write_plan` writes), for :data:`PLAN_DIGEST_ENV`."""
+    return hashlib.sha256(plan.to_json().encode("utf-8")).hexdigest()
+
+
 def read_plan(path: Path) -> RunPlan:
     """The plan a launcher wrote to ``path``."""
+    return _parse_plan(_read_plan_bytes(path), path)
+
+
+def read_worker_plan(path: Path, digest: str | None) -> RunPlan:
+    """The plan a worker of our launcher runs: the file at ``path`` only if its sha256 is
+    ``digest``, the one its launcher passed down (:data:`PLAN_DIGEST_ENV`)."""
+    if not digest:
+        raise ValueError(
+            f"--plan {path}: only the workers that vascl-scale train starts take --plan ({PLAN_DIGEST_ENV} is unset); "
+            "run vascl-scale train without --plan"
+        )
+    data = _read_plan_bytes(path)
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != digest:
+        raise ValueError(
+            f"--plan {path}: not the plan this worker's launcher wrote (sha256 {actual[:16]}..., the launcher's "
+            f"{digest[:16]}...): it was changed after the launch; start the run again with vascl-scale train"
+        )
+    return _parse_plan(data, path)
+
+
+def _read_plan_bytes(path: Path) -> bytes:
     try:
-        return RunPlan.from_json(Path(path).read_text(encoding="utf-8"))
+        return Path(path).read_bytes()
     except OSError as err:
         raise ValueError(f"--plan {path}: cannot read the run plan ({err.strerror})") from err
-    except (ValueError, TypeError, KeyError) as err:
+
+
+def _parse_plan(data: bytes, path: Path) -> RunPlan:
+    try:
+        return RunPlan.from_json(data.decode("utf-8"))
+    except (ValueError, TypeError, KeyError, AttributeError) as err:  # JSON, schema and shape errors alike
         raise ValueError(f"--plan {path}: not a run plan of this version of vascl-scale ({err})") from err
 
 
@@ -309,6 +365,11 @@ def check_writable(directory: Path) -> None:
         probe.unlink()
     except OSError as err:
         raise ValueError(f"output directory {directory} is not writable ({err.strerror}); pass --output DIR") from err
+
+
+def worker_engine(deepspeed: str | os.PathLike | None, fsdp: str | os.PathLike | None) -> str:
+    """The engine a worker's own ``--deepspeed`` / ``--fsdp`` (and environment) ask for (:func:`engine_name`)."""
+    return engine_name(_deepspeed_config(deepspeed), fsdp)
 
 
 def _deepspeed_config(deepspeed: str | os.PathLike | None) -> str | None:
