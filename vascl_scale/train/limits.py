@@ -9,7 +9,8 @@ with exit 0, into one error that names the key to change:
   truncation cuts a text's end, so a prompt of ``data.max_length`` tokens or more would leave
   every row the same prompt and the loss at ln(2B - 1);
 - ``model.packed`` only on the architectures a test proves exact (:data:`PACKED_EXACT`);
-- ``model.attn_implementation`` usable here (its package installed, the model supporting it).
+- ``model.attn_implementation`` usable here (its package installed, the model supporting it);
+- an ``--fsdp`` file's blocks present in the backbone and its shard groups dividing the ranks.
 """
 
 from __future__ import annotations
@@ -98,10 +99,13 @@ def check_packing(packed: bool, requested: bool | str, model_type: str) -> bool:
     )
 
 
-def check_backbone(config, backbone):
-    """Every check above on a resolved run ``config`` (:class:`vascl_scale.config.RunConfig`)
-    and its :class:`vascl_scale.backbone.BackbonePlan`; the plan with ``packed`` resolved."""
+def check_backbone(config, backbone, fsdp=None, world_size: int = 1):
+    """Every check above on a resolved run ``config`` (:class:`vascl_scale.config.RunConfig`),
+    its :class:`vascl_scale.backbone.BackbonePlan` and FSDP2 settings (or None) on ``world_size``
+    ranks; the plan with ``packed`` resolved."""
     from dataclasses import replace
+
+    from vascl_scale.train.fsdp import mesh_shape, transformer_blocks
 
     from vascl_scale.backbone import prepare_tokenizer
     from vascl_scale.tokenizer import load_tokenizer
@@ -111,6 +115,10 @@ def check_backbone(config, backbone):
         model.path, model.trust_remote_code, model.attn_implementation, "model.attn_implementation"
     )
     check_max_length(max_length, skeleton, model.path)
+    if fsdp is not None:  # what each rank would refuse after loading the model
+        transformer_blocks(skeleton, fsdp.transformer_layer_cls_to_wrap)
+        if fsdp.shard_size:  # unset: one machine's ranks, which divide the world
+            mesh_shape(fsdp, world_size, fsdp.shard_size)
     tokenizer = prepare_tokenizer(
         load_tokenizer(model.path, trust_remote_code=model.trust_remote_code), backbone.append_eos, model.path
     )

@@ -231,7 +231,8 @@ def make_plan(
             "graph); use configs/deepspeed/zero2.json or set train.compile: false"
         )
     read_columns, columns = data_columns(resolved)
-    backbone = check_backbone(resolved, plan_backbone(resolved.model, Path(resolved.model.path), local_device_type()))
+    backbone = plan_backbone(resolved.model, Path(resolved.model.path), local_device_type())
+    backbone = check_backbone(resolved, backbone, fsdp_settings, world_size)
     _check_matryoshka_width(resolved.loss.matryoshka_dims, backbone.hidden_size, resolved.model.path)
     buckets = length_buckets(train.length_buckets, gathers_per_forward(zero_stage, fsdp_settings), backbone.packed)
     dev_set = _dev_set(resolved)
