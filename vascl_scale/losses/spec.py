@@ -102,10 +102,12 @@ class ObjectiveSpec:
         """ValueError naming the objective and the columns missing from ``where`` (the data)."""
         missing = self.missing_columns(available)
         if missing:
+            readers = objectives_reading_all(tuple(available))
+            instead = f"objective: {' or '.join(readers)}, which trains on them" if readers else "another objective"
             raise ValueError(
                 f"objective {self.name!r} needs the column(s) {', '.join(missing)}, which {where} lacks (its "
                 f"columns: {', '.join(available)}); prepare data with them (`vascl-scale data prepare`) or "
-                "choose another objective"
+                f"choose {instead}"
             )
 
     def encoded_columns(self, available: Collection[str]) -> tuple[str, ...]:
