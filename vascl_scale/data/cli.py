@@ -183,7 +183,7 @@ def mine(
 ) -> None:
     """Add hard negatives to (anchor, positive) pairs, mined with an encoder: paired shards and a manifest."""
     from vascl_scale.data.mine import MineOptions, mine_shards, parse_margin, parse_range, summary_table
-    from vascl_scale.encode import DEFAULT_MAX_LENGTH, Embedder, model_fingerprint, resolve_model
+    from vascl_scale.encode import Embedder, model_fingerprint, resolve_model
     from vascl_scale.teacher import load_teacher
 
     def write():
@@ -221,9 +221,7 @@ def mine(
         }
         scorer = None
         if teacher is not None:
-            scorer, miner["teacher"] = load_teacher(
-                teacher, embed_with, batch_size, max_length or DEFAULT_MAX_LENGTH, embedder.device
-            )
+            scorer, miner["teacher"] = load_teacher(teacher, embed_with, batch_size, max_length, embedder.device)
         return mine_shards(
             list(inputs),
             output,

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -45,6 +44,12 @@ LABELS = (0, 1)  # the values of a label: 0 the pair is not similar, 1 it is
 LABEL_COLUMNS = (LABEL,)
 # Columns of a list of numbers per sample (a tar member <key>.<column>.json).
 SCORE_COLUMNS = (SCORES,)
+# The largest teacher score, in absolute value, that the scores column takes. A reranker's logits
+# lie within about +-20 and a cosine within +-1; far beyond, the float32 the losses compute in
+# keeps few digits of a margin (1e7 is a float32 step of 1), and margin_mse squares the margins
+# (1e20 squared is past float32's 3.4e38). Within the limit every difference of two scores, and
+# its square, is an exact-enough float32.
+SCORE_LIMIT = 1e4
 # The columns of numbers, not texts: nothing in them is tokenised.
 VALUE_COLUMNS = LABEL_COLUMNS + SCORE_COLUMNS
 # The columns of labelled pairs, in order.
@@ -138,20 +143,36 @@ def parse_label(payload: bytes) -> int:
     return int(text)
 
 
+def checked_scores(values: object) -> tuple[float, ...]:
+    """``values`` as teacher scores: a list of numbers (no booleans), each within
+    +-:data:`SCORE_LIMIT` (so finite, whatever an integer's size); ValueError saying which is not,
+    as the rest of a sentence that starts with what holds them ("holds ...")."""
+    if not isinstance(values, list) or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"holds {shown(values)}, not a list of numbers")
+    # A comparison, not float(): an integer of 400 digits makes float() raise OverflowError.
+    outside = next((v for v in values if not -SCORE_LIMIT <= v <= SCORE_LIMIT), None)  # NaN fails it too
+    if outside is not None:
+        raise ValueError(
+            f"holds the score {shown(outside)}, not a finite number within +-{SCORE_LIMIT:g}, the range of a teacher "
+            "score (a reranker's logit lies within about +-20, a cosine within +-1; divide larger scores by a "
+            "constant, and for distill_kl loss.teacher_temperature by it too)"
+        )
+    return tuple(float(v) for v in values)
+
+
 def parse_scores(payload: bytes) -> tuple[float, ...]:
-    """The teacher scores a ``<key>.scores.json`` member holds: a JSON list of finite numbers;
-    ValueError otherwise."""
+    """The teacher scores a ``<key>.scores.json`` member holds: a non-empty JSON list of numbers
+    within +-:data:`SCORE_LIMIT` (:func:`checked_scores`); ValueError otherwise."""
     try:
         values = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (ValueError, RecursionError) as err:  # ValueError: not UTF-8 or JSON, or an integer of 4300+ digits
         raise ValueError(f"a scores member is not JSON ({err})") from err
-    if (
-        not isinstance(values, list)
-        or not values
-        or not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in values)
-    ):
-        raise ValueError(f"a scores member holds {shown(values)}, not a list of finite numbers")
-    return tuple(float(v) for v in values)
+    if values == []:
+        raise ValueError("a scores member holds an empty list, not one score per candidate")
+    try:
+        return checked_scores(values)
+    except ValueError as err:
+        raise ValueError(f"a scores member {err}") from None
 
 
 def columns_to_read(

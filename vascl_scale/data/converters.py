@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO
 
+from vascl_scale.log import shown
+
 Converter = Callable[[list[Path], dict, Path], list[str] | None]
 
 logger = logging.getLogger(__name__)
@@ -165,9 +167,15 @@ def _score(text: str, where: str, column: str = "score") -> str:
     return str(parse_score(text.strip(), where, column))
 
 
+def _without_line_breaks(text: str) -> str:
+    """Each line break in the text one space: a layout row is one line, and the layout's reader
+    (:func:`vascl_scale.eval.tables.read_tsv`) refuses a field that spans lines as a stray quote."""
+    return text.replace("\r\n", " ").replace("\r", " ").replace("\n", " ")
+
+
 def _one_line(text: str) -> str:
-    """Strip the text, and make a line break left inside it one space (a layout row is one line)."""
-    return text.strip().replace("\r\n", " ").replace("\r", " ").replace("\n", " ")
+    """The text stripped, a line break left inside it one space."""
+    return _without_line_breaks(text.strip())
 
 
 def _outputs(options: dict, count: int) -> list[str]:
@@ -342,6 +350,7 @@ def nli_shards(originals: list[Path], options: dict, stage: Path) -> None:
 
 
 BEIR_FILES = ("corpus.jsonl", "queries.jsonl", "test.tsv")  # the outputs' names, in registry order
+QRELS_IDS = ("query-id", "corpus-id")  # the qrels parquet file's id columns
 
 
 def _label(path: Path) -> str:
@@ -371,22 +380,54 @@ def _parquet_columns(path: Path, columns: Sequence[str]) -> list[list]:
     return [table.column(name).to_pylist() for name in columns]
 
 
-def _beir_texts(path: Path, what: str) -> tuple[dict[str, str], set[str]]:
-    """(id -> text of the rows kept, ids of the rows dropped for an empty text) of a corpus or
-    queries parquet file (columns ``_id``, ``text``), in the file's order."""
+def _beir_id(value: object, path: Path, number: int, column: str) -> str:
+    """An id of row ``number`` of a BEIR parquet file as the layout writes it: a string, or an
+    integer's digits (parquet may type ids as integers, as SciFact's are), each line break one
+    space (:func:`_without_line_breaks`: a qrels row is one line). A missing or blank id, or one
+    of another type (whose Python repr would become the id), is an error naming the file, the
+    row and the column."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise ValueError(f"{_label(path)}: row {number} has no {column}")
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError(
+            f"{_label(path)}: row {number}: {column} {shown(value)} is a {type(value).__name__}; ids are strings "
+            "or integers"
+        )
+    return _without_line_breaks(str(value))
+
+
+def _beir_texts(path: Path, what: str) -> tuple[dict[str, str], set[str], set[str]]:
+    """(id -> text of the rows kept, ids of the rows dropped for an empty text, ids whose line
+    breaks became spaces) of a corpus or queries parquet file (columns ``_id``, ``text``), in the
+    file's order. A text that is not a string (a list, bytes) is an error naming the row: its
+    Python repr is no text to embed."""
     kept: dict[str, str] = {}
     dropped: set[str] = set()
+    rewritten: set[str] = set()
+    first: dict[str, tuple[int, str]] = {}  # id -> (its row, the id as the file holds it)
     for number, (raw_id, text) in enumerate(zip(*_parquet_columns(path, ("_id", "text"))), start=1):
-        if raw_id is None or not str(raw_id).strip():
-            raise ValueError(f"{_label(path)}: row {number} has no _id")
-        key = str(raw_id)
-        if key in kept or key in dropped:
-            raise ValueError(f"{_label(path)}: _id {key!r} appears twice (row {number}); {what} ids must be unique")
-        if text is None or not str(text).strip():
+        key = _beir_id(raw_id, path, number, "_id")
+        if key in first:
+            row, earlier = first[key]
+            ids = (
+                f"the _id {earlier!r}"
+                if earlier == str(raw_id)
+                else f"the _ids {earlier!r} and {str(raw_id)!r}, both {key!r} once line breaks are spaces"
+            )
+            raise ValueError(f"{_label(path)}: rows {row} and {number} have {ids}; {what} ids must be unique")
+        first[key] = (number, str(raw_id))
+        if key != str(raw_id):
+            rewritten.add(key)
+        if text is not None and not isinstance(text, str):
+            raise ValueError(
+                f"{_label(path)}: row {number}: text {shown(text)} is a {type(text).__name__}, not a string; the "
+                f"{what} texts must be strings"
+            )
+        if text is None or not text.strip():
             dropped.add(key)
         else:
-            kept[key] = str(text)
-    return kept, dropped
+            kept[key] = text
+    return kept, dropped, rewritten
 
 
 def _write_jsonl(path: Path, records: Iterable[dict]) -> None:
@@ -405,36 +446,34 @@ def beir_parquet(originals: list[Path], options: dict, stage: Path) -> list[str]
     (columns ``_id``, ``text``) and ``qrels`` (``query-id``, ``corpus-id``, every pair relevant),
     in that order, into BEIR's layout: ``corpus.jsonl`` (``{"_id", "title": "", "text"}`` a line),
     ``queries.jsonl`` (``{"_id", "text"}``) and ``qrels/test.tsv`` (``query-id``, ``corpus-id``,
-    ``score`` = 1), rows in the files' order.
+    ``score`` = 1), rows in the files' order: what
+    :func:`vascl_scale.eval.retrieval.load_retrieval_data` reads.
 
-    A document or query with an empty text is dropped, and so is each qrels pair naming one; all
-    are counted in the returned remark (and logged). A qrels query-id the queries file lacks, or a
-    corpus-id the corpus lacks, is an error naming the qrels file, the row, the id and the file it
-    is missing from."""
+    A document or query with an empty text is dropped, and so is each qrels pair naming one; an
+    id holding a line break is written with a space for it, in all three files (:func:`_beir_id`);
+    all are counted in the returned remark (and logged). A qrels query-id the queries file lacks,
+    or a corpus-id the corpus lacks, is an error naming the qrels file, the row, the id and the
+    file it is missing from; so is a set left without a document, a query or a qrels pair."""
     corpus_out, queries_out, qrels_out = _outputs(options, len(originals))
     if (Path(corpus_out).name, Path(queries_out).name, Path(qrels_out).name) != BEIR_FILES:
         raise ValueError(f"the outputs must be {', '.join(BEIR_FILES)}: the registry entry is inconsistent")
     corpus_file, queries_file, qrels_file = originals
-    corpus, dropped_documents = _beir_texts(corpus_file, "document")
-    queries, dropped_queries = _beir_texts(queries_file, "query")
+    corpus, dropped_documents, rewritten_documents = _beir_texts(corpus_file, "document")
+    queries, dropped_queries, rewritten_queries = _beir_texts(queries_file, "query")
     pairs = []
     dropped_pairs = 0
-    for number, (query, document) in enumerate(zip(*_parquet_columns(qrels_file, ("query-id", "corpus-id"))), start=1):
-        query, document = str(query), str(document)
-        for key, kept, dropped, source in (
-            (query, queries, dropped_queries, queries_file),
-            (document, corpus, dropped_documents, corpus_file),
+    for number, raw in enumerate(zip(*_parquet_columns(qrels_file, ("query-id", "corpus-id"))), start=1):
+        query, document = (_beir_id(value, qrels_file, number, column) for value, column in zip(raw, QRELS_IDS))
+        for key, kept, dropped, source, column in (
+            (query, queries, dropped_queries, queries_file, QRELS_IDS[0]),
+            (document, corpus, dropped_documents, corpus_file, QRELS_IDS[1]),
         ):
             if key not in kept and key not in dropped:
-                column = "query-id" if source is queries_file else "corpus-id"
                 raise ValueError(f"{_label(qrels_file)}: row {number}: {column} {key!r} is not in {_label(source)}")
         if query in dropped_queries or document in dropped_documents:
             dropped_pairs += 1
         else:
             pairs.append((query, document, "1"))
-    _write_jsonl(stage / corpus_out, ({"_id": key, "title": "", "text": text} for key, text in corpus.items()))
-    _write_jsonl(stage / queries_out, ({"_id": key, "text": text} for key, text in queries.items()))
-    write_tsv(stage / qrels_out, ("query-id", "corpus-id", "score"), pairs)
     written = ", ".join(
         (
             _count(len(corpus), "document", "documents"),
@@ -450,7 +489,23 @@ def beir_parquet(originals: list[Path], options: dict, stage: Path) -> list[str]
         )
     else:
         summary = f"{written}; no row dropped"
-    logger.info("%s: %s", Path(corpus_out).parent, summary)
+    rewritten = len(rewritten_documents) + len(rewritten_queries)
+    if rewritten:
+        shown_ids = ", ".join(repr(key) for key in [*rewritten_documents, *rewritten_queries][:3])
+        summary += (
+            f"; {_count(rewritten, 'id', 'ids')} held a line break, written with a space ({shown_ids}"
+            f"{', ...' if rewritten > 3 else ''}): a qrels row is one line"
+        )
+    folder = Path(corpus_out).parent
+    if not (corpus and queries and pairs):
+        raise ValueError(
+            f"{folder}: nothing to evaluate: {summary}; a retrieval set needs at least one document, query and "
+            "qrels pair"
+        )
+    _write_jsonl(stage / corpus_out, ({"_id": key, "title": "", "text": text} for key, text in corpus.items()))
+    _write_jsonl(stage / queries_out, ({"_id": key, "text": text} for key, text in queries.items()))
+    write_tsv(stage / qrels_out, ("query-id", "corpus-id", "score"), pairs)
+    logger.info("%s: %s", folder, summary)
     return [summary]
 
 

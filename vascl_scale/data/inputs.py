@@ -19,14 +19,13 @@ import csv
 import gzip
 import io
 import json
-import math
 import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vascl_scale.data.columns import LABELS
+from vascl_scale.data.columns import LABELS, checked_scores
 from vascl_scale.log import shown, shown_name
 
 FORMATS = ("auto", "txt", "jsonl", "csv", "parquet", "hf", "nli")
@@ -38,8 +37,9 @@ BAD_LABEL = object()  # a label field's value that is none of columns.LABELS
 
 
 class ScoreError(ValueError):
-    """A ``--score-field`` value that is not a list of finite numbers, one per candidate: an
-    error, not a drop (a teacher's scores with a NaN are a broken file, not a noisy row)."""
+    """A ``--score-field`` value that is not a list of numbers within +-``SCORE_LIMIT`` (finite),
+    one per candidate: an error, not a drop (a teacher's scores with a NaN or a 1e300 are a
+    broken file, not a noisy row)."""
 
 
 # Fields --format nli reads: SimCSE's nli_for_simcse.csv is already (anchor, positive, hard negative).
@@ -109,28 +109,29 @@ def label_value(value: object) -> object:
 
 
 def scores_value(value: object, candidates: int) -> object:
-    """A ``--score-field`` value as the JSON text of its list of ``candidates`` finite numbers (a
-    JSON list, or in a CSV cell its JSON text); ``MISSING`` where the record lacks the field or holds none;
+    """A ``--score-field`` value as the JSON text of its list of ``candidates`` numbers, each
+    within +-``SCORE_LIMIT`` (:func:`~vascl_scale.data.columns.checked_scores`; a JSON list, or in
+    a CSV cell its JSON text); ``MISSING`` where the record lacks the field or holds none;
     :class:`ScoreError` naming what is wrong otherwise. A null or an empty cell is no value: ``MISSING``."""
     if value is MISSING or value is None or (isinstance(value, (str, bytes)) and not value.strip()):
         return MISSING
     if isinstance(value, (str, bytes)):
         try:
             value = json.loads(value)
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:  # ValueError: not JSON, or an integer of 4300+ digits
             raise ScoreError(f"holds {shown(value)}, not a JSON list of numbers ({err})") from err
     if hasattr(value, "tolist"):  # a Parquet / datasets list arrives as an array
         value = value.tolist()
-    if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-        raise ScoreError(f"holds {shown(value)}, not a list of numbers")
-    if not all(math.isfinite(v) for v in value):
-        raise ScoreError(f"holds a non-finite score ({shown(value)})")
-    if len(value) != candidates:
+    try:
+        scores = checked_scores(value)
+    except ValueError as err:
+        raise ScoreError(str(err)) from None
+    if len(scores) != candidates:
         raise ScoreError(
-            f"holds {len(value)} score(s) where the row has {candidates} candidate(s) (its positive, then each hard "
+            f"holds {len(scores)} score(s) where the row has {candidates} candidate(s) (its positive, then each hard "
             "negative)"
         )
-    return json.dumps([float(v) for v in value])
+    return json.dumps(list(scores))
 
 
 def column_problem(values: tuple[object, ...]) -> str | None:

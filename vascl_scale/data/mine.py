@@ -65,13 +65,13 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from vascl_scale.data.columns import SCORES, columns_of
+from vascl_scale.data.columns import SCORES, checked_scores, columns_of
 from vascl_scale.data.inputs import Drop, column_problem, open_input
 from vascl_scale.data.manifest import Manifest
 from vascl_scale.data.prepare import MAX_COLUMNS, PrepareOptions, PrepareResult
 from vascl_scale.data.prepare import summary_table as prepare_summary_table
 from vascl_scale.data.shard_writer import DROP_REASONS, RowFilter, ShardSink, dropped_summary, write_shard_set
-from vascl_scale.log import LoopProgress
+from vascl_scale.log import LoopProgress, shown
 from vascl_scale.search import faiss_module, resolve_search, top_k_search
 
 logger = logging.getLogger(__name__)
@@ -475,8 +475,14 @@ def _scored_rows(
     anchors = [row[0] for row in rows for _ in range(candidates)]
     scored = [text for row in rows for text in row[1:]]
     scores = np.asarray(teacher(anchors, scored), dtype=np.float64).reshape(len(rows), candidates)  # (R, 1 + N)
-    if not np.isfinite(scores).all():
-        raise ValueError("the --teacher gave a non-finite score; check the teacher model (its weights or precision)")
+    for row, values in zip(rows, scores):
+        try:
+            checked_scores(values.tolist())  # what data prepare and the loader take
+        except ValueError as err:
+            raise ValueError(
+                f"the --teacher's list of scores for the row of anchor {shown(row[0])} {err}; check the teacher model (its "
+                "weights or precision)"
+            ) from None
     written = [(*row, json.dumps([round(float(v), 6) for v in values])) for row, values in zip(rows, scores)]
     summary = {
         "teacher_positive_mean": float(scores[:, 0].mean()),
