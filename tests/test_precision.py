@@ -51,6 +51,18 @@ def test_emulation_is_allowed_when_asked_for(cpu_without_bf16, monkeypatch: pyte
     assert resolve_precision("bf16", "cpu", "train.precision") == "bf16"
 
 
+def test_native_bf16_can_be_left_unused_so_the_float32_path_runs_on_any_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``off``: a bf16 CPU runs ``auto`` as an AVX2 one does (the suite's other path, on one machine)."""
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.setenv(EMULATE_ENV, "off")
+    assert resolve_precision("auto", "cpu", "--precision") == "no"
+    with pytest.raises(ValueError, match="needs native bf16 arithmetic"):
+        resolve_precision("bf16", "cpu", "--precision")
+    monkeypatch.setenv(EMULATE_ENV, "yes")
+    with pytest.raises(ValueError, match=f"{EMULATE_ENV} must be emulate, off or unset; got 'yes'"):
+        resolve_precision("auto", "cpu", "--precision")
+
+
 def test_the_autocast_of_each_precision() -> None:
     with autocast("cpu", "no"):
         assert not torch.is_autocast_enabled("cpu")

@@ -16,7 +16,8 @@ One resolution for training (``train.precision``) and evaluation (``eval --preci
   of the packaged model within 0.01). Fidelity figures pass ``no`` explicitly.
 
 ``VASCL_SCALE_CPU_BF16=emulate`` lets bf16 run on a CPU without native support (slow; the
-tests use it to check the code path on any machine).
+tests use it to check the code path on any machine); ``VASCL_SCALE_CPU_BF16=off`` treats a CPU
+with native bf16 as one without (``auto`` is float32), so the suite's AVX2 path runs on any CPU.
 """
 
 from __future__ import annotations
@@ -31,9 +32,13 @@ EMULATE_ENV = "VASCL_SCALE_CPU_BF16"
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX tiles), or emulation was asked for."""
-    if os.environ.get(EMULATE_ENV, "").lower() == "emulate":
-        return True
+    """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX tiles), or :data:`EMULATE_ENV`
+    asks to emulate it (``emulate``) or to leave it unused (``off``)."""
+    setting = os.environ.get(EMULATE_ENV, "").lower()
+    if setting not in ("", "emulate", "off"):
+        raise ValueError(f"{EMULATE_ENV} must be emulate, off or unset; got {os.environ[EMULATE_ENV]!r}")
+    if setting:
+        return setting == "emulate"
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
@@ -85,6 +90,8 @@ def precision_reason(requested: str, resolved: str, device_type: str, what: str)
         if device_type == "cpu" and os.environ.get(EMULATE_ENV, "").lower() == "emulate":
             return f"{name} ({what} auto: {EMULATE_ENV}=emulate asks for bf16 on any CPU, slowly)"
         return f"{name} ({what} auto: {device} computes bf16 natively)"
+    if device_type == "cpu" and os.environ.get(EMULATE_ENV, "").lower() == "off":
+        return f"{name} ({what} auto: {EMULATE_ENV}=off leaves bf16 unused on any CPU)"
     lacks = (
         "no bf16 support" if device_type == "cuda" else "no AVX512-BF16 or AMX: emulated bf16 runs slower than float32"
     )
