@@ -414,6 +414,8 @@ def _decoder_config(decoders, workspace: Path, path: Path) -> Path:
         workspace, path, "simcse_sup",
         model={"path": str(decoders["qwen3"]), "head_dim": 16, "pooling": "last_token",
                "lora": {"r": 4, "alpha": 16}, "prompts": PROMPTS},
+        # The tiny tokenizer spells the prompt in 36 tokens (EOS counted): the texts keep theirs.
+        data={"max_length": 56},
         train={"chunk_size": 3, "max_steps": 4},
         eval={"every_steps": 0},  # the engines' weights are compared, not dev scores: no export per evaluation
     )  # fmt: skip

@@ -172,6 +172,7 @@ class SentenceEncoder(nn.Module):
         from vascl_scale.backbone import (
             append_eos_default,
             apply_lora,
+            check_adapter_base,
             is_decoder,
             lm_head_left_out,
             merge_adapter,
@@ -185,6 +186,8 @@ class SentenceEncoder(nn.Module):
                 f"{path} is not a Hugging Face model directory (no config.json); pass the directory "
                 "that holds config.json, the weights and the tokenizer files"
             )
+        if adapter is not None:  # before the base's weights load: the adapter must be of this base
+            check_adapter_base(Path(adapter), path)
         kwargs = {"trust_remote_code": trust_remote_code, "dtype": dtype}
         if attn_implementation is not None:
             kwargs["attn_implementation"] = attn_implementation

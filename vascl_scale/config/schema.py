@@ -29,6 +29,7 @@ sentences one encoder forward holds activations for, c instead of 2b.
 from __future__ import annotations
 
 import logging
+import types
 import typing
 from typing import Annotated, Any, Literal
 
@@ -57,6 +58,10 @@ logger = logging.getLogger(__name__)
 # A train.global_batch_size above this is a typo rather than a run (each anchor's row of logits
 # alone would hold 2B = 2**21 scores), refused before a loader tries to fill the batch.
 MAX_GLOBAL_BATCH = 2**20
+# A model.lora.r above this is a typo rather than a rank: no backbone has a layer this wide, and
+# the adapters of one layer alone would hold r x (in + out) weights. The plan then bounds r by the
+# backbone's own widths (vascl_scale.backbone.check_lora_rank).
+MAX_LORA_RANK = 2**16
 
 
 def _number(value: Any) -> Any:
@@ -114,14 +119,21 @@ class LoraConfig(_StrictFields):
     PairSupCon's classifier always train in full. Validated as a part of the model section, whose
     errors name it (``model.lora.r``)."""
 
-    r: int = Field(0, ge=0)
-    """adapter rank; 0: no adapters, every weight trains"""
+    r: int = Field(0, ge=0, le=MAX_LORA_RANK)
+    """adapter rank; 0: no adapters, every weight trains; at most the narrowest adapted layer's width"""
     alpha: Number = Field(8.0, gt=0)
     """scaling alpha: the update is (alpha / r) B A (peft's lora_alpha; its default 8)"""
     dropout: Number = Field(0.0, ge=0, lt=1)
     """dropout on the adapters' input (peft's lora_dropout)"""
     target_modules: list[NonEmpty] | None = None
     """last name parts of the linear layers to adapt (e.g. [q_proj, v_proj]); unset: every linear layer"""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_targets(cls, targets: list[str] | None) -> list[str] | None:
+        if targets == []:  # peft would refuse it as matching no layer, without naming the key
+            raise ValueError("must name at least one linear layer; leave the key out to adapt every linear layer")
+        return targets
 
 
 class ModelConfig(_Strict):
@@ -155,7 +167,8 @@ class ModelConfig(_Strict):
     packed: Literal["auto"] | bool = "auto"
     """Encode each forward's rows unpadded, end to end in one sequence (position ids and cumulative
     lengths: no padding computed). auto: where attn_implementation takes variable-length rows
-    (flash_attention_2/3 on a GPU); true elsewhere is exact but builds a dense mask (for tests)."""
+    (flash_attention_2/3 on a GPU); true elsewhere is exact but builds a dense mask (for tests).
+    Only on the architectures a test proves exact (BERT, Qwen3, Llama): refused on others."""
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass (transformers' gradient checkpointing);
     with the cached step (train.chunk_size) one chunk's activations are all that is held, so it is rarely needed."""
@@ -652,7 +665,11 @@ def _first_error(err: ValidationError, model: type[BaseModel]) -> str:
     for part in loc:
         if isinstance(part, int):
             names[-1] = f"{names[-1]}[{part}]"
-        elif part not in (_PATH_TAG, _SOURCES_TAG):
+        elif part in (_PATH_TAG, _SOURCES_TAG):
+            continue
+        elif field is not None and len(_members(field.annotation)) > 1:
+            break  # part is pydantic's name of the union's member that failed (constrained-int, ...)
+        else:
             names.append(shown_name(part))
             if part in owner.model_fields:
                 field = owner.model_fields[part]
@@ -660,6 +677,8 @@ def _first_error(err: ValidationError, model: type[BaseModel]) -> str:
                 if inner is not None:  # a section, or the sources of a mixed data.train
                     owner, field = inner, None
     key = ".".join(names)
+    if field is not None and len(_members(field.annotation)) > 1:
+        return f"{key} must be {' or '.join(map(_described, _members(field.annotation)))}; got {shown(value)}"
     if kind == "missing":
         return f"missing key {key} (required)"
     if kind == "extra_forbidden":
@@ -682,6 +701,28 @@ def _first_error(err: ValidationError, model: type[BaseModel]) -> str:
             f"{key} must be {_BOUNDS[bound]} {f'{limit:g}' if isinstance(limit, float) else limit}; got {shown(value)}"
         )
     return f"{key or 'the config'}: {error['msg']}; got {shown(value)}"
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The types a union allows, None left out (a type that is no union: itself)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [member for member in typing.get_args(annotation) if member is not type(None)]
+    return [annotation]
+
+
+def _described(annotation: Any) -> str:
+    """What a field's type allows, as a message says it: "an integer >= 1", "'auto'", "true or false"."""
+    if typing.get_origin(annotation) is Annotated:
+        base, *metadata = typing.get_args(annotation)
+        constraints = [c for item in metadata for c in getattr(item, "metadata", [item])]  # Field(ge=1): its metadata
+        bounds = [
+            f"{symbol} {getattr(c, name)}" for c in constraints for name, symbol in _BOUNDS.items() if hasattr(c, name)
+        ]
+        return " ".join([_described(base), *bounds])
+    if typing.get_origin(annotation) is Literal:
+        return " or ".join(repr(value) for value in typing.get_args(annotation))
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list"}
+    return names.get(typing.get_origin(annotation) or annotation, str(annotation))
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:

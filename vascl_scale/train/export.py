@@ -2,7 +2,9 @@
 
 A LoRA run's export holds the merged backbone (loads with no peft installed) and, in ``lora/``,
 the adapter in PEFT's format with the tokenizer, whose ``base_model_name_or_path`` is the
-backbone trained on (``PeftModel.from_pretrained(AutoModel.from_pretrained(base), dir/lora)``).
+backbone trained on (``PeftModel.from_pretrained(AutoModel.from_pretrained(base), dir/lora)``),
+a local one as its absolute path, recorded with its digest in ``lora/base_model.json``
+(:func:`vascl_scale.backbone.save_adapter`), which loading the adapter checks.
 
 The directory holds the encoder (``config.json``, ``model.safetensors``), the tokenizer, the
 sentence-transformers module files (Transformer -> Pooling, no normalisation, so the
@@ -25,7 +27,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from vascl_scale.backbone import LORA_DIR, lora_copy
+from vascl_scale.backbone import LORA_DIR, lora_copy, save_adapter
 from vascl_scale.fs import replace_directory, staging_directory
 from vascl_scale.model import CLASSIFIER_FILE
 from vascl_scale.model_card import CardFacts, write_model_card
@@ -83,7 +85,7 @@ def _save_lora(encoder, tokenizer, encoder_state: dict, staging: Path) -> None:
     both from a CPU copy rebuilt from the gathered state, so the training model stays as it is."""
     copy = lora_copy(encoder, encoder_state)
     adapter_dir = staging / LORA_DIR
-    copy.save_pretrained(str(adapter_dir), safe_serialization=True)
+    save_adapter(copy, adapter_dir)
     tokenizer.save_pretrained(str(adapter_dir))
     merged = copy.merge_and_unload()
     merged.save_pretrained(str(staging), safe_serialization=True)
