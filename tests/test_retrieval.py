@@ -136,7 +136,8 @@ def test_ignore_identical_ids_takes_a_query_found_in_the_corpus_out_of_its_ranki
     corpus = [{"_id": f"t{i}", "text": text} for i, text in enumerate(texts)]
     queries = [{"_id": f"t{i}", "text": texts[i]} for i in range(4)]
     data = write_beir(tmp_path / "argu", corpus, queries, [(f"t{i}", f"t{i + 4}", 1) for i in range(4)])
-    common = ("retrieval", "--model", str(tiny_model), "--data", str(data), "--no-cache")
+    # float32: the scores are compared with the float32 library's (auto is bf16 on a native-bf16 CPU)
+    common = ("retrieval", "--model", str(tiny_model), "--data", str(data), "--no-cache", "--precision", "no")
     plain = invoke(*common, "--output", str(tmp_path / "plain.json"))
     ignored = invoke(*common, "--ignore-identical-ids", "--output", str(tmp_path / "ignored.json"))
     assert plain.exit_code == 0 and ignored.exit_code == 0, plain.output + ignored.output
@@ -396,7 +397,9 @@ def test_queries_and_documents_get_the_models_query_and_document_prompts(tmp_pat
 def test_eval_retrieval_end_to_end_equals_the_library(tiny_model, tmp_path):
     data = toy_beir(tmp_path / "toy")
     output = tmp_path / "r.json"
-    result = invoke("retrieval", "--model", str(tiny_model), "--data", str(data), "--no-cache", "--output", str(output))
+    # float32: the scores are compared with the float32 library's (auto is bf16 on a native-bf16 CPU)
+    common = ["--model", str(tiny_model), "--data", str(data), "--no-cache", "--precision", "no"]
+    result = invoke("retrieval", *common, "--output", str(output))
     assert result.exit_code == 0, result.output
     assert "Retrieval (BEIR format): nDCG@10 x 100" in " ".join(result.output.split())
     report = json.loads(output.read_text())
@@ -416,10 +419,7 @@ def test_eval_retrieval_end_to_end_equals_the_library(tiny_model, tmp_path):
     [direct] = RetrievalEvaluator({"toy": load_retrieval_data(data)}).evaluate(lambda texts: encoder.encode(texts))
     assert direct.primary == pytest.approx(task["primary"], abs=1e-4)
 
-    truncated = invoke(
-        "retrieval", "--model", str(tiny_model), "--data", str(data), "--no-cache", "--truncate-dim", "8",
-        "--output", str(tmp_path / "t.json"),
-    )  # fmt: skip
+    truncated = invoke("retrieval", *common, "--truncate-dim", "8", "--output", str(tmp_path / "t.json"))
     assert truncated.exit_code == 0, truncated.output
     model = json.loads((tmp_path / "t.json").read_text())["models"][0]
     assert model["model"]["truncate_dim"] == 8 and model["results"][0]["details"]["dimensions"] == 8

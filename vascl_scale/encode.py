@@ -18,7 +18,12 @@ the encoder reads, and mean pooling averages, the prompt's tokens too.
 Embeddings are cached on disk under a fingerprint of everything that decides them (config,
 weights and tokenizer files, an adapter's files, pooling, normalisation, maximum length), one
 row per encoder input (the prompt and the text) keyed by its hash, so a second evaluation of
-the same checkpoint encodes nothing.
+the same checkpoint encodes nothing. The cache is only a saving: when it cannot be written (a full
+disk), one warning names it and the evaluation goes on without it.
+
+A long text is cut before it reaches the tokenizer, to a prefix that gives the same first
+``max_length`` tokens (:func:`token_prefixes`): a 30 MB document costs its first tokens, not
+its length.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
 import uuid
 import zipfile
@@ -327,6 +333,53 @@ def truncate_embeddings(matrix: np.ndarray, truncate_dim: int | None, normalize:
     return cut
 
 
+# Where a text may be cut: before a space that follows a non-space. No tokenizer family the project
+# loads makes a token across that point: WordPiece pre-tokenises at whitespace, the byte-level BPE
+# regexes of GPT-2, Llama 3 and Qwen start a piece at " word" (a space is only ever a piece's first
+# character, or one of a run of whitespace), SentencePiece's Metaspace starts one at each space; so
+# the tokens of the text before it are the first tokens of the whole text. (A newline is no such
+# point: Qwen's regex ends a punctuation piece with the newlines after it.)
+_CUT_POINT = re.compile(r"(?<=\S) ")
+
+
+def input_char_bound(tokenizer, max_length: int) -> int:
+    """The first characters of a text that :func:`token_prefixes` tries: ``max_length`` times
+    the vocabulary's longest token in characters. Only a first guess, not what makes a cut
+    safe: an unknown word (one token) or characters that make no token (whitespace, control
+    characters) take more characters than their tokens' spelling, which the check there catches."""
+    return max_length * max(len(token) for token in tokenizer.get_vocab())
+
+
+def token_prefixes(texts: Sequence[str], tokenizer, max_length: int, bound: int) -> list[str]:
+    """``texts``, each one longer than ``bound`` characters cut to a prefix with the same first
+    ``max_length`` tokens (special tokens included) as the whole text, so that it is not
+    tokenised whole to keep those. A prefix ends at a :data:`_CUT_POINT` past the bound, so its
+    tokens are the whole text's first ones; it is kept only when it still fills ``max_length``
+    tokens: truncation then keeps the same tokens of either. One that falls short is tried
+    again twice as long, up to the whole text; a text with no cut point past the bound (one
+    30 MB word) goes whole. A tokenizer that truncates on the left keeps every text whole."""
+    kept = list(texts)
+    if tokenizer.truncation_side != "right":  # it keeps a text's last tokens
+        return kept
+    tried = {i: bound for i, text in enumerate(texts) if len(text) > bound}  # text -> characters to try
+    while tried:
+        prefixes = {}
+        for i, length in tried.items():
+            cut = _CUT_POINT.search(texts[i], length)
+            if cut is not None:
+                prefixes[i] = texts[i][: cut.start()]
+        if not prefixes:
+            break
+        ids = tokenizer(list(prefixes.values()), truncation=True, max_length=max_length)["input_ids"]
+        tried = {}
+        for (i, prefix), tokens in zip(prefixes.items(), ids):
+            if len(tokens) >= max_length:
+                kept[i] = prefix
+            else:
+                tried[i] = 2 * len(prefix)
+    return kept
+
+
 class EmbeddingCache:
     """Embeddings of one model fingerprint: ``<root>/<fingerprint>/part-*.npz`` files, each with
     ``keys`` (M,) text hashes and ``embeddings`` (M, width) float32. New rows go to a new part,
@@ -451,6 +504,8 @@ class Embedder:
         self.truncate_dim = truncate_dim
         self.stats = EmbeddingStats(precision=resolve_precision(precision, self.device_type, "--precision"))
         self._encoder = None  # SentenceEncoder, loaded at the first text to encode
+        self._char_bound = 0  # input_char_bound of its tokenizer
+        self._cache_writable = True  # False once a write failed (a full disk): the run goes on uncached
 
     def _loaded_encoder(self):
         if self._encoder is None:
@@ -463,7 +518,24 @@ class Embedder:
                 self.spec.directory, pooling=self.spec.pooling, adapter=self.spec.adapter
             )
             self._encoder = model.to(self.device)
+            self._char_bound = input_char_bound(model.tokenizer, self.spec.max_length)
         return self._encoder
+
+    def _store(self, cache: EmbeddingCache, keys: list[str], vectors: np.ndarray) -> None:
+        """Add rows to the cache; a write that fails (a full disk) leaves this run uncached, with
+        one warning: the cache only saves time."""
+        if not self._cache_writable:
+            return
+        try:
+            cache.add(keys, vectors)
+        except OSError as err:
+            self._cache_writable = False
+            logger.warning(
+                "cannot write the embedding cache %s (%s); going on without caching: free space there, "
+                "or pass --no-cache",
+                cache.directory,
+                err.strerror or err,
+            )
 
     def embed(self, texts: Iterable[str], prompt: str = "") -> TextEmbeddings:
         """Embeddings (float32; cut to ``truncate_dim``) of every distinct text, from the cache or
@@ -505,9 +577,12 @@ class Embedder:
             with LoopProgress("encoding", len(todo), "texts") as progress:
                 for start in range(0, len(todo), self.chunk_size):
                     chunk = todo[start : start + self.chunk_size]
+                    inputs = token_prefixes(
+                        [prompt + text for text in chunk], model.tokenizer, self.spec.max_length, self._char_bound
+                    )
                     with autocast(self.device_type, self.stats.precision):
                         vectors = model.encode(
-                            [prompt + text for text in chunk],
+                            inputs,
                             batch_size=self.batch_size,
                             max_length=self.spec.max_length,
                             normalize=self.spec.normalize,
@@ -520,7 +595,7 @@ class Embedder:
                             "its weights hold NaN or inf (a diverged training run?): evaluate another checkpoint"
                         )
                     if cache is not None:
-                        cache.add([input_key(text, prompt) for text in chunk], vectors)
+                        self._store(cache, [input_key(text, prompt) for text in chunk], vectors)
                     encoded.update(zip(chunk, vectors))
                     progress.update(start + len(chunk))
             seconds = time.perf_counter() - started

@@ -195,14 +195,27 @@ def _run(
 
 
 def _show_and_write(report, output: Path, markdown_path: Path) -> None:
-    """The report's tables on the terminal, its JSON at ``output`` and its Markdown at ``markdown_path``."""
-    from vascl_scale.eval.report import markdown, rich_tables
+    """The report's tables on the terminal, its JSON at ``output`` and its Markdown at
+    ``markdown_path``; exit status 1 with one line when a file cannot be written (a full disk)."""
+    from vascl_scale.eval.report import markdown, rich_tables, write_output
 
     for table in rich_tables(report):
         print_table(table)
-    report.save(output)
-    markdown_path.parent.mkdir(parents=True, exist_ok=True)
-    markdown_path.write_text(markdown(report), encoding="utf-8")
+    try:
+        report.save(output)
+        write_output(markdown_path, markdown(report))
+    except ValueError as err:
+        fail(err, status=1)
+
+
+def _write_record(output: Path, record: dict) -> None:
+    """A figure command's numbers as JSON at ``output``; exit status 1 with one line when it cannot be written."""
+    from vascl_scale.eval.report import write_json
+
+    try:
+        logger.info("wrote %s", write_json(output, record))
+    except ValueError as err:
+        fail(err, status=1)
 
 
 def _refresh_model_cards(report, command: str, output: Path) -> None:
@@ -462,7 +475,7 @@ def neighbours(
     from vascl_scale.encode import Embedder, resolve_device, resolve_model
     from vascl_scale.eval.clustering import CLUSTERING_TASKS, load_labelled_texts
     from vascl_scale.eval.neighbours import NEIGHBOUR_KS, alignment_uniformity, neighbour_statistics, plot_neighbours
-    from vascl_scale.eval.report import short_label, write_json
+    from vascl_scale.eval.report import short_label
     from vascl_scale.eval.runner import resolve_data_dir
     from vascl_scale.eval.sts import default_stsb_dev_path, load_sts_tsv
     from vascl_scale.paths import check_output_file
@@ -499,7 +512,7 @@ def neighbours(
     print_table(table)
     logger.info("wrote %s", plot_neighbours(statistics, plot, dataset))
     record = {"dataset": dataset, "neighbours": statistics, "stsb_dev": geometry}
-    logger.info("wrote %s", write_json(output, record))
+    _write_record(output, record)
 
 
 @app.command("augmentation")
@@ -541,7 +554,7 @@ def augmentation(
         plot_augmentation_cosines,
         sample_sentences,
     )
-    from vascl_scale.eval.report import short_label, write_json
+    from vascl_scale.eval.report import short_label
     from vascl_scale.eval.runner import resolve_data_dir
     from vascl_scale.hub import locate_model
     from vascl_scale.paths import check_output_file
@@ -598,7 +611,7 @@ def augmentation(
     print_table(table)
     logger.info("wrote %s", plot_augmentation_cosines(results, plot))
     record = {"corpus": str(source), "samples": len(originals), "seed": seed, "cosines": results}
-    logger.info("wrote %s", write_json(output, record))
+    _write_record(output, record)
 
 
 @app.command("compare")

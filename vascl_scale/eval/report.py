@@ -21,6 +21,7 @@ from vascl_scale.eval.clustering import CLUSTERING_TASKS
 from vascl_scale.eval.intent import INTENT_TASKS
 from vascl_scale.eval.results import FAMILIES, MTEB_FAMILY, TaskResult
 from vascl_scale.eval.sts import PAPER_STS_TASKS, STS_TASKS
+from vascl_scale.fs import replace_file
 from vascl_scale.precision import precision_name
 
 # Families in the order their tables appear; mteb's tasks keep the order they were run in.
@@ -44,14 +45,26 @@ def short_label(model_path: str) -> str:
     return "/".join(Path(model_path).parts[-2:]) or model_path
 
 
-def write_json(path: str | Path, record: dict[str, Any]) -> Path:
-    """``record`` as indented JSON at ``path`` (its folder made). NaN or inf is refused
-    (``ValueError``): JSON has no such numbers, and a score that is one is a bug upstream."""
-    text = json.dumps(record, indent=1, allow_nan=False) + "\n"
+def write_output(path: str | Path, text: str) -> Path:
+    """``text`` at ``path`` (its folder made), whole or not at all (:func:`vascl_scale.fs.replace_file`):
+    a write that fails leaves an earlier file there as it was, and is a ValueError naming the file
+    (a full disk: replace_file's own)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        replace_file(path, text)
+    except OSError as err:
+        raise ValueError(
+            f"cannot write {path} ({err.strerror or err}); an earlier {path.name} there is left as it was: "
+            "free space on that disk or write it elsewhere"
+        ) from None
     return path
+
+
+def write_json(path: str | Path, record: dict[str, Any]) -> Path:
+    """``record`` as indented JSON at ``path`` (:func:`write_output`). NaN or inf is refused
+    (``ValueError``): JSON has no such numbers, and a score that is one is a bug upstream."""
+    return write_output(path, json.dumps(record, indent=1, allow_nan=False) + "\n")
 
 
 @dataclass

@@ -156,9 +156,15 @@ def _read_jsonl(path: Path, kind: str) -> Iterable[tuple[int, dict]]:
                     continue
                 try:
                     record = json.loads(raw)
-                except json.JSONDecodeError as err:
+                except (ValueError, RecursionError) as err:  # also an integer past 4300 digits, deep nesting
+                    if isinstance(err, json.JSONDecodeError):
+                        reason = err.msg
+                    elif isinstance(err, RecursionError):
+                        reason = "nested too deeply"
+                    else:
+                        reason = str(err).split(":")[0]
                     raise ValueError(
-                        f"{path}:{line}: not valid JSON ({err.msg}); each line must be one {kind} object"
+                        f"{path}:{line}: not valid JSON ({reason}); each line must be one {kind} object"
                     ) from None
                 if not isinstance(record, dict):
                     raise ValueError(f"{path}:{line}: a JSON {type(record).__name__}, not a {kind} object")
@@ -241,6 +247,10 @@ def load_qrels(path: str | Path) -> dict[str, dict[str, tuple[int, int]]]:
             raise ValueError(
                 f"{path}:{line}: score {row['score']!r} is not a whole number; grades are integers (<= 0: not relevant)"
             ) from None
+        if not -(2**63) <= grade < 2**63:  # Qrels holds them as int64
+            raise ValueError(
+                f"{path}:{line}: score {row['score']} is too large; grades are small integers (e.g. 0 to 3)"
+            )
         judged = qrels.setdefault(row["query-id"], {})
         earlier = judged.get(row["corpus-id"])
         if earlier is not None and earlier[0] != grade:
@@ -353,20 +363,25 @@ def _is_dataset(directory: Path) -> bool:
 def retrieval_datasets(data_dir: str | Path) -> list[Path]:
     """The datasets under ``<data_dir>/retrieval/``, by path: each folder that holds a BEIR file
     (corpus.jsonl, queries.jsonl or qrels/), found at any depth (``retrieval/nanobeir/<set>/``
-    as ``data download`` writes them), and each empty leaf folder (a dataset without its files)."""
+    as ``data download`` writes them), and each empty leaf folder (a dataset without its files).
+    A symbolic link to a folder above it (a loop) is skipped with a warning naming it."""
     root = Path(data_dir) / RETRIEVAL
     found: list[Path] = []
 
-    def visit(folder: Path) -> None:
+    def visit(folder: Path, above: frozenset[str]) -> None:
+        real = os.path.realpath(folder)
+        if real in above:
+            logger.warning("skipping %s: a symbolic link to %s, a folder above it (a loop)", folder, real)
+            return
         children = sorted(path for path in folder.iterdir() if path.is_dir() and not path.name.startswith("."))
         if folder != root and (_is_dataset(folder) or not children):
             found.append(folder)
             return
         for child in children:
-            visit(child)
+            visit(child, above | {real})
 
     if root.is_dir():
-        visit(root)
+        visit(root, frozenset())
     return found
 
 
