@@ -105,10 +105,9 @@ def check_backbone(config, backbone, fsdp=None, world_size: int = 1):
     ranks; the plan with ``packed`` resolved."""
     from dataclasses import replace
 
-    from vascl_scale.train.fsdp import mesh_shape, transformer_blocks
-
     from vascl_scale.backbone import prepare_tokenizer
     from vascl_scale.tokenizer import load_tokenizer
+    from vascl_scale.train.fsdp import mesh_shape, transformer_blocks
 
     model, max_length = config.model, config.data.max_length
     skeleton = backbone_skeleton(
