@@ -22,8 +22,8 @@ the same checkpoint encodes nothing. The cache is only a saving: when it cannot 
 disk), one warning names it and the evaluation goes on without it.
 
 A long text is cut before it reaches the tokenizer, to a prefix that gives the same first
-``max_length`` tokens (:func:`token_prefixes`): a 30 MB document costs its first tokens, not
-its length.
+``max_length`` tokens (:meth:`vascl_scale.model.SentenceEncoder.encode`): a 30 MB document
+costs its first tokens, not its length.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import time
 import uuid
 import zipfile
@@ -333,53 +332,6 @@ def truncate_embeddings(matrix: np.ndarray, truncate_dim: int | None, normalize:
     return cut
 
 
-# Where a text may be cut: before a space that follows a non-space. No tokenizer family the project
-# loads makes a token across that point: WordPiece pre-tokenises at whitespace, the byte-level BPE
-# regexes of GPT-2, Llama 3 and Qwen start a piece at " word" (a space is only ever a piece's first
-# character, or one of a run of whitespace), SentencePiece's Metaspace starts one at each space; so
-# the tokens of the text before it are the first tokens of the whole text. (A newline is no such
-# point: Qwen's regex ends a punctuation piece with the newlines after it.)
-_CUT_POINT = re.compile(r"(?<=\S) ")
-
-
-def input_char_bound(tokenizer, max_length: int) -> int:
-    """The first characters of a text that :func:`token_prefixes` tries: ``max_length`` times
-    the vocabulary's longest token in characters. Only a first guess, not what makes a cut
-    safe: an unknown word (one token) or characters that make no token (whitespace, control
-    characters) take more characters than their tokens' spelling, which the check there catches."""
-    return max_length * max(len(token) for token in tokenizer.get_vocab())
-
-
-def token_prefixes(texts: Sequence[str], tokenizer, max_length: int, bound: int) -> list[str]:
-    """``texts``, each one longer than ``bound`` characters cut to a prefix with the same first
-    ``max_length`` tokens (special tokens included) as the whole text, so that it is not
-    tokenised whole to keep those. A prefix ends at a :data:`_CUT_POINT` past the bound, so its
-    tokens are the whole text's first ones; it is kept only when it still fills ``max_length``
-    tokens: truncation then keeps the same tokens of either. One that falls short is tried
-    again twice as long, up to the whole text; a text with no cut point past the bound (one
-    30 MB word) goes whole. A tokenizer that truncates on the left keeps every text whole."""
-    kept = list(texts)
-    if tokenizer.truncation_side != "right":  # it keeps a text's last tokens
-        return kept
-    tried = {i: bound for i, text in enumerate(texts) if len(text) > bound}  # text -> characters to try
-    while tried:
-        prefixes = {}
-        for i, length in tried.items():
-            cut = _CUT_POINT.search(texts[i], length)
-            if cut is not None:
-                prefixes[i] = texts[i][: cut.start()]
-        if not prefixes:
-            break
-        ids = tokenizer(list(prefixes.values()), truncation=True, max_length=max_length)["input_ids"]
-        tried = {}
-        for (i, prefix), tokens in zip(prefixes.items(), ids):
-            if len(tokens) >= max_length:
-                kept[i] = prefix
-            else:
-                tried[i] = 2 * len(prefix)
-    return kept
-
-
 class EmbeddingCache:
     """Embeddings of one model fingerprint: ``<root>/<fingerprint>/part-*.npz`` files, each with
     ``keys`` (M,) text hashes and ``embeddings`` (M, width) float32. New rows go to a new part,
@@ -504,7 +456,6 @@ class Embedder:
         self.truncate_dim = truncate_dim
         self.stats = EmbeddingStats(precision=resolve_precision(precision, self.device_type, "--precision"))
         self._encoder = None  # SentenceEncoder, loaded at the first text to encode
-        self._char_bound = 0  # input_char_bound of its tokenizer
         self._cache_writable = True  # False once a write failed (a full disk): the run goes on uncached
 
     def _loaded_encoder(self):
@@ -518,7 +469,6 @@ class Embedder:
                 self.spec.directory, pooling=self.spec.pooling, adapter=self.spec.adapter
             )
             self._encoder = model.to(self.device)
-            self._char_bound = input_char_bound(model.tokenizer, self.spec.max_length)
         return self._encoder
 
     def _store(self, cache: EmbeddingCache, keys: list[str], vectors: np.ndarray) -> None:
@@ -577,9 +527,7 @@ class Embedder:
             with LoopProgress("encoding", len(todo), "texts") as progress:
                 for start in range(0, len(todo), self.chunk_size):
                     chunk = todo[start : start + self.chunk_size]
-                    inputs = token_prefixes(
-                        [prompt + text for text in chunk], model.tokenizer, self.spec.max_length, self._char_bound
-                    )
+                    inputs = [prompt + text for text in chunk]
                     with autocast(self.device_type, self.stats.precision):
                         vectors = model.encode(
                             inputs,

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from vascl_scale.data.columns import LABELS
 from vascl_scale.lengths import group_inputs, length_sorted_buckets, restore_rows, row_lengths, token_budget_groups
 from vascl_scale.packing import packed_model_inputs, pool_packed
-from vascl_scale.tokenizer import load_tokenizer
+from vascl_scale.tokenizer import load_tokenizer, max_token_chars, token_prefixes
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +124,7 @@ class SentenceEncoder(nn.Module):
         if isinstance(pooler, nn.Module):
             pooler.requires_grad_(False)
         self.tokenizer = tokenizer
+        self._max_token_chars: int | None = None  # the tokenizer's longest token (encode's cut), found once
         self.pooling = pooling
         self.decoder = decoder
         self.packed = packed
@@ -308,7 +309,8 @@ class SentenceEncoder(nn.Module):
     ) -> np.ndarray:
         """Pooled embeddings (N, d) without the head, in eval mode, float32, input order.
 
-        The texts are tokenised once, unpadded (truncated to ``max_length`` tokens), and taken
+        The texts are tokenised once, unpadded (truncated to ``max_length`` tokens; a long one
+        first cut to a prefix of the same first tokens, :func:`vascl_scale.tokenizer.token_prefixes`), and taken
         longest first by token count into forwards of at most ``batch_size`` texts and, with
         ``max_tokens`` > 0, at most ``max_tokens`` padded tokens (rows x the forward's longest
         row; a text over it goes alone), each padded to its own longest row
@@ -324,7 +326,10 @@ class SentenceEncoder(nn.Module):
         out = np.zeros((len(texts), self.hidden_size), dtype=np.float32)
         if not len(texts):  # a fast tokenizer refuses an empty list
             return out
-        tokenized = self.tokenizer(list(texts), truncation=True, max_length=max_length)  # N lists of ids, unpadded
+        if self._max_token_chars is None:  # a scan of the vocabulary, once
+            self._max_token_chars = max_token_chars(self.tokenizer)
+        texts = token_prefixes(texts, self.tokenizer, max_length, max_length * self._max_token_chars)
+        tokenized = self.tokenizer(texts, truncation=True, max_length=max_length)  # N lists of ids, unpadded
         inputs = [name for name in tokenized.keys() if name in ("input_ids", "attention_mask", "token_type_ids")]
         lengths = torch.tensor([len(ids) for ids in tokenized["input_ids"]])  # (N,) tokens per text
         was_training = self.training

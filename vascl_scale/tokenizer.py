@@ -7,6 +7,8 @@ unknown token, so training and evaluation would run and score silently on nothin
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 # Files that hold a tokenizer's vocabulary, by tokenizer family.
@@ -57,3 +59,50 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
             "copy the model's real tokenizer files into the directory"
         )
     return tokenizer
+
+
+# Where a text may be cut: before a space that follows a non-space. No tokenizer family the project
+# loads makes a token across that point: WordPiece pre-tokenises at whitespace, the byte-level BPE
+# regexes of GPT-2, Llama 3 and Qwen start a piece at " word" (a space is only ever a piece's first
+# character, or one of a run of whitespace), SentencePiece's Metaspace starts one at each space; so
+# the tokens of the text before it are the first tokens of the whole text. (A newline is no such
+# point: Qwen's regex ends a punctuation piece with the newlines after it.)
+_CUT_POINT = re.compile(r"(?<=\S) ")
+
+
+def max_token_chars(tokenizer) -> int:
+    """The vocabulary's longest token in characters: ``max_length`` times it is the first prefix
+    :func:`token_prefixes` tries. Only a first guess, not what makes a cut safe: an unknown word
+    (one token) or characters that make no token (whitespace, control characters) take more
+    characters than their tokens' spelling, which the check there catches."""
+    return max(len(token) for token in tokenizer.get_vocab())
+
+
+def token_prefixes(texts: Sequence[str], tokenizer, max_length: int, bound: int) -> list[str]:
+    """``texts``, each one longer than ``bound`` characters cut to a prefix with the same first
+    ``max_length`` tokens (special tokens included) as the whole text, so that it is not
+    tokenised whole to keep those. A prefix ends at a :data:`_CUT_POINT` past the bound, so its
+    tokens are the whole text's first ones; it is kept only when it still fills ``max_length``
+    tokens: truncation then keeps the same tokens of either. One that falls short is tried
+    again twice as long, up to the whole text; a text with no cut point past the bound (one
+    30 MB word) goes whole. A tokenizer that truncates on the left keeps every text whole."""
+    kept = list(texts)
+    if tokenizer.truncation_side != "right":  # it keeps a text's last tokens
+        return kept
+    tried = {i: bound for i, text in enumerate(texts) if len(text) > bound}  # text -> characters to try
+    while tried:
+        prefixes = {}
+        for i, length in tried.items():
+            cut = _CUT_POINT.search(texts[i], length)
+            if cut is not None:
+                prefixes[i] = texts[i][: cut.start()]
+        if not prefixes:
+            break
+        ids = tokenizer(list(prefixes.values()), truncation=True, max_length=max_length)["input_ids"]
+        tried = {}
+        for (i, prefix), tokens in zip(prefixes.items(), ids):
+            if len(tokens) >= max_length:
+                kept[i] = prefix
+            else:
+                tried[i] = 2 * len(prefix)
+    return kept
