@@ -13,6 +13,10 @@ itself (a server that stops sending part-way). A 2-rank ``train`` pauses rank 0;
 process group is killed, and with it the paused rank (as a lost node or a cgroup kill takes
 every process); the other rank, in a session of its own, must notice the dead launcher and exit
 by itself before the rerun starts.
+
+A full disk is a row of its own: the same kill point's machinery fails a named write with ENOSPC
+instead of stopping there; the run must stop in one line that says so, and ``--resume`` gives the
+uninterrupted run's result.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ pytestmark = [pytest.mark.kill, pytest.mark.e2e]  # e2e too: the everyday tier l
 
 KILL_POINTS = Path(__file__).resolve().parent / "kill_points"  # the folder of the pausing sitecustomize
 CLI = [sys.executable, "-m", "vascl_scale"]
+FULL_SHARD = str(REPO / "configs" / "fsdp" / "full-shard.yaml")
 
 
 @dataclass(frozen=True)
@@ -381,7 +386,7 @@ def test_killed_download_reruns_to_the_same_files(downloaded, tmp_path: Path, pa
     assert tree(to, ignore=(".download.lock",)) == reference  # no .part, no staging folder left
 
 
-# --- train: DDP and ZeRO-2 on 2 ranks -----------------------------------------------------------
+# --- train: DDP, ZeRO-2 and FSDP2 on 2 ranks ---------------------------------------------------
 
 # Where rank 0 is stopped (4 steps; a checkpoint and an evaluation every 2) and how the same
 # command is then rerun: "fresh" (no complete checkpoint: --resume refuses naming none, the plain
@@ -404,7 +409,15 @@ TRAIN_ROWS = [
         pytest.param("zero2", point, id=f"zero2-{point}", marks=[pytest.mark.deepspeed, pytest.mark.slow])
         for point in ("last-checkpoint-staged-not-renamed", "final-export-staged-not-renamed")
     ),
+    # FSDP2 saves through DCP (a shard file per rank) into the same staging directory.
+    pytest.param("fsdp", "last-checkpoint-staged-not-renamed", id="fsdp-last-checkpoint-staged-not-renamed"),
 ]
+ENGINE_ARGUMENTS = {"ddp": [], "zero2": ["--deepspeed", ZERO2], "fsdp": ["--fsdp", FULL_SHARD]}
+# Each engine's result against DDP's: ZeRO-2 and FSDP2 reduce in their own order, equal up to
+# float32 rounding. The DDP reference encodes in 4 length buckets (train.length_buckets: auto);
+# FSDP2 full_shard's auto is 1, so it is given the same 4, to draw the same forwards.
+ENGINE_ATOL = {"ddp": 0, "zero2": 1e-6, "fsdp": 1e-6}
+ENGINE_TRAIN = {"ddp": {}, "zero2": {}, "fsdp": {"length_buckets": 4}}
 
 
 def _metrics(run: Path) -> list[tuple]:
@@ -419,9 +432,9 @@ def test_killed_train_reruns_to_the_weights_of_an_uninterrupted_run(
 ) -> None:
     pause, rerun = TRAIN_POINTS[point]
     # A loader worker per rank (the reference has none; the stream is the same): they must go too.
-    config = write_config(workspace, tmp_path / "config.yaml", data={"num_workers": 1})
+    config = write_config(workspace, tmp_path / "config.yaml", data={"num_workers": 1}, train=ENGINE_TRAIN[engine])
     run = tmp_path / "run"
-    engine_arguments = ["--num-processes", "2", *(["--deepspeed", ZERO2] if engine == "zero2" else [])]
+    engine_arguments = ["--num-processes", "2", *ENGINE_ARGUMENTS[engine]]
     kill_at(train_command(config, run, *engine_arguments), pause, tmp_path, timeout=420 if engine == "zero2" else 180)
 
     if rerun == "fresh":
@@ -437,8 +450,13 @@ def test_killed_train_reruns_to_the_weights_of_an_uninterrupted_run(
         assert f"resumed from {run / 'checkpoints' / f'step-{step:08d}'} at step {step}" in " ".join(
             resumed.stderr.split()
         )
-    # ZeRO-2 reduces in DeepSpeed's order: equal to DDP up to float32 rounding.
-    assert_same_weights(run, ddp_reference, atol=0 if engine == "ddp" else 1e-6)
+    _assert_uninterrupted(run, ddp_reference, engine)
+
+
+def _assert_uninterrupted(run: Path, ddp_reference: Path, engine: str) -> None:
+    """``run`` ended as the uninterrupted DDP run did: its weights, each step logged once, its two
+    checkpoints and no staging or trash directory."""
+    assert_same_weights(run, ddp_reference, atol=ENGINE_ATOL[engine])
     if engine == "ddp":  # each step logged once, with the values of the uninterrupted run
         assert _metrics(run) == _metrics(ddp_reference)
     else:
@@ -448,6 +466,30 @@ def test_killed_train_reruns_to_the_weights_of_an_uninterrupted_run(
         "step-00000004",
     ]  # no .tmp-*, .trash-*
     assert not [p.name for p in run.iterdir() if p.name.startswith((".tmp-", ".trash-"))]
+
+
+def test_a_full_disk_while_saving_stops_in_one_line_and_resumes_to_the_weights_of_an_uninterrupted_run(
+    workspace: Path, ddp_reference: Path, tmp_path: Path
+) -> None:
+    config = write_config(workspace, tmp_path / "config.yaml", data={"num_workers": 1})
+    run, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    # Rank 0's last write of the step-4 checkpoint meets a full disk; every rank's files are in.
+    full = {"call": "open", "path": r"/\.tmp-step-00000004/trainer_state\.json$", "rank": 0, "fail": "ENOSPC"}
+    env = {"PYTHONPATH": f"{KILL_POINTS}{os.pathsep}{REPO}", "VASCL_TEST_PAUSE": json.dumps(full)}
+    failure = run_train(config, run, "--num-processes", "2", expect=1, env=env, timeout=420)
+    output = failure.stdout + failure.stderr
+    assert "Traceback" not in output, output[-6000:]
+    full_lines = [line for line in output.splitlines() if " ERROR " in line and "the disk is full" in line]
+    assert len(full_lines) == 1, output[-6000:]
+    assert (
+        f"checkpoint {checkpoints / 'step-00000004'} not saved: the disk is full (no space left on device)"
+        in (full_lines[0])
+    )
+    assert f"the last complete checkpoint, {checkpoints / 'step-00000002'}, is intact" in full_lines[0]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000002"]  # the partial one removed
+    resumed = run_train(config, run, "--num-processes", "2", "--resume", timeout=420)
+    assert f"resumed from {checkpoints / 'step-00000002'} at step 2" in " ".join(resumed.stderr.split())
+    _assert_uninterrupted(run, ddp_reference, "ddp")
 
 
 # --- eval sts with its embedding cache ----------------------------------------------------------

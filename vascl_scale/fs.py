@@ -6,7 +6,9 @@ under a staging name beside its target and renamed into place (:func:`staging_di
 :func:`replace_directory`); the directory it replaces (or one being deleted) is first renamed
 away to a ``.trash-*`` name, so a kill leaves the old complete directory, the new complete one,
 or neither, and never a half-written or half-deleted one under the target's name. Leftover
-``.tmp-*`` / ``.trash-*`` directories are removed by :func:`staging_directory`.
+``.tmp-*`` / ``.trash-*`` directories are removed by :func:`staging_directory`. A write that
+meets a full disk is told apart from other failures by :func:`full_disk`, for one line that
+says so.
 
 Locks are advisory ``flock`` locks: the kernel drops one however its process ends (SIGKILL
 included), so a dead holder never blocks anyone. :class:`FolderLock` gives one process at a time
@@ -65,9 +67,18 @@ def written_atomically(path: Path) -> Iterator[Path]:
 
 
 def replace_file(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (:func:`written_atomically`)."""
-    with written_atomically(path) as staging:
-        staging.write_text(text, encoding="utf-8")
+    """Write ``text`` to ``path`` atomically (:func:`written_atomically`); a full disk is a
+    ValueError naming the file (:func:`full_disk`), which every command reports in one line."""
+    try:
+        with written_atomically(path) as staging:
+            staging.write_text(text, encoding="utf-8")
+    except OSError as err:
+        problem = full_disk(err, path)
+        if problem is None:
+            raise
+        raise ValueError(
+            f"could not write {path}: {problem}; free space there (or write elsewhere) and run the command again"
+        ) from err
 
 
 def staging_directory(target: Path) -> Path:
@@ -92,6 +103,53 @@ def replace_directory(staging: Path, target: Path) -> None:
     if target.exists():
         remove_directory(target)
     staging.rename(target)
+
+
+# --- a full disk ---
+
+# A write that failed on a file system left with less than this many free bytes is taken for a
+# full disk: torch's own writer (torch.save) reports one without an errno ("unexpected pos ...").
+FULL_DISK_BYTES = 1 << 20
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # no space left; the user's quota used up
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes this user may still write on the file system of ``path`` (or of its nearest existing parent)."""
+    path = Path(path).absolute()
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def _errors_within(err: BaseException) -> Iterator[BaseException]:
+    """``err``, the errors it was raised from, and each rank's error inside a DCP
+    ``CheckpointException`` (its ``failures``: rank -> (error, traceback))."""
+    pending, seen = [err], set()
+    while pending:
+        error = pending.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        yield error
+        pending += [error.__cause__, error.__context__]
+        failures = getattr(error, "failures", None)
+        if isinstance(failures, dict):
+            pending += [failure[0] for failure in failures.values() if isinstance(failure, tuple) and failure]
+
+
+def full_disk(err: BaseException, path: Path) -> str | None:
+    """What was full, when ``err``, raised while writing under ``path``, came from a full disk
+    (errno ENOSPC or EDQUOT anywhere in it, or any failed write on a file system left with under
+    :data:`FULL_DISK_BYTES`); None for any other error."""
+    errors = [error for error in _errors_within(err) if isinstance(error, Exception)]
+    if not errors:  # an interrupt or a signal, not a failed write
+        return None
+    codes = {error.errno for error in errors if isinstance(error, OSError)} & set(FULL_DISK_ERRNOS)
+    free = free_bytes(path)
+    if not codes and free >= FULL_DISK_BYTES:
+        return None
+    what = "the disk quota is used up" if errno.EDQUOT in codes else "the disk is full (no space left on device)"
+    return f"{what}: {free / 2**20:.1f} MiB free on the file system of {path}"
 
 
 # --- locks ---

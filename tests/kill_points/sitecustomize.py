@@ -9,9 +9,13 @@ path otherwise; ``open`` counts only opening for writing), in the process whose 
 ``R`` (any process without ``rank``), the process writes its pid to ``PATH`` and stops itself
 with SIGSTOP. The test then SIGKILLs it there: the kill lands at that point exactly, not
 wherever a sleep ended. Without the variable this module does nothing.
+
+With ``"fail": "ENOSPC"`` instead of ``pid_file``, that call raises ``OSError(ENOSPC)`` (a full
+disk), and so does every later matching call, as they would on a disk that stays full.
 """
 
 import builtins
+import errno
 import io
 import json
 import os
@@ -32,6 +36,9 @@ def _install(spec: dict) -> None:
         if not pattern.search(described):
             return
         seen += 1
+        if "fail" in spec and seen >= nth:
+            code = getattr(errno, spec["fail"])
+            raise OSError(code, os.strerror(code), described)
         if seen != nth:
             return
         staging = spec["pid_file"] + ".tmp"

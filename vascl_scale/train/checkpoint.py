@@ -27,8 +27,12 @@ safetensors, but DeepSpeed reads its own with ``weights_only=False``, and DCP un
 without restriction. So before anything is loaded, :func:`verify_checkpoint_files` refuses
 symlinks that leave the checkpoint directory, opens every pickle-based file that any loader
 may read with ``weights_only=True`` and a short allowlist of DeepSpeed's plain data types,
-every DCP ``.metadata`` with an unpickler that knows only DCP's metadata types, and every
-non-tensor DCP entry with ``weights_only=True``, and every safetensors file with safetensors.
+every DCP ``.metadata`` with an unpickler that resolves only the exact (module, name) pairs of
+DCP's metadata types, and every non-tensor DCP entry with ``weights_only=True``, and every
+safetensors file with safetensors.
+
+A save that meets a full disk removes its staging directory and stops with a ValueError that
+says so, naming the last complete checkpoint, which stays intact (:func:`vascl_scale.fs.full_disk`).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ import torch
 import yaml
 
 from vascl_scale.config import RunConfig, save_config
-from vascl_scale.fs import remove_directory, replace_directory, staging_directory
+from vascl_scale.fs import full_disk, remove_directory, replace_directory, staging_directory
 
 logger = logging.getLogger(__name__)
 
@@ -58,15 +62,33 @@ _NAME = re.compile(r"^step-(\d{8})$")
 PICKLE_SUFFIXES = {".pt", ".pth", ".bin", ".pkl"}
 ENGINE_NAMES = {"ddp": "DDP", "deepspeed": "DeepSpeed", "fsdp": "FSDP2"}
 ENGINE_OPTIONS = {"ddp": "neither --deepspeed nor --fsdp", "deepspeed": "--deepspeed FILE", "fsdp": "--fsdp FILE"}
-# What a DCP .metadata pickle may name besides DCP's own metadata module.
+# What a DCP .metadata pickle may name: exact (module, name) pairs. DCP's types are those a real
+# FSDP2 checkpoint's .metadata names (tests/test_reliability_checkpoint.py checks one), beside
+# torch's sizes and dtypes and plain pathlib and collections types. Never a whole module, nor a
+# dotted name: protocol 4 resolves "os.system" in a module as an attribute path, so a module that
+# imports os would lend out all of it.
 _DCP_GLOBALS = {
+    *(
+        ("torch.distributed.checkpoint.metadata", name)
+        for name in (
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorProperties",
+            "TensorStorageMetadata",
+            "ChunkStorageMetadata",
+            "BytesStorageMetadata",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("pathlib", "Path"),
     ("pathlib", "PosixPath"),
     ("pathlib", "WindowsPath"),
     ("collections", "OrderedDict"),
+    *(("torch", name) for name, value in vars(torch).items() if isinstance(value, torch.dtype)),
 }
 
 
@@ -161,14 +183,22 @@ def resolve_resume(target: str, run_dir: Path) -> Path:
                 f"--resume-from {candidate} is not a complete checkpoint: {problem}; {previous_checkpoint_hint(candidate)}"
             )
         return candidate
-    for checkpoint in reversed(_step_directories(candidate)):
+    found = _step_directories(candidate)
+    for checkpoint in reversed(found):
         problem = checkpoint_problem(checkpoint)
         if problem is None:
             return checkpoint
         logger.warning("skipping incomplete checkpoint %s: %s", checkpoint, problem)
+    option = "--resume" if target == "latest" else "--resume-from"
+    fresh = (
+        f"remove its incomplete {', '.join(p.name for p in found)} (or pass another --output) and run without {option}"
+        if found
+        else f"run without {option}"
+    )
     raise ValueError(
         f"--resume: no complete checkpoint under {candidate / CHECKPOINTS} "
-        f"(a complete one is a step-* directory whose files match its {STATE_FILE})"
+        f"(a complete one is a step-* directory whose files match its {STATE_FILE}), so there is nothing to "
+        f"resume; to start the run from step 0, {fresh}"
     )
 
 
@@ -209,6 +239,13 @@ def check_resume_compatible(
             f"--resume {checkpoint}: it was written by the {ENGINE_NAMES[state.engine]} engine and this run uses "
             f"{ENGINE_NAMES[engine]}; their checkpoints differ in layout, so resume with the engine that wrote it "
             f"({ENGINE_OPTIONS[state.engine]}), or start a new run from its export (set model.path to final/ or best/)"
+        )
+    ranks = sorted(f"data/{p.name}" for p in (checkpoint / "data").glob("rank-*.pt"))
+    if len(ranks) != state.world_size:  # an edited world size would reshard and drop ranks' data positions
+        raise ValueError(
+            f"--resume {checkpoint}: its {STATE_FILE} says {state.world_size} processes wrote it, but it holds "
+            f"the data positions of {len(ranks)} ranks ({', '.join(ranks) or 'none'}); one of them was edited or "
+            f"mixed from another checkpoint, so it cannot be resumed exactly; {previous_checkpoint_hint(checkpoint)}"
         )
     if state.world_size != world_size:
         raise ValueError(
@@ -260,36 +297,65 @@ def save_checkpoint(
     sharded: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None,
 ) -> Path:
     """Write a complete checkpoint atomically (all ranks call this); returns its path.
-    ``sharded``: the model and optimiser of an FSDP2 run, saved through DCP instead of accelerate."""
+    ``sharded``: the model and optimiser of an FSDP2 run, saved through DCP instead of accelerate.
+    A full disk is a ValueError saying so (:func:`_full_disk_error`), the staging directory removed."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     root = Path(run_dir) / CHECKPOINTS
     final = root / checkpoint_name(state.step)
     staging = root / f".tmp-{final.name}"
-    if accelerator.is_main_process:
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in [*root.glob(".tmp-*"), *root.glob(".trash-*")]:  # left by runs killed while saving
-            shutil.rmtree(stale, ignore_errors=True)
-        staging_directory(final)
-    accelerator.wait_for_everyone()
-    if sharded is not None:
-        from vascl_scale.train.fsdp import SHARDED_STATE, save_sharded
+    try:
+        if accelerator.is_main_process:
+            root.mkdir(parents=True, exist_ok=True)
+            for stale in [*root.glob(".tmp-*"), *root.glob(".trash-*")]:  # left by runs killed while saving
+                shutil.rmtree(stale, ignore_errors=True)
+            staging_directory(final)
+        accelerator.wait_for_everyone()
+        if sharded is not None:
+            from vascl_scale.train.fsdp import SHARDED_STATE, save_sharded
 
-        save_sharded(*sharded, staging / SHARDED_STATE)
-    else:
-        accelerator.save_state(str(staging))
-    path = data_state_path(staging, accelerator.process_index)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(data_state, path)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        save_config(config, staging / "config.yaml")
-        state.files = _file_sizes(staging)  # every rank's files: the run directory is shared
-        (staging / STATE_FILE).write_text(state.to_json(), encoding="utf-8")
-        replace_directory(staging, final)  # final exists when a resumed run saves the same step again
-        for old in complete_checkpoints(run_dir)[:-keep_last]:
-            remove_directory(old)
-        logger.info("saved checkpoint %s", final)
+            save_sharded(*sharded, staging / SHARDED_STATE)
+        else:
+            accelerator.save_state(str(staging))
+        path = data_state_path(staging, accelerator.process_index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(data_state, path)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            save_config(config, staging / "config.yaml")
+            state.files = _file_sizes(staging)  # every rank's files: the run directory is shared
+            (staging / STATE_FILE).write_text(state.to_json(), encoding="utf-8")
+            replace_directory(staging, final)  # final exists when a resumed run saves the same step again
+            for old in complete_checkpoints(run_dir)[:-keep_last]:
+                remove_directory(old)
+            logger.info("saved checkpoint %s", final)
+    except (Exception, CheckpointException) as err:  # DCP's save reports each rank's error in the latter
+        problem = full_disk(err, root)
+        if problem is None:
+            raise
+        shutil.rmtree(staging, ignore_errors=True)  # its space back at once; the next save would remove it
+        raise _full_disk_error(problem, final, keep_last) from err
     accelerator.wait_for_everyone()
     return final
+
+
+def _full_disk_error(problem: str, checkpoint: Path, keep_last: int) -> ValueError:
+    """The error of a save of ``checkpoint`` stopped by a full disk (``problem`` says where): what
+    is kept, how much room a checkpoint takes, and what to do."""
+    run_dir = checkpoint.parent.parent
+    saved = complete_checkpoints(run_dir)
+    room = f"while it saves, the run needs room for checkpoint.keep_last + 1 = {keep_last + 1} checkpoints"
+    if saved:
+        size = sum(TrainerState.from_file(saved[-1] / STATE_FILE).files.values())
+        return ValueError(
+            f"checkpoint {checkpoint} not saved: {problem}; the last complete checkpoint, {saved[-1]}, is intact. "
+            f"Free space there ({room} of {size / 2**20:.1f} MiB) or lower checkpoint.keep_last, then continue "
+            "from it with --resume"
+        )
+    return ValueError(
+        f"checkpoint {checkpoint} not saved: {problem}; no checkpoint of {run_dir} is complete yet. Free space there "
+        f"({room}) or train on a disk with room (--output), then start the run again"
+    )
 
 
 def _safe_globals() -> list[Any]:
@@ -358,28 +424,33 @@ def verify_checkpoint_files(checkpoint: Path) -> None:
 
 
 class _DcpMetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP's metadata types, torch's sizes and dtypes, and nothing else."""
+    """Unpickles the globals of :data:`_DCP_GLOBALS` and nothing else."""
 
     def find_class(self, module: str, name: str) -> Any:
-        allowed = (
-            module == "torch.distributed.checkpoint.metadata"
-            or (module, name) in _DCP_GLOBALS
-            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
-        )
-        if not allowed:
+        if (module, name) not in _DCP_GLOBALS:
             raise pickle.UnpicklingError(f"a DCP .metadata may not name {module}.{name}")
         return super().find_class(module, name)
 
 
+def read_dcp_metadata(path: Path) -> Any:
+    """DCP's ``Metadata`` in the ``.metadata`` file ``path``, read with :class:`_DcpMetadataUnpickler`."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    with open(path, "rb") as handle:
+        metadata = _DcpMetadataUnpickler(handle).load()
+    if not isinstance(metadata, Metadata):
+        raise pickle.UnpicklingError(f"it holds a {type(metadata).__name__}, not DCP's Metadata")
+    return metadata
+
+
 def _check_dcp_directory(directory: Path) -> None:
-    """DCP's ``.metadata`` read with :class:`_DcpMetadataUnpickler`; every non-tensor entry it
-    points to (bytes in a ``.distcp`` file, which DCP would unpickle freely) with ``weights_only=True``."""
+    """DCP's ``.metadata`` read with :func:`read_dcp_metadata`; every non-tensor entry it points
+    to (bytes in a ``.distcp`` file, which DCP would unpickle freely) with ``weights_only=True``."""
     import io
 
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
-    with open(directory / ".metadata", "rb") as handle:
-        metadata = _DcpMetadataUnpickler(handle).load()
+    metadata = read_dcp_metadata(directory / ".metadata")
     for index, where in metadata.storage_data.items():
         if not isinstance(metadata.state_dict_metadata.get(index.fqn), BytesStorageMetadata):
             continue
@@ -402,6 +473,8 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Restore the run's state from ``checkpoint`` (``sharded``: an FSDP2 run's model and
     optimiser, through DCP); returns this rank's data position."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     verify_checkpoint_files(checkpoint)
     try:
         if sharded is not None:
@@ -411,7 +484,22 @@ def load_checkpoint(
         else:
             accelerator.load_state(str(checkpoint))
         return torch.load(data_state_path(checkpoint, accelerator.process_index), weights_only=True)
-    except Exception as err:  # files that passed the checks but do not fit this model or run
+    # Files that passed the checks but do not fit this model or run, or whose bytes changed in
+    # place (DCP's CheckpointException is a BaseException).
+    except (Exception, CheckpointException) as err:
         raise ValueError(
-            f"could not load checkpoint {checkpoint} ({type(err).__name__}: {err}); {previous_checkpoint_hint(checkpoint)}"
+            f"could not load checkpoint {checkpoint} ({_described(err)}); {previous_checkpoint_hint(checkpoint)}"
         ) from err
+
+
+def _described(err: BaseException) -> str:
+    """``err`` for a message; a DCP CheckpointException (a traceback per rank in its text) as the
+    first line of each failed rank's error."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    if isinstance(err, CheckpointException):
+        return "; ".join(
+            f"rank {rank}: {type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+            for rank, (error, _) in sorted(err.failures.items())
+        )
+    return f"{type(err).__name__}: {err}"

@@ -146,6 +146,7 @@ def _train(run_plan, launched: bool) -> None:
     """Train in this process; configuration and data errors exit with 2, a non-finite loss with 3.
     ``launched``: this is a worker of our launcher, which reports a stop itself."""
     from vascl_scale.data.loader import CorruptShardError
+    from vascl_scale.fs import full_disk
     from vascl_scale.train.launch import StoppedBySignal, sigterm_stops_training
     from vascl_scale.train.step import NonFiniteLossError
     from vascl_scale.train.trainer import build_trainer
@@ -166,6 +167,19 @@ def _train(run_plan, launched: bool) -> None:
     except NonFiniteLossError as err:
         logger.error("%s", err)
         raise typer.Exit(3) from err
+    except Exception as err:  # an export, config.yaml or the metrics on a full disk: one line, not a traceback
+        problem = full_disk(err, run_plan.run_dir)  # torch.save's own error carries no errno
+        if problem is None:
+            raise
+        logger.error(
+            "training in %s stopped: %s (%s: %s); free space there, then continue with --resume (the last "
+            "complete checkpoint is kept)",
+            run_plan.run_dir,
+            problem,
+            type(err).__name__,
+            str(err).splitlines()[0] if str(err) else "",
+        )
+        raise typer.Exit(2) from err
     except (KeyboardInterrupt, StoppedBySignal) as err:  # Ctrl-C or SIGTERM here, or a launcher's stop
         signum = err.signum if isinstance(err, StoppedBySignal) else signal.SIGINT
         if launched or process_rank() != 0:  # the launcher / rank 0 reports it
