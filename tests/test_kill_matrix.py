@@ -521,7 +521,8 @@ def evaluated(workspace: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
 
 EVAL_POINTS = [
     pytest.param(Pause("os.replace", r"-> .*/cache/\w+/part-[^/]+\.npz$", nth=2), 16, id="encoding-cache-part-2"),
-    pytest.param(Pause("open", r"/out/sts\.json$"), None, id="writing-results-json"),
+    # Results are written to a staging file renamed into place: killed while it is written.
+    pytest.param(Pause("open", r"/out/\.tmp-sts\.json$"), None, id="writing-results-json"),
 ]
 
 
@@ -539,3 +540,4 @@ def test_killed_eval_reruns_to_the_same_scores(
     # What the killed run cached is used: one complete part, or every text.
     assert embedding["from_cache"] == (encoded if cached is None else cached)
     assert (tmp_path / "out" / "sts.md").is_file()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["sts.json", "sts.md"]  # no staging file left
