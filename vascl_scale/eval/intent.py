@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from vascl_scale.eval.clustering import load_labelled_texts
+from vascl_scale.eval.kmeans import torch_threads
 from vascl_scale.eval.results import TaskResult, in_task_order
 from vascl_scale.eval.sts import Encode
 from vascl_scale.eval.tables import MissingDataError
@@ -109,16 +109,6 @@ def sample_few_shot_split(labels: Sequence[str], shots: int, seed: int) -> FewSh
     return FewShotSplit(seed, np.concatenate(train), np.concatenate(valid), short)
 
 
-@contextmanager
-def _torch_threads(count: int):
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def _accuracy(features: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Per-split accuracy x 100 (S,) of features (S, M, d) or shared features (M, d)."""
     if features.dim() == 2:
@@ -128,7 +118,7 @@ def _accuracy(features: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor
     return (logits.argmax(-1) == labels).float().mean(-1) * 100.0
 
 
-@_torch_threads(1)  # small matmuls: one thread beats contention between the probe splits
+@torch_threads(1)  # small matmuls: one thread beats contention between the probe splits
 def train_linear_probes(
     train_x: torch.Tensor,
     train_y: torch.Tensor,

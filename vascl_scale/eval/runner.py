@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from vascl_scale.encode import Embedder, ModelSpec, TextEmbeddings, check_truncate_dim
-from vascl_scale.eval.clustering import CLUSTERING_TASKS, ClusteringEvaluator
+from vascl_scale.eval.clustering import CLUSTERING_TASKS, KMEANS_INITS, ClusteringEvaluator
 from vascl_scale.eval.intent import INTENT_TASKS, FewShotProtocol, IntentEvaluator
 from vascl_scale.eval.report import EvalReport, ModelReport
 from vascl_scale.eval.results import FAMILIES
@@ -51,6 +51,7 @@ def build_evaluators(
     clustering_seeds: int = 10,
     protocol: FewShotProtocol = FewShotProtocol(),
     clustering_max_texts: int | None = None,
+    kmeans_inits: int | None = None,
     sts_source: str = "mteb",
     split: str = "test",
     retrieval_dirs: Sequence[str | Path] | None = None,
@@ -59,7 +60,7 @@ def build_evaluators(
     """One evaluator per family, its data loaded. With ``missing_ok`` a task whose file is absent
     is skipped with a warning and reported as missing; otherwise its absence raises.
     ``sts_source``: the STS copies to score (:data:`vascl_scale.eval.sts.STS_SOURCES`).
-    ``clustering_max_texts``: see :meth:`ClusteringEvaluator.from_data_dir`. Retrieval: the
+    ``clustering_max_texts``, ``kmeans_inits`` (None: 10): see :meth:`ClusteringEvaluator.from_data_dir`. Retrieval: the
     BEIR directories ``retrieval_dirs``, else those under ``<data_dir>/retrieval/``, scored on
     their ``qrels/<split>.tsv``, without each query's own document with ``ignore_identical_ids``."""
     unknown = [f for f in families if f not in FAMILIES]
@@ -67,6 +68,8 @@ def build_evaluators(
         raise ValueError(f"unknown task families {unknown}; choose from {', '.join(FAMILIES)}")
     if clustering_max_texts is not None and "clustering" not in families:
         raise ValueError("--clustering-max-texts only applies to clustering tasks (eval clustering or eval all)")
+    if kmeans_inits is not None and "clustering" not in families:
+        raise ValueError("--kmeans-inits only applies to clustering tasks (eval clustering or eval all)")
     if check_sts_source(sts_source) != "mteb" and "sts" not in families:
         raise ValueError("--sts-source only applies to STS tasks (eval sts or eval all)")
     if split not in SPLITS:
@@ -84,7 +87,12 @@ def build_evaluators(
             seeds = tuple(range(clustering_seeds))
             evaluators.append(
                 ClusteringEvaluator.from_data_dir(
-                    data_dir, tasks["clustering"], missing_ok, seeds, clustering_max_texts
+                    data_dir,
+                    tasks["clustering"],
+                    missing_ok,
+                    seeds,
+                    clustering_max_texts,
+                    KMEANS_INITS if kmeans_inits is None else kmeans_inits,
                 )
             )
         elif family == "intent":
