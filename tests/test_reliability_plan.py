@@ -81,9 +81,10 @@ def test_a_max_length_beyond_the_position_table_is_refused_and_a_rotary_decoder_
     from transformers import AutoModel
 
     # RoBERTa-style tables start after the padding index: 64 rows embed 62 tokens.
-    mpnet = AutoModel.from_pretrained(_tiny_encoder_dir(tmp_path / "mpnet", "mpnet"))
-    assert max_positions(mpnet) == 62
-    assert max_positions(AutoModel.from_pretrained(tiny_decoder_dir(tmp_path / "qwen"))) is None
+    mpnet = _tiny_encoder_dir(tmp_path / "mpnet", "mpnet")
+    assert max_positions(AutoModel.from_pretrained(mpnet), mpnet) == 62
+    qwen = tiny_decoder_dir(tmp_path / "qwen")
+    assert max_positions(AutoModel.from_pretrained(qwen), qwen) is None
 
 
 def test_a_guide_with_fewer_positions_than_max_length_is_refused(tmp_path: Path) -> None:

@@ -506,18 +506,54 @@ class BackbonePlan:
     hidden_size: int = 0  # d, the pooled embedding's width (the config's hidden_size; 0 where it names none)
 
 
-def plan_backbone(model_config, directory: Path, device_type: str) -> BackbonePlan:
-    """Check ``model`` (:class:`vascl_scale.config.ModelConfig`) against the checkpoint in
-    ``directory`` and decide what it leaves open: a ValueError for a tokenizer that cannot pad
-    or append EOS (:func:`prepare_tokenizer`), a missing ``peft``, a LoRA target that is no linear layer,
-    a LoRA rank above the narrowest adapted layer's width (:func:`check_lora_rank`)."""
+def meta_skeleton(directory: Path | str, trust_remote_code: bool, attn_implementation: str | None, key: str):
+    """The backbone of ``directory`` built on the meta device (no weight allocated), with the
+    attention implementation transformers would load: a ValueError naming ``key`` when it cannot."""
     from transformers import AutoConfig, AutoModel
 
+    config = AutoConfig.from_pretrained(str(directory), trust_remote_code=trust_remote_code)
+    options = {"attn_implementation": attn_implementation} if attn_implementation is not None else {}
+    try:
+        with torch.device("meta"):
+            return AutoModel.from_config(config, trust_remote_code=trust_remote_code, **options)
+    except (ImportError, ValueError) as err:
+        if attn_implementation is None:
+            raise
+        raise ValueError(
+            f"{key}: {attn_implementation} cannot be used with {directory} here ({str(err).splitlines()[0]}); install "
+            "what it needs (flash-attn on a CUDA machine) or leave the key out for transformers' default (sdpa)"
+        ) from None
+
+
+@dataclass(frozen=True)
+class LoadedBackbone:
+    """What the plan reads of a backbone, once: its meta-device skeleton (``.config`` its
+    transformers config) and its tokenizer, made ready to embed with by :func:`plan_backbone`."""
+
+    skeleton: nn.Module
+    tokenizer: Any
+
+
+def load_backbone(model_config, directory: Path) -> LoadedBackbone:
+    """The skeleton (with ``model.attn_implementation``: :func:`meta_skeleton`) and tokenizer of ``directory``."""
     from vascl_scale.tokenizer import load_tokenizer
 
     trust = model_config.trust_remote_code
-    hf_config = AutoConfig.from_pretrained(str(directory), trust_remote_code=trust)
-    tokenizer = load_tokenizer(directory, trust_remote_code=trust)
+    skeleton = meta_skeleton(directory, trust, model_config.attn_implementation, "model.attn_implementation")
+    return LoadedBackbone(skeleton, load_tokenizer(directory, trust_remote_code=trust))
+
+
+def plan_backbone(
+    model_config, directory: Path, device_type: str, loaded: LoadedBackbone | None = None
+) -> BackbonePlan:
+    """Check ``model`` (:class:`vascl_scale.config.ModelConfig`) against the checkpoint in
+    ``directory`` (``loaded``: :func:`load_backbone` of it, loaded here when None) and decide what
+    it leaves open: a ValueError for a tokenizer that cannot pad or append EOS
+    (:func:`prepare_tokenizer`, done to ``loaded.tokenizer`` in place), a missing ``peft``, a
+    LoRA target that is no linear layer, a LoRA rank above the narrowest adapted layer's width
+    (:func:`check_lora_rank`)."""
+    loaded = loaded if loaded is not None else load_backbone(model_config, directory)
+    hf_config, tokenizer, skeleton = loaded.skeleton.config, loaded.tokenizer, loaded.skeleton
     decoder = is_decoder(hf_config)
     append_eos = model_config.append_eos
     if append_eos is None:
@@ -526,8 +562,6 @@ def plan_backbone(model_config, directory: Path, device_type: str) -> BackbonePl
     lora = model_config.lora
     if lora.r > 0:
         require_peft()
-        with torch.device("meta"):  # the module names without allocating any weight
-            skeleton = AutoModel.from_config(hf_config, trust_remote_code=trust)
         check_target_modules(lora.target_modules, skeleton)
         check_lora_rank(lora.r, skeleton, lora.target_modules, "model.lora.r")
     dtype = resolve_dtype(model_config.dtype, getattr(hf_config, "dtype", None), device_type)

@@ -9,7 +9,8 @@ with exit 0, into one error that names the key to change:
   truncation cuts a text's end, so a prompt of ``data.max_length`` tokens or more would leave
   every row the same prompt and the loss at ln(2B - 1);
 - ``model.packed`` only on the architectures a test proves exact (:data:`PACKED_EXACT`);
-- ``model.attn_implementation`` usable here (its package installed, the model supporting it);
+- ``model.attn_implementation`` usable here (its package installed, the model supporting it:
+  :func:`vascl_scale.backbone.meta_skeleton`, which builds what these checks read);
 - an ``--fsdp`` file's blocks present in the backbone and its shard groups dividing the ranks.
 """
 
@@ -28,38 +29,22 @@ logger = logging.getLogger(__name__)
 PACKED_EXACT = ("bert", "qwen3", "llama")
 
 
-def backbone_skeleton(directory: Path | str, trust_remote_code: bool, attn_implementation: str | None, key: str):
-    """The backbone of ``directory`` built on the meta device (no weight allocated), with the
-    attention implementation transformers would load: a ValueError naming ``key`` when it cannot."""
-    from transformers import AutoConfig, AutoModel
+def max_positions(skeleton: torch.nn.Module, directory: Path | str) -> int | None:
+    """The longest input the model of ``directory`` embeds, where ``skeleton`` (its meta-device
+    copy) has a learned position table (:func:`vascl_scale.encode.position_limit`, as eval caps
+    it); None where positions are rotary, which a longer input does not index past."""
+    from vascl_scale.encode import position_limit
 
-    config = AutoConfig.from_pretrained(str(directory), trust_remote_code=trust_remote_code)
-    options = {"attn_implementation": attn_implementation} if attn_implementation is not None else {}
-    try:
-        with torch.device("meta"):
-            return AutoModel.from_config(config, trust_remote_code=trust_remote_code, **options)
-    except (ImportError, ValueError) as err:
-        if attn_implementation is None:
-            raise
-        raise ValueError(
-            f"{key}: {attn_implementation} cannot be used with {directory} here ({str(err).splitlines()[0]}); install "
-            "what it needs (flash-attn on a CUDA machine) or leave the key out for transformers' default (sdpa)"
-        ) from None
-
-
-def max_positions(skeleton: torch.nn.Module) -> int | None:
-    """The longest input ``skeleton`` embeds: its learned position table's rows (less the
-    padding offset RoBERTa-style tables start after), or None where positions are rotary."""
-    for name, module in skeleton.named_modules():
-        if isinstance(module, torch.nn.Embedding) and name.endswith("position_embeddings"):
-            offset = module.padding_idx + 1 if module.padding_idx is not None else 0
-            return module.num_embeddings - offset
-    return None
+    learned = any(
+        isinstance(module, torch.nn.Embedding) and name.endswith("position_embeddings")
+        for name, module in skeleton.named_modules()
+    )
+    return position_limit(Path(directory)) if learned else None
 
 
 def check_max_length(max_length: int, skeleton: torch.nn.Module, model: str, key: str = "model.path") -> None:
-    """ValueError when ``data.max_length`` is longer than the model of ``key`` embeds."""
-    positions = max_positions(skeleton)
+    """ValueError when ``data.max_length`` is longer than the model of ``key`` (directory ``model``) embeds."""
+    positions = max_positions(skeleton, model)
     if positions is not None and max_length > positions:
         raise ValueError(
             f"data.max_length = {max_length} is longer than {key} {model} can embed: its position embeddings "
@@ -99,30 +84,23 @@ def check_packing(packed: bool, requested: bool | str, model_type: str) -> bool:
     )
 
 
-def check_backbone(config, backbone, fsdp=None, world_size: int = 1):
+def check_backbone(config, backbone, loaded, fsdp=None, world_size: int = 1):
     """Every check above on a resolved run ``config`` (:class:`vascl_scale.config.RunConfig`),
-    its :class:`vascl_scale.backbone.BackbonePlan` and FSDP2 settings (or None) on ``world_size``
+    its :class:`vascl_scale.backbone.BackbonePlan`, the :class:`vascl_scale.backbone.LoadedBackbone`
+    it was planned from (its tokenizer made ready) and FSDP2 settings (or None) on ``world_size``
     ranks; the plan with ``packed`` resolved."""
     from dataclasses import replace
 
-    from vascl_scale.backbone import prepare_tokenizer
-    from vascl_scale.tokenizer import load_tokenizer
     from vascl_scale.train.fsdp import mesh_shape, transformer_blocks
 
-    model, max_length = config.model, config.data.max_length
-    skeleton = backbone_skeleton(
-        model.path, model.trust_remote_code, model.attn_implementation, "model.attn_implementation"
-    )
+    model, max_length, skeleton = config.model, config.data.max_length, loaded.skeleton
     check_max_length(max_length, skeleton, model.path)
     if fsdp is not None:  # what each rank would refuse after loading the model
         transformer_blocks(skeleton, fsdp.transformer_layer_cls_to_wrap)
         if fsdp.shard_size:  # unset: one machine's ranks, which divide the world
             mesh_shape(fsdp, world_size, fsdp.shard_size)
-    tokenizer = prepare_tokenizer(
-        load_tokenizer(model.path, trust_remote_code=model.trust_remote_code), backbone.append_eos, model.path
-    )
     prompts = {"model.prompts": model.prompts}
     if isinstance(config.data.train, list):
         prompts |= {f"data.train[{i}].prompts": s.prompts for i, s in enumerate(config.data.train) if s.prompts}
-    check_prompts(tokenizer, prompts, max_length)
+    check_prompts(loaded.tokenizer, prompts, max_length)
     return replace(backbone, packed=check_packing(backbone.packed, model.packed, skeleton.config.model_type))

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from vascl_scale.backbone import BackbonePlan, plan_backbone
+from vascl_scale.backbone import BackbonePlan, load_backbone, meta_skeleton, plan_backbone
 from vascl_scale.config import FsdpConfig, MixSource, RunConfig, config_from_dict, load_fsdp_config
 from vascl_scale.config.schema import RETRIEVAL_DEV_METRIC, RETRIEVAL_DEV_PREFIX, STSB_DEV_METRIC
 from vascl_scale.data.augment import check_augmenter
@@ -42,7 +42,7 @@ from vascl_scale.hub import PACKAGE_PREFIX, locate_model, package_directory
 from vascl_scale.losses.spec import objectives_reading_all
 from vascl_scale.precision import local_device_type, precision_reason, train_precision
 from vascl_scale.train.checkpoint import check_resume_compatible, prepare_run_dir, resolve_resume
-from vascl_scale.train.limits import backbone_skeleton, check_backbone, check_max_length
+from vascl_scale.train.limits import check_backbone, check_max_length
 from vascl_scale.train.run_lock import RunDirectoryLock
 from vascl_scale.train.tracking import resolve_trackers
 
@@ -231,8 +231,9 @@ def make_plan(
             "graph); use configs/deepspeed/zero2.json or set train.compile: false"
         )
     read_columns, columns = data_columns(resolved)
-    backbone = plan_backbone(resolved.model, Path(resolved.model.path), local_device_type())
-    backbone = check_backbone(resolved, backbone, fsdp_settings, world_size)
+    loaded = load_backbone(resolved.model, Path(resolved.model.path))
+    backbone = plan_backbone(resolved.model, Path(resolved.model.path), local_device_type(), loaded)
+    backbone = check_backbone(resolved, backbone, loaded, fsdp_settings, world_size)
     _check_matryoshka_width(resolved.loss.matryoshka_dims, backbone.hidden_size, resolved.model.path)
     buckets = length_buckets(train.length_buckets, gathers_per_forward(zero_stage, fsdp_settings), backbone.packed)
     dev_set = _dev_set(resolved)
@@ -555,7 +556,7 @@ def _guide(config: RunConfig) -> GuidePlan | None:
             "guide encodes the batch's own token ids, so choose a guide of the same tokenizer (the starting "
             "checkpoint, or a larger model of its family)"
         )
-    guide_skeleton = backbone_skeleton(spec.directory, False, None, "loss.guide_model")
+    guide_skeleton = meta_skeleton(spec.directory, False, None, "loss.guide_model")
     check_max_length(config.data.max_length, guide_skeleton, str(spec.directory), key="loss.guide_model")
     logger.info("false negatives: margin by the frozen guide %s (%s pooling)", spec.directory, spec.pooling)
     return GuidePlan(str(spec.directory), spec.pooling)
